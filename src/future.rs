@@ -1,0 +1,250 @@
+//! [`ResponseFuture`]: the retry state machine of one request.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use crate::jitter::Rng;
+use crate::policy::{Cause, Decision, Policy};
+use crate::schedule::Schedule;
+use crate::service::Backoff;
+
+pin_project! {
+    /// The response future of [`Backoff`]: the attempts of one request and the
+    /// sleeps between them.
+    ///
+    /// It resolves to the outcome of the last attempt, success or not, with the
+    /// inner service's own error type.
+    ///
+    /// # Cancel safety
+    /// Dropping it at any point stops the request: an attempt in flight is
+    /// dropped with it, a pending sleep is cancelled, and no further attempt is
+    /// made. No task is left behind, and a budget is charged only for retries
+    /// that were sent.
+    pub struct ResponseFuture<S, P, Sch, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S::Future>,
+        service: Backoff<S, P, Sch>,
+        // A copy of the request of the attempt in flight, to classify its
+        // outcome and to send again; `None` when the policy would not copy it.
+        request: Option<Req>,
+        attempts: u32,
+        previous_delay: Duration,
+        slept: Duration,
+        // Read only when a time limit is configured.
+        started: Option<Instant>,
+        last_retry: Option<Cause>,
+        // Created at the first retry, so the happy path never draws.
+        rng: Option<Rng>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // An attempt is in flight.
+        Called { #[pin] future: F },
+        // Sleeping before the next attempt.
+        Waiting { #[pin] sleep: Sleep },
+        // Waiting for the service to be ready for the next attempt.
+        Retrying,
+    }
+}
+
+/// Why a request stops retrying while its policy still wanted a retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GiveUp {
+    Attempts,
+    Elapsed,
+    Budget,
+}
+
+impl<S, P, Sch, Req> ResponseFuture<S, P, Sch, Req>
+where
+    S: Service<Req>,
+{
+    pub(crate) fn new(
+        future: S::Future,
+        request: Option<Req>,
+        service: Backoff<S, P, Sch>,
+    ) -> Self {
+        let started = service.config().max_elapsed.map(|_| Instant::now());
+        Self {
+            state: State::Called { future },
+            service,
+            request,
+            attempts: 1,
+            previous_delay: Duration::ZERO,
+            slept: Duration::ZERO,
+            started,
+            last_retry: None,
+            rng: None,
+        }
+    }
+}
+
+impl<S, P, Sch, Req> Future for ResponseFuture<S, P, Sch, Req>
+where
+    S: Service<Req> + Clone,
+    P: Policy<Req, S::Response, S::Error>,
+    Sch: Schedule,
+{
+    type Output = Result<S::Response, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { future } => {
+                    let mut result = ready!(future.poll(cx));
+                    let config = this.service.config();
+                    let Some(request) = this.request.as_ref() else {
+                        // Not copyable: it went out once, its outcome goes back as is.
+                        config
+                            .policy
+                            .finish(&mut result, *this.attempts, *this.slept);
+                        return Poll::Ready(result);
+                    };
+                    let (after, cause) = match config.policy.classify(request, &result) {
+                        Decision::Success => {
+                            if let Some(budget) =
+                                config.shared.as_ref().and_then(|s| s.budget.as_ref())
+                            {
+                                budget.on_success(*this.last_retry);
+                            }
+                            config
+                                .policy
+                                .finish(&mut result, *this.attempts, *this.slept);
+                            return Poll::Ready(result);
+                        }
+                        Decision::Fail => {
+                            config
+                                .policy
+                                .finish(&mut result, *this.attempts, *this.slept);
+                            return Poll::Ready(result);
+                        }
+                        Decision::Retry { after, cause } => (after, cause),
+                    };
+                    let delay = match next_delay(
+                        config,
+                        after,
+                        cause,
+                        *this.attempts,
+                        *this.previous_delay,
+                        *this.started,
+                        this.rng,
+                    ) {
+                        Ok(delay) => delay,
+                        Err(_give_up) => {
+                            config
+                                .policy
+                                .finish(&mut result, *this.attempts, *this.slept);
+                            return Poll::Ready(result);
+                        }
+                    };
+                    config.policy.discard(result);
+                    *this.previous_delay = delay;
+                    *this.slept += delay;
+                    *this.last_retry = Some(cause);
+                    if delay.is_zero() {
+                        // tokio's timer rounds up to its 1 ms tick: skip it.
+                        this.state.set(State::Retrying);
+                    } else {
+                        this.state.set(State::Waiting {
+                            sleep: tokio::time::sleep(delay),
+                        });
+                    }
+                }
+                StateProj::Waiting { sleep } => {
+                    ready!(sleep.poll(cx));
+                    this.state.set(State::Retrying);
+                }
+                StateProj::Retrying => {
+                    if let Err(error) = ready!(this.service.get_mut().poll_ready(cx)) {
+                        let mut result = Err(error);
+                        let policy = &this.service.config().policy;
+                        policy.finish(&mut result, *this.attempts, *this.slept);
+                        return Poll::Ready(result);
+                    }
+                    let request = this
+                        .request
+                        .take()
+                        .expect("a retry is only scheduled while a copy of the request is held");
+                    *this.request = this.service.config().policy.clone_request(&request);
+                    let future = this.service.get_mut().call(request);
+                    *this.attempts += 1;
+                    this.state.set(State::Called { future });
+                }
+            }
+        }
+    }
+}
+
+/// The sleep before the next attempt, or why there will be none. The budget is
+/// asked last, so it is charged only for a retry that will really go out.
+fn next_delay<P, Sch: Schedule>(
+    config: &crate::layer::Config<P, Sch>,
+    after: Option<Duration>,
+    cause: Cause,
+    attempts: u32,
+    previous: Duration,
+    started: Option<Instant>,
+    rng: &mut Option<Rng>,
+) -> Result<Duration, GiveUp> {
+    if attempts >= config.max_attempts {
+        return Err(GiveUp::Attempts);
+    }
+    let schedule = &config.schedule;
+    let delay = match after {
+        Some(asked) => asked.min(schedule.max_delay()),
+        None => {
+            let base = schedule.delay(attempts);
+            let previous = if attempts == 1 { base } else { previous };
+            let rng = rng.get_or_insert_with(|| new_rng(config));
+            config.jitter.apply(base, previous, schedule, rng)
+        }
+    };
+    if let (Some(limit), Some(started)) = (config.max_elapsed, started) {
+        if started.elapsed().saturating_add(delay) > limit {
+            return Err(GiveUp::Elapsed);
+        }
+    }
+    if let Some(budget) = config.shared.as_ref().and_then(|s| s.budget.as_ref()) {
+        if !budget.try_retry(cause) {
+            return Err(GiveUp::Budget);
+        }
+    }
+    Ok(delay)
+}
+
+fn new_rng<P, Sch>(config: &crate::layer::Config<P, Sch>) -> Rng {
+    match config.shared.as_deref() {
+        Some(shared) => match shared.seed {
+            Some(seed) => Rng::stream(seed, shared.streams.fetch_add(1, Ordering::Relaxed)),
+            None => Rng::from_entropy(),
+        },
+        None => Rng::from_entropy(),
+    }
+}
+
+impl<S, P, Sch, Req> fmt::Debug for ResponseFuture<S, P, Sch, Req>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("attempts", &self.attempts)
+            .field("slept", &self.slept)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,75 @@
+//! Retries for [tower] services that help an overloaded server recover instead
+//! of knocking it down again.
+//!
+//! A naive retry loop turns a brief outage into a long one: every client
+//! retries at once, the server's queue grows past the clients' timeouts, and
+//! they retry even more (a *retry storm*). [`BackoffLayer`] retries only what a
+//! [`Policy`] calls transient, after exponentially growing, [jittered](Jitter)
+//! sleeps from a [`Schedule`], within a limit of attempts and time, and
+//! optionally within a [`Budget`] shared by every clone of the client.
+//!
+//! The three concerns stay apart: the policy says *what* to retry, the schedule
+//! *when*, the budget *how much*. The caller always gets the last real response
+//! or error, with the inner service's own error type.
+//!
+//! # Quick start
+//! ```
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::time::Duration;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_backoff::{BackoffLayer, Exponential, Jitter};
+//!
+//! // A service that is busy twice, then answers.
+//! let calls = AtomicU32::new(0);
+//! let flaky = service_fn(|name: &'static str| {
+//!     let n = calls.fetch_add(1, Ordering::Relaxed);
+//!     async move {
+//!         if n < 2 { Err("busy, try later") } else { Ok(format!("hello, {name}")) }
+//!     }
+//! });
+//!
+//! let svc = ServiceBuilder::new()
+//!     .layer(
+//!         BackoffLayer::builder()
+//!             .max_attempts(4)
+//!             .schedule(Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_secs(5)))
+//!             .jitter(Jitter::Full)
+//!             .build()?,
+//!     )
+//!     .service(flaky);
+//!
+//! assert_eq!(svc.oneshot("world").await?, "hello, world");
+//! assert_eq!(calls.load(Ordering::Relaxed), 3);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! For plain async closures outside tower, [`retry`] offers the same
+//! schedules and limits.
+//!
+//! [tower]: https://docs.rs/tower
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod budget;
+mod error;
+pub mod future;
+mod jitter;
+mod layer;
+pub mod policy;
+pub mod retry;
+pub mod schedule;
+mod service;
+
+pub use budget::Budget;
+pub use error::ConfigError;
+pub use future::ResponseFuture;
+pub use jitter::{Jitter, Rng};
+pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};
+pub use policy::{
+    classify_fn, retry_if, Cause, ClassifyFn, Decision, Policy, RetryIf, RetryOnError,
+};
+pub use retry::{retry, Retrying};
+pub use schedule::{Constant, Exponential, Linear, Schedule, Table};
+pub use service::Backoff;

@@ -1,0 +1,267 @@
+//! Policies: which outcomes to retry, and how to copy a request for a retry.
+//!
+//! A policy is shared, stateless data (`&self`): the attempt number, the previous
+//! delay and the start time belong to each request's response future. When and
+//! how often to retry are the [`Schedule`](crate::Schedule)'s and the
+//! [`Budget`](crate::Budget)'s business, not the policy's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What one attempt's outcome means.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backoff::{Cause, Decision};
+///
+/// // A 429 with `Retry-After: 2`:
+/// let d = Decision::retry_after(Duration::from_secs(2)).because(Cause::Throttled);
+/// assert!(d.is_retry());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The attempt succeeded: return its outcome.
+    Success,
+    /// The attempt failed in a way another attempt will not fix (a 400, a
+    /// non-idempotent request): return its outcome as is.
+    Fail,
+    /// The attempt failed transiently: retry if the limits and budget allow.
+    Retry {
+        /// A delay the server asked for (`Retry-After`), used instead of the
+        /// schedule's, capped by the schedule's `max_delay`.
+        after: Option<Duration>,
+        /// Why it failed; budgets and adaptive pacing weigh causes differently.
+        cause: Cause,
+    },
+}
+
+impl Decision {
+    /// Retry after the schedule's next delay.
+    pub const fn retry() -> Self {
+        Decision::Retry {
+            after: None,
+            cause: Cause::Transient,
+        }
+    }
+
+    /// Retry after `delay`, as the server asked.
+    pub const fn retry_after(delay: Duration) -> Self {
+        Decision::Retry {
+            after: Some(delay),
+            cause: Cause::Transient,
+        }
+    }
+
+    /// The same decision, attributed to `cause`. No effect on `Success` or `Fail`.
+    pub const fn because(self, cause: Cause) -> Self {
+        match self {
+            Decision::Retry { after, .. } => Decision::Retry { after, cause },
+            other => other,
+        }
+    }
+
+    /// Whether this asks for a retry.
+    pub const fn is_retry(&self) -> bool {
+        matches!(self, Decision::Retry { .. })
+    }
+}
+
+/// Why an attempt failed, as far as the policy can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Cause {
+    /// Any transient failure: a dropped connection, a 502.
+    #[default]
+    Transient,
+    /// The attempt timed out. A token bucket charges more for it: a timeout
+    /// often means the server is still working on the request.
+    Timeout,
+    /// The server said it is overloaded (429, 503). Adaptive pacing slows every
+    /// request down when it sees this.
+    Throttled,
+}
+
+/// Classifies outcomes and copies requests for the [`Backoff`](crate::Backoff)
+/// service.
+///
+/// Implement it for your own type when the ready-made ones do not fit:
+/// [`RetryOnError`] (the default), [`retry_if`] and [`classify_fn`] cover most
+/// needs without a new type.
+///
+/// ```
+/// use tower_backoff::{Decision, Policy};
+///
+/// /// Retries only errors that say the queue is full.
+/// #[derive(Clone)]
+/// struct QueueFull;
+///
+/// impl<Req: Clone, Res> Policy<Req, Res, String> for QueueFull {
+///     fn classify(&self, _: &Req, result: &Result<Res, String>) -> Decision {
+///         match result {
+///             Ok(_) => Decision::Success,
+///             Err(e) if e.contains("queue capacity") => Decision::retry(),
+///             Err(_) => Decision::Fail,
+///         }
+///     }
+///     fn clone_request(&self, req: &Req) -> Option<Req> {
+///         Some(req.clone())
+///     }
+/// }
+/// ```
+pub trait Policy<Req, Res, E> {
+    /// What the outcome of one attempt of `request` means.
+    fn classify(&self, request: &Req, result: &Result<Res, E>) -> Decision;
+
+    /// A copy of `request` to send again, or `None` when it must not be sent
+    /// twice (a streaming body, a non-idempotent call): such a request goes out
+    /// once and its outcome is returned untouched, without being classified.
+    fn clone_request(&self, request: &Req) -> Option<Req>;
+
+    /// Called with an outcome that a retry replaces, before it is dropped. The
+    /// default drops it; an HTTP policy can drain a small body here so the
+    /// connection goes back to its pool.
+    fn discard(&self, result: Result<Res, E>) {
+        drop(result);
+    }
+
+    /// Called once with the outcome returned to the caller, with the number of
+    /// attempts made and the total time slept between them. The default does
+    /// nothing; an HTTP policy records both in the response's extensions.
+    fn finish(&self, result: &mut Result<Res, E>, attempts: u32, slept: Duration) {
+        let _ = (result, attempts, slept);
+    }
+}
+
+impl<P, Req, Res, E> Policy<Req, Res, E> for Arc<P>
+where
+    P: Policy<Req, Res, E> + ?Sized,
+{
+    fn classify(&self, request: &Req, result: &Result<Res, E>) -> Decision {
+        (**self).classify(request, result)
+    }
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        (**self).clone_request(request)
+    }
+    fn discard(&self, result: Result<Res, E>) {
+        (**self).discard(result)
+    }
+    fn finish(&self, result: &mut Result<Res, E>, attempts: u32, slept: Duration) {
+        (**self).finish(result, attempts, slept)
+    }
+}
+
+/// Retries every error and accepts every response: the default policy.
+///
+/// Right for services whose errors are transport failures (a `tower::timeout`
+/// `Elapsed`, a refused connection) and whose responses are answers. Requests
+/// must be `Clone`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RetryOnError;
+
+impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
+    fn classify(&self, _request: &Req, result: &Result<Res, E>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }
+    }
+
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        Some(request.clone())
+    }
+}
+
+/// Retries when `predicate(&result)` is true; otherwise a response is a success
+/// and an error is final.
+///
+/// The closure's argument needs its type written out, because the layer learns
+/// the service's response and error types only later:
+///
+/// ```
+/// use tower_backoff::{retry_if, BackoffLayer};
+///
+/// let layer = BackoffLayer::builder()
+///     .policy(retry_if(|result: &Result<u16, std::io::Error>| match result {
+///         Ok(status) => *status == 503,
+///         Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+///     }))
+///     .build()
+///     .unwrap();
+/// # drop(layer);
+/// ```
+pub fn retry_if<F>(predicate: F) -> RetryIf<F> {
+    RetryIf { predicate }
+}
+
+/// A policy made by [`retry_if`].
+#[derive(Clone, Copy)]
+pub struct RetryIf<F> {
+    predicate: F,
+}
+
+impl<F> std::fmt::Debug for RetryIf<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetryIf")
+    }
+}
+
+impl<F, Req, Res, E> Policy<Req, Res, E> for RetryIf<F>
+where
+    F: Fn(&Result<Res, E>) -> bool,
+    Req: Clone,
+{
+    fn classify(&self, _request: &Req, result: &Result<Res, E>) -> Decision {
+        match ((self.predicate)(result), result) {
+            (true, _) => Decision::retry(),
+            (false, Ok(_)) => Decision::Success,
+            (false, Err(_)) => Decision::Fail,
+        }
+    }
+
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        Some(request.clone())
+    }
+}
+
+/// A policy from a closure that sees the request and the outcome and returns the
+/// whole [`Decision`] (a delay the server asked for, a cause).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backoff::{classify_fn, Cause, Decision};
+///
+/// let policy = classify_fn(|_req: &&str, result: &Result<u16, ()>| match result {
+///     Ok(429) => Decision::retry_after(Duration::from_secs(1)).because(Cause::Throttled),
+///     Ok(_) => Decision::Success,
+///     Err(()) => Decision::retry(),
+/// });
+/// # drop(policy);
+/// ```
+pub fn classify_fn<F>(classify: F) -> ClassifyFn<F> {
+    ClassifyFn { classify }
+}
+
+/// A policy made by [`classify_fn`].
+#[derive(Clone, Copy)]
+pub struct ClassifyFn<F> {
+    classify: F,
+}
+
+impl<F> std::fmt::Debug for ClassifyFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClassifyFn")
+    }
+}
+
+impl<F, Req, Res, E> Policy<Req, Res, E> for ClassifyFn<F>
+where
+    F: Fn(&Req, &Result<Res, E>) -> Decision,
+    Req: Clone,
+{
+    fn classify(&self, request: &Req, result: &Result<Res, E>) -> Decision {
+        (self.classify)(request, result)
+    }
+
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        Some(request.clone())
+    }
+}

@@ -1,0 +1,338 @@
+//! [`retry`]: the same schedules, jitter and limits for a plain async closure,
+//! outside tower.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use crate::error::{check_duration, ConfigError};
+use crate::jitter::{Jitter, Rng};
+use crate::layer::DEFAULT_MAX_ATTEMPTS;
+use crate::schedule::{Exponential, Schedule};
+
+/// Calls `operation` until it succeeds, retrying errors after exponential,
+/// jittered sleeps. Awaiting it gives the last attempt's outcome.
+///
+/// The defaults need no arguments: every error retried, 3 attempts, 100 ms
+/// doubling up to 20 s, full jitter. Each setting reads as part of a sentence:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use tower_backoff::{retry, Exponential};
+///
+/// let mut calls = 0;
+/// let value = retry(|| {
+///     calls += 1;
+///     let n = calls;
+///     async move { if n < 3 { Err(format!("try {n} failed")) } else { Ok(n) } }
+/// })
+/// .max_attempts(5)
+/// .schedule(Exponential::new(Duration::from_millis(10)))
+/// .when(|e: &String| e.contains("failed"))
+/// .notify(|e: &String, delay| println!("{e}; retrying in {delay:?}"))
+/// .await;
+/// assert_eq!(value, Ok(3));
+/// # }
+/// ```
+pub fn retry<F>(operation: F) -> Retrying<F> {
+    Retrying {
+        operation,
+        schedule: Exponential::default(),
+        jitter: Jitter::Full,
+        max_attempts: DEFAULT_MAX_ATTEMPTS,
+        max_elapsed: None,
+        seed: None,
+        when: AnyError,
+        notify: NoNotify,
+    }
+}
+
+/// A retried operation, not started yet: `.await` it to run it. Made by
+/// [`retry`].
+#[must_use = "nothing runs until it is awaited"]
+pub struct Retrying<F, S = Exponential, W = AnyError, N = NoNotify> {
+    operation: F,
+    schedule: S,
+    jitter: Jitter,
+    max_attempts: u32,
+    max_elapsed: Option<Duration>,
+    seed: Option<u64>,
+    when: W,
+    notify: N,
+}
+
+impl<F, S, W, N> Retrying<F, S, W, N> {
+    /// Attempts in all, the first included (default 3). Zero counts as one.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// No retry starts whose sleep would end later than `limit` after the first
+    /// attempt began.
+    pub fn max_elapsed(mut self, limit: Duration) -> Self {
+        self.max_elapsed = Some(limit);
+        self
+    }
+
+    /// Randomizes each delay (default [`Jitter::Full`]).
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Makes the jitter draws reproducible.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Waits as `schedule` says before each retry.
+    pub fn schedule<S2: Schedule>(self, schedule: S2) -> Retrying<F, S2, W, N> {
+        Retrying {
+            operation: self.operation,
+            schedule,
+            jitter: self.jitter,
+            max_attempts: self.max_attempts,
+            max_elapsed: self.max_elapsed,
+            seed: self.seed,
+            when: self.when,
+            notify: self.notify,
+        }
+    }
+
+    /// Retries only the errors for which `predicate` is true; others are
+    /// returned at once.
+    pub fn when<W2>(self, predicate: W2) -> Retrying<F, S, W2, N> {
+        Retrying {
+            operation: self.operation,
+            schedule: self.schedule,
+            jitter: self.jitter,
+            max_attempts: self.max_attempts,
+            max_elapsed: self.max_elapsed,
+            seed: self.seed,
+            when: predicate,
+            notify: self.notify,
+        }
+    }
+
+    /// Calls `notify(&error, delay)` before each sleep, to log or count retries.
+    pub fn notify<N2>(self, notify: N2) -> Retrying<F, S, W, N2> {
+        Retrying {
+            operation: self.operation,
+            schedule: self.schedule,
+            jitter: self.jitter,
+            max_attempts: self.max_attempts,
+            max_elapsed: self.max_elapsed,
+            seed: self.seed,
+            when: self.when,
+            notify,
+        }
+    }
+
+    /// Checks the settings the way [`BackoffBuilder::build`] does. Awaiting an
+    /// unchecked configuration never panics (delays saturate at the cap), but
+    /// this tells you about a mistake at start-up.
+    ///
+    /// [`BackoffBuilder::build`]: crate::BackoffBuilder::build
+    pub fn validate(&self) -> Result<(), ConfigError>
+    where
+        S: Schedule,
+    {
+        if self.max_attempts == 0 {
+            return Err(ConfigError::new("max_attempts", "must be at least 1"));
+        }
+        if let Some(limit) = self.max_elapsed {
+            check_duration("max_elapsed", limit)?;
+        }
+        self.jitter.validate()?;
+        self.schedule.validate()
+    }
+}
+
+impl<F, S, W, N> fmt::Debug for Retrying<F, S, W, N>
+where
+    S: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retrying")
+            .field("schedule", &self.schedule)
+            .field("jitter", &self.jitter)
+            .field("max_attempts", &self.max_attempts)
+            .field("max_elapsed", &self.max_elapsed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which errors [`retry`] retries.
+pub trait RetryWhen<E> {
+    /// Whether `error` is worth another attempt.
+    fn should_retry(&self, error: &E) -> bool;
+}
+
+/// Retries every error: [`retry`]'s default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnyError;
+
+impl<E> RetryWhen<E> for AnyError {
+    fn should_retry(&self, _error: &E) -> bool {
+        true
+    }
+}
+
+impl<E, F: Fn(&E) -> bool> RetryWhen<E> for F {
+    fn should_retry(&self, error: &E) -> bool {
+        self(error)
+    }
+}
+
+/// Told about each retry before its sleep.
+pub trait Notify<E> {
+    /// `error` is being retried after `delay`.
+    fn notify(&mut self, error: &E, delay: Duration);
+}
+
+/// Tells no one: [`retry`]'s default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoNotify;
+
+impl<E> Notify<E> for NoNotify {
+    fn notify(&mut self, _error: &E, _delay: Duration) {}
+}
+
+impl<E, F: FnMut(&E, Duration)> Notify<E> for F {
+    fn notify(&mut self, error: &E, delay: Duration) {
+        self(error, delay)
+    }
+}
+
+impl<F, Fut, T, E, S, W, N> IntoFuture for Retrying<F, S, W, N>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    S: Schedule,
+    W: RetryWhen<E>,
+    N: Notify<E>,
+{
+    type Output = Result<T, E>;
+    type IntoFuture = RetryFuture<F, Fut, S, W, N>;
+
+    fn into_future(mut self) -> Self::IntoFuture {
+        let started = self.max_elapsed.map(|_| Instant::now());
+        let rng = match self.seed {
+            Some(seed) => Rng::seeded(seed),
+            None => Rng::from_entropy(),
+        };
+        let attempt = (self.operation)();
+        RetryFuture {
+            state: RetryState::Running { attempt },
+            settings: self,
+            attempts: 1,
+            previous_delay: Duration::ZERO,
+            started,
+            rng,
+        }
+    }
+}
+
+pin_project! {
+    /// The future of an awaited [`Retrying`].
+    ///
+    /// # Cancel safety
+    /// Dropping it drops the attempt in flight or the pending sleep; no further
+    /// attempt is made.
+    pub struct RetryFuture<F, Fut, S, W, N> {
+        #[pin]
+        state: RetryState<Fut>,
+        settings: Retrying<F, S, W, N>,
+        attempts: u32,
+        previous_delay: Duration,
+        started: Option<Instant>,
+        rng: Rng,
+    }
+}
+
+pin_project! {
+    #[project = RetryStateProj]
+    enum RetryState<Fut> {
+        Running { #[pin] attempt: Fut },
+        Waiting { #[pin] sleep: Sleep },
+    }
+}
+
+impl<F, Fut, T, E, S, W, N> Future for RetryFuture<F, Fut, S, W, N>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    S: Schedule,
+    W: RetryWhen<E>,
+    N: Notify<E>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                RetryStateProj::Running { attempt } => {
+                    let error = match ready!(attempt.poll(cx)) {
+                        Ok(value) => return Poll::Ready(Ok(value)),
+                        Err(error) => error,
+                    };
+                    let settings = &mut *this.settings;
+                    if *this.attempts >= settings.max_attempts.max(1)
+                        || !settings.when.should_retry(&error)
+                    {
+                        return Poll::Ready(Err(error));
+                    }
+                    let base = settings.schedule.delay(*this.attempts);
+                    let previous = if *this.attempts == 1 {
+                        base
+                    } else {
+                        *this.previous_delay
+                    };
+                    let delay = settings
+                        .jitter
+                        .apply(base, previous, &settings.schedule, this.rng);
+                    if let (Some(limit), Some(started)) = (settings.max_elapsed, *this.started) {
+                        if started.elapsed().saturating_add(delay) > limit {
+                            return Poll::Ready(Err(error));
+                        }
+                    }
+                    settings.notify.notify(&error, delay);
+                    *this.previous_delay = delay;
+                    *this.attempts += 1;
+                    if delay.is_zero() {
+                        let attempt = (settings.operation)();
+                        this.state.set(RetryState::Running { attempt });
+                    } else {
+                        this.state.set(RetryState::Waiting {
+                            sleep: tokio::time::sleep(delay),
+                        });
+                    }
+                }
+                RetryStateProj::Waiting { sleep } => {
+                    ready!(sleep.poll(cx));
+                    let attempt = (this.settings.operation)();
+                    this.state.set(RetryState::Running { attempt });
+                }
+            }
+        }
+    }
+}
+
+impl<F, Fut, S: fmt::Debug, W, N> fmt::Debug for RetryFuture<F, Fut, S, W, N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryFuture")
+            .field("settings", &self.settings)
+            .field("attempts", &self.attempts)
+            .finish_non_exhaustive()
+    }
+}
