@@ -206,7 +206,7 @@ fn next_delay<P, Sch: Schedule>(
     }
     let schedule = &config.schedule;
     let delay = match after {
-        Some(asked) => asked.min(schedule.max_delay()),
+        Some(asked) => asked.min(schedule.cap()),
         None => {
             let base = schedule.delay(attempts);
             let previous = if attempts == 1 { base } else { previous };

@@ -10,7 +10,7 @@ use crate::error::ConfigError;
 /// How a schedule's delay is randomized before the request sleeps.
 ///
 /// Every variant keeps the result at or below the schedule's
-/// [`max_delay`](crate::Schedule::max_delay): a cap of 10 s means no sleep is
+/// [`cap`](crate::Schedule::cap): a cap of 10 s means no sleep is
 /// ever longer than 10 s, jitter included.
 ///
 /// | variant | delay for a schedule delay `d` |
@@ -68,7 +68,7 @@ impl Jitter {
     ///
     /// `previous` is the delay slept before the previous retry (for the first
     /// retry, pass `delay` itself); only [`Jitter::Decorrelated`] reads it. The
-    /// result never exceeds `schedule.max_delay()`.
+    /// result never exceeds `schedule.cap()`.
     pub fn apply<S: crate::Schedule + ?Sized>(
         self,
         delay: Duration,
@@ -76,7 +76,7 @@ impl Jitter {
         schedule: &S,
         rng: &mut Rng,
     ) -> Duration {
-        let cap = schedule.max_delay();
+        let cap = schedule.cap();
         let d = delay.min(cap);
         let jittered = match self {
             Jitter::None => d,

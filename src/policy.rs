@@ -28,7 +28,7 @@ pub enum Decision {
     /// The attempt failed transiently: retry if the limits and budget allow.
     Retry {
         /// A delay the server asked for (`Retry-After`), used instead of the
-        /// schedule's, capped by the schedule's `max_delay`.
+        /// schedule's, capped by the schedule's [`cap`](crate::Schedule::cap).
         after: Option<Duration>,
         /// Why it failed; budgets and adaptive pacing weigh causes differently.
         cause: Cause,

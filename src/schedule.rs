@@ -5,7 +5,7 @@
 //! the per-request state (which retry this is, what was slept before) lives in the
 //! response future. [`Jitter`](crate::Jitter) randomizes the delay on top.
 //!
-//! Every schedule saturates: growth stops at [`Schedule::max_delay`] and never
+//! Every schedule saturates: growth stops at [`Schedule::cap`] and never
 //! overflows or panics, however many retries are asked for.
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use crate::error::{check_duration, ConfigError};
 /// The delay before each retry, before jitter.
 ///
 /// `retry` counts retries from 1: `delay(1)` is the wait after the first attempt
-/// failed. Implementations must saturate at [`max_delay`](Schedule::max_delay) and
+/// failed. Implementations must saturate at [`cap`](Schedule::cap) and
 /// never panic; a custom schedule is a small type (or [`from_fn`]) implementing
 /// this trait.
 ///
@@ -34,7 +34,7 @@ pub trait Schedule {
 
     /// The longest delay this schedule asks for. Jitter and server-given delays
     /// (`Retry-After`) are capped by it too.
-    fn max_delay(&self) -> Duration {
+    fn cap(&self) -> Duration {
         Duration::MAX
     }
 
@@ -49,8 +49,8 @@ impl<S: Schedule + ?Sized> Schedule for &S {
     fn delay(&self, retry: u32) -> Duration {
         (**self).delay(retry)
     }
-    fn max_delay(&self) -> Duration {
-        (**self).max_delay()
+    fn cap(&self) -> Duration {
+        (**self).cap()
     }
     fn validate(&self) -> Result<(), ConfigError> {
         (**self).validate()
@@ -61,8 +61,8 @@ impl<S: Schedule + ?Sized> Schedule for Arc<S> {
     fn delay(&self, retry: u32) -> Duration {
         (**self).delay(retry)
     }
-    fn max_delay(&self) -> Duration {
-        (**self).max_delay()
+    fn cap(&self) -> Duration {
+        (**self).cap()
     }
     fn validate(&self) -> Result<(), ConfigError> {
         (**self).validate()
@@ -126,7 +126,7 @@ impl Schedule for Exponential {
         nanos_capped(nanos, self.max)
     }
 
-    fn max_delay(&self) -> Duration {
+    fn cap(&self) -> Duration {
         self.max
     }
 
@@ -174,7 +174,7 @@ impl Schedule for Linear {
             .min(self.max)
     }
 
-    fn max_delay(&self) -> Duration {
+    fn cap(&self) -> Duration {
         self.max
     }
 
@@ -205,7 +205,7 @@ impl Schedule for Constant {
         self.delay
     }
 
-    fn max_delay(&self) -> Duration {
+    fn cap(&self) -> Duration {
         self.delay
     }
 
@@ -246,7 +246,7 @@ impl Schedule for Table {
         self.delays.get(index).copied().unwrap_or_default()
     }
 
-    fn max_delay(&self) -> Duration {
+    fn cap(&self) -> Duration {
         self.delays.iter().copied().max().unwrap_or_default()
     }
 
@@ -295,7 +295,7 @@ impl<F: Fn(u32) -> Duration> Schedule for FromFn<F> {
         (self.f)(retry).min(self.max)
     }
 
-    fn max_delay(&self) -> Duration {
+    fn cap(&self) -> Duration {
         self.max
     }
 
