@@ -1,0 +1,197 @@
+//! Schedules and jitter, used directly as data.
+
+use std::time::Duration;
+
+use tower_backoff::{schedule, Constant, Exponential, Jitter, Linear, Rng, Schedule, Table};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn first<S: Schedule>(schedule: &S, n: u32) -> Vec<Duration> {
+    (1..=n).map(|retry| schedule.delay(retry)).collect()
+}
+
+#[test]
+fn exponential_doubles_then_saturates_at_cap() {
+    let s = Exponential::new(ms(100)).max_delay(ms(1000));
+    assert_eq!(first(&s, 6), [100, 200, 400, 800, 1000, 1000].map(ms));
+}
+
+#[test]
+fn exponential_with_fractional_factor_is_exact_to_the_nanosecond() {
+    let s = Exponential::new(ms(100))
+        .factor(1.5)
+        .max_delay(Duration::from_secs(60));
+    assert_eq!(
+        first(&s, 4),
+        [ms(100), ms(150), ms(225), Duration::from_nanos(337_500_000)]
+    );
+}
+
+#[test]
+fn exponential_never_overflows() {
+    let s = Exponential::new(Duration::from_secs(3600))
+        .factor(1e6)
+        .max_delay(Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(s.delay(u32::MAX), s.cap());
+    assert_eq!(s.delay(40), s.cap());
+}
+
+#[test]
+fn linear_adds_a_step_then_saturates() {
+    let s = Linear::new(ms(100), ms(50)).max_delay(ms(260));
+    assert_eq!(first(&s, 5), [100, 150, 200, 250, 260].map(ms));
+    assert_eq!(s.delay(u32::MAX), ms(260));
+}
+
+#[test]
+fn constant_is_constant() {
+    let s = Constant::new(ms(70));
+    assert_eq!(first(&s, 3), [70, 70, 70].map(ms));
+}
+
+#[test]
+fn table_saturates_at_its_last_entry() {
+    let s = Table::new(vec![ms(10), ms(40), ms(90)]);
+    assert_eq!(first(&s, 5), [10, 40, 90, 90, 90].map(ms));
+    assert_eq!(s.cap(), ms(90));
+}
+
+#[test]
+fn custom_schedule_from_a_closure_is_capped() {
+    let s = schedule::from_fn(ms(250), |n| ms(100) * n);
+    assert_eq!(first(&s, 4), [100, 200, 250, 250].map(ms));
+}
+
+#[test]
+fn invalid_schedules_name_their_field() {
+    let field = |r: Result<(), tower_backoff::ConfigError>| r.unwrap_err().field();
+    assert_eq!(
+        field(Exponential::new(ms(1)).factor(0.9).validate()),
+        "factor"
+    );
+    assert_eq!(
+        field(Exponential::new(ms(1)).factor(f64::NAN).validate()),
+        "factor"
+    );
+    assert_eq!(
+        field(Exponential::new(ms(500)).max_delay(ms(100)).validate()),
+        "max_delay"
+    );
+    assert_eq!(
+        field(Exponential::new(Duration::MAX).validate()),
+        "initial_delay"
+    );
+    assert_eq!(field(Table::new(Vec::new()).validate()), "table");
+    assert_eq!(field(Linear::new(ms(1), Duration::MAX).validate()), "step");
+    assert_eq!(field(Jitter::Proportional(1.5).validate()), "jitter");
+    assert_eq!(field(Jitter::Proportional(-0.1).validate()), "jitter");
+}
+
+/// Draws `n` jittered delays for retries 1..=8 of `schedule`, the way the layer
+/// does: `previous` is the delay actually drawn before.
+fn draws<S: Schedule>(
+    schedule: &S,
+    jitter: Jitter,
+    n: usize,
+) -> Vec<(Duration, Duration, Duration)> {
+    let mut rng = Rng::seeded(42);
+    let mut out = Vec::new();
+    for _ in 0..n / 8 {
+        let mut previous = Duration::ZERO;
+        for retry in 1..=8 {
+            let base = schedule.delay(retry);
+            let prev = if retry == 1 { base } else { previous };
+            let d = jitter.apply(base, prev, schedule, &mut rng);
+            out.push((base, prev, d));
+            previous = d;
+        }
+    }
+    out
+}
+
+const CAP: Duration = Duration::from_millis(2_000);
+
+fn capped() -> Exponential {
+    Exponential::new(ms(100)).max_delay(CAP)
+}
+
+#[test]
+fn full_jitter_stays_within_zero_and_the_delay() {
+    let all = draws(&capped(), Jitter::Full, 80_000);
+    assert!(all.iter().all(|&(base, _, d)| d <= base && d <= CAP));
+    // It really spreads: some draws land in the bottom tenth of their range.
+    assert!(all.iter().any(|&(base, _, d)| d < base / 10));
+}
+
+#[test]
+fn equal_jitter_stays_within_half_and_the_whole_delay() {
+    let all = draws(&capped(), Jitter::Equal, 80_000);
+    assert!(all.iter().all(|&(base, _, d)| d >= base / 2 && d <= base));
+}
+
+#[test]
+fn decorrelated_jitter_stays_between_base_and_three_times_previous_capped() {
+    let base = ms(100);
+    let all = draws(&capped(), Jitter::Decorrelated, 80_000);
+    assert!(all
+        .iter()
+        .all(|&(_, prev, d)| d >= base && d <= (prev * 3).min(CAP)));
+    assert!(all.iter().any(|&(_, _, d)| d == CAP || d > CAP - ms(50)));
+}
+
+#[test]
+fn proportional_jitter_stays_within_the_fraction_and_under_the_cap() {
+    let all = draws(&capped(), Jitter::Proportional(0.25), 80_000);
+    assert!(all
+        .iter()
+        .all(|&(base, _, d)| d >= base.mul_f64(0.75) && d <= base.mul_f64(1.25).min(CAP)));
+    // At the cap, +25% would exceed it: it must be clipped, never above.
+    assert!(all.iter().any(|&(base, _, d)| base == CAP && d == CAP));
+}
+
+#[test]
+fn jitter_never_exceeds_the_cap_even_with_huge_previous_delays() {
+    let s = capped();
+    let mut rng = Rng::seeded(1);
+    for jitter in [
+        Jitter::None,
+        Jitter::Full,
+        Jitter::Equal,
+        Jitter::Decorrelated,
+        Jitter::Proportional(1.0),
+    ] {
+        for _ in 0..1_000 {
+            let d = jitter.apply(Duration::MAX, Duration::MAX, &s, &mut rng);
+            assert!(d <= CAP, "{jitter:?} gave {d:?}");
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_sequence_other_seed_other_sequence() {
+    let s = capped();
+    let seq = |seed| {
+        let mut rng = Rng::seeded(seed);
+        (1..=20)
+            .map(|n| Jitter::Full.apply(s.delay(n), s.delay(n), &s, &mut rng))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seq(7), seq(7));
+    assert_ne!(seq(7), seq(8));
+}
+
+#[test]
+fn streams_of_one_seed_are_independent() {
+    let a: Vec<u64> = {
+        let mut r = Rng::stream(9, 0);
+        (0..8).map(|_| r.next_u64()).collect()
+    };
+    let b: Vec<u64> = {
+        let mut r = Rng::stream(9, 1);
+        (0..8).map(|_| r.next_u64()).collect()
+    };
+    assert_ne!(a, b);
+    assert!(a.iter().all(|x| !b.contains(x)));
+}
