@@ -1,4 +1,4 @@
-//! [`retry`]: the same schedules, jitter and limits for a plain async closure,
+//! [`retry`](fn@crate::retry): the same schedules, jitter and limits for a plain async closure,
 //! outside tower.
 
 use std::fmt;
@@ -55,7 +55,7 @@ pub fn retry<F>(operation: F) -> Retrying<F> {
 }
 
 /// A retried operation, not started yet: `.await` it to run it. Made by
-/// [`retry`].
+/// [`retry`](fn@crate::retry).
 #[must_use = "nothing runs until it is awaited"]
 pub struct Retrying<F, S = Exponential, W = AnyError, N = NoNotify> {
     operation: F,
@@ -171,13 +171,13 @@ where
     }
 }
 
-/// Which errors [`retry`] retries.
+/// Which errors [`retry`](fn@crate::retry) retries.
 pub trait RetryWhen<E> {
     /// Whether `error` is worth another attempt.
     fn should_retry(&self, error: &E) -> bool;
 }
 
-/// Retries every error: [`retry`]'s default.
+/// Retries every error: [`retry`](fn@crate::retry)'s default.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AnyError;
 
@@ -199,7 +199,7 @@ pub trait Notify<E> {
     fn notify(&mut self, error: &E, delay: Duration);
 }
 
-/// Tells no one: [`retry`]'s default.
+/// Tells no one: [`retry`](fn@crate::retry)'s default.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoNotify;
 

@@ -1,0 +1,101 @@
+//! The `retry` helper for plain async closures.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_backoff::{retry, Constant, Exponential, Jitter};
+
+#[tokio::test(start_paused = true)]
+async fn works_with_no_settings_and_returns_the_success() {
+    let calls = Cell::new(0);
+    let result = retry(|| {
+        calls.set(calls.get() + 1);
+        let n = calls.get();
+        async move {
+            if n < 3 {
+                Err(n)
+            } else {
+                Ok(n)
+            }
+        }
+    })
+    .await;
+    assert_eq!(result, Ok(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn gives_up_after_max_attempts_with_the_last_error() {
+    let calls = Cell::new(0);
+    let result: Result<(), u32> = retry(|| {
+        calls.set(calls.get() + 1);
+        let n = calls.get();
+        async move { Err(n) }
+    })
+    .max_attempts(5)
+    .await;
+    assert_eq!(result, Err(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn does_not_retry_errors_the_predicate_rejects() {
+    let calls = Cell::new(0);
+    let result: Result<(), &str> = retry(|| {
+        calls.set(calls.get() + 1);
+        async { Err("permission denied") }
+    })
+    .when(|e: &&str| e.contains("busy"))
+    .await;
+    assert_eq!(result, Err("permission denied"));
+    assert_eq!(calls.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sleeps_the_schedule_and_notifies_each_retry() {
+    let mut seen = Vec::new();
+    let start = Instant::now();
+    let result: Result<(), ()> = retry(|| async { Err(()) })
+        .schedule(Exponential::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .max_attempts(4)
+        .notify(|_: &(), delay| seen.push(delay))
+        .await;
+    assert!(result.is_err());
+    assert_eq!(seen, [100, 200, 400].map(Duration::from_millis));
+    assert_eq!(start.elapsed(), Duration::from_millis(700));
+}
+
+#[tokio::test(start_paused = true)]
+async fn honours_max_elapsed() {
+    let calls = Cell::new(0);
+    let start = Instant::now();
+    let result: Result<(), ()> = retry(|| {
+        calls.set(calls.get() + 1);
+        async { Err(()) }
+    })
+    .schedule(Constant::new(Duration::from_secs(1)))
+    .jitter(Jitter::None)
+    .max_attempts(100)
+    .max_elapsed(Duration::from_millis(2_500))
+    .await;
+    assert!(result.is_err());
+    assert_eq!(calls.get(), 3);
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+}
+
+#[test]
+fn validate_names_the_bad_field() {
+    let op = || async { Ok::<(), ()>(()) };
+    assert_eq!(
+        retry(op).max_attempts(0).validate().unwrap_err().field(),
+        "max_attempts"
+    );
+    assert_eq!(
+        retry(op)
+            .schedule(Exponential::new(Duration::from_secs(1)).factor(0.0))
+            .validate()
+            .unwrap_err()
+            .field(),
+        "factor"
+    );
+}
