@@ -1,0 +1,72 @@
+//! Runs one column of one scenario for a number of requests, so that
+//! `benches/callgrind.sh` can count its instructions; with `--table`, prints
+//! heap allocations per request and response-future size for every column.
+//!
+//! Not a criterion bench: `cargo bench --bench instructions -- --table`.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counts every heap allocation made in this process.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    match args.as_slice() {
+        [flag] if flag == "--table" => {
+            println!("scenario\tcolumn\tallocations/request\tfuture bytes");
+            for scenario in common::Scenario::ALL {
+                for &column in common::columns(scenario) {
+                    // Allocations of 1,000 more requests, so set-up and warm-up cancel out.
+                    let count = |iters| {
+                        let before = ALLOCATIONS.load(Ordering::Relaxed);
+                        runtime.block_on(common::run_column(scenario, column, iters));
+                        ALLOCATIONS.load(Ordering::Relaxed) - before
+                    };
+                    let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
+                    println!(
+                        "{}\t{column}\t{per_request:.2}\t{}",
+                        scenario.name(),
+                        common::future_size(column)
+                    );
+                }
+            }
+        }
+        [scenario, column, iters] => {
+            let scenario = common::Scenario::parse(scenario).expect("happy_path or retry_path");
+            let iters = iters.parse().expect("a number of requests");
+            runtime.block_on(common::run_column(scenario, column, iters));
+        }
+        // `cargo bench` runs every bench target with no arguments: nothing to do.
+        [] => {}
+        _ => eprintln!("usage: instructions --table | <scenario> <column> <requests>"),
+    }
+}
