@@ -32,6 +32,8 @@ enum Answer {
     After(Duration, u32),
     /// Never answers.
     Hang,
+    /// A bug in the provider.
+    Panic,
 }
 
 /// What a test can see of a provider: when it was called, what its last
@@ -121,12 +123,15 @@ impl<F: Fn(usize) -> Answer> Service<()> for Scripted<F> {
                     Ok(v)
                 }
                 Answer::Hang => std::future::pending().await,
+                Answer::Panic => panic!("provider bug on call {n}"),
             };
             *flight.0.last.lock().unwrap() = Some(result.clone());
             result
         })
     }
 }
+
+type Script = fn(usize) -> Answer;
 
 fn gaps(calls: &[Instant]) -> Vec<Duration> {
     calls.windows(2).map(|w| w[1] - w[0]).collect()
@@ -343,7 +348,7 @@ async fn evicted_provider_is_reprobed_after_the_interval_when_enabled() {
 async fn board_never_shows_a_value_from_a_quarantined_or_evicted_provider() {
     // Each provider's value encodes its key and call number, so a stale value
     // on the board cannot pass for a fresh one.
-    let scripts: [(&str, fn(usize) -> Answer); 5] = [
+    let scripts: [(&str, Script); 5] = [
         ("steady", |n| Answer::Value(1000 + n as u32)),
         ("flaky", |n| {
             if n % 3 == 2 {
@@ -502,6 +507,51 @@ async fn shutdown_ends_every_task_and_drops_every_provider_promptly() {
     // The event stream closes once the last task has let the poller's state go.
     drain(&mut events);
     assert!(matches!(events.try_recv(), Err(TryRecvError::Closed)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_provider_is_evicted_and_its_value_leaves_the_board() {
+    let probe = Probe::new();
+    let poller = exact_poller(SECOND, SECOND).build().unwrap();
+    let mut events = poller.subscribe();
+    poller.add(
+        "buggy",
+        scripted(&probe, |n| {
+            if n == 0 {
+                Answer::Value(1)
+            } else {
+                Answer::Panic
+            }
+        }),
+    );
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(poller.board().value(&"buggy"), Some(&1));
+
+    sleep(secs(60)).await;
+    assert_eq!(probe.call_count(), 2);
+    assert_eq!(poller.board().value(&"buggy"), None);
+    assert_eq!(
+        poller.board().state(&"buggy"),
+        Some(State::Evicted {
+            failures: 1,
+            reprobe_at: None
+        })
+    );
+    assert!(drain(&mut events).contains(&Event::Evicted {
+        key: "buggy",
+        failures: 1,
+        reprobe_at: None
+    }));
+    assert_eq!(Arc::strong_count(&probe), 1);
+    poller.shutdown().await;
+}
+
+#[test]
+fn poller_and_board_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<TestPoller>();
+    send_sync::<tower_backoff::poll::Board<&'static str, u32>>();
+    send_sync::<Event<&'static str>>();
 }
 
 #[tokio::test(start_paused = true)]
@@ -808,61 +858,30 @@ async fn a_key_is_polled_once_and_providers_added_later_start_at_once() {
 
 #[tokio::test]
 async fn invalid_settings_are_rejected_naming_the_field() {
+    let builder = || TestPoller::builder(|_| ());
     let year_and_a_day = Duration::from_secs(366 * 24 * 3600);
-    let cases: [(&str, Box<dyn Fn() -> tower_backoff::ConfigError>); 9] = [
-        (
-            "interval",
-            Box::new(|| err(TestPoller::builder(|_| ()).interval(Duration::ZERO))),
-        ),
-        (
-            "interval",
-            Box::new(move || err(TestPoller::builder(|_| ()).interval(year_and_a_day))),
-        ),
-        (
-            "timeout",
-            Box::new(|| err(TestPoller::builder(|_| ()).timeout(Duration::ZERO))),
-        ),
-        (
-            "reprobe_after",
-            Box::new(|| err(TestPoller::builder(|_| ()).reprobe_after(Duration::ZERO))),
-        ),
-        (
-            "max_failures",
-            Box::new(|| err(TestPoller::builder(|_| ()).max_failures(0))),
-        ),
-        (
-            "events_capacity",
-            Box::new(|| err(TestPoller::builder(|_| ()).events_capacity(0))),
-        ),
-        (
-            "jitter",
-            Box::new(|| err(TestPoller::builder(|_| ()).jitter(Jitter::Proportional(2.0)))),
-        ),
+    let cases = [
+        ("interval", builder().interval(Duration::ZERO)),
+        ("interval", builder().interval(year_and_a_day)),
+        ("timeout", builder().timeout(Duration::ZERO)),
+        ("reprobe_after", builder().reprobe_after(Duration::ZERO)),
+        ("max_failures", builder().max_failures(0)),
+        ("events_capacity", builder().events_capacity(0)),
+        ("jitter", builder().jitter(Jitter::Proportional(2.0))),
         (
             "factor",
-            Box::new(|| {
-                err(TestPoller::builder(|_| ()).schedule(Exponential::new(SECOND).factor(0.5)))
-            }),
+            builder().schedule(Exponential::new(SECOND).factor(0.5)),
         ),
         (
             "max_delay",
-            Box::new(|| {
-                err(TestPoller::builder(|_| ())
-                    .schedule(Exponential::new(secs(10)).max_delay(SECOND)))
-            }),
+            builder().schedule(Exponential::new(secs(10)).max_delay(SECOND)),
         ),
     ];
-    for (field, build) in cases {
-        let error = build();
+    for (field, builder) in cases {
+        let error = builder.build().unwrap_err();
         assert_eq!(error.field(), field, "{error}");
         assert!(error.to_string().contains(field));
     }
-}
-
-fn err(
-    builder: tower_backoff::poll::PollerBuilder<&'static str, (), u32, String>,
-) -> tower_backoff::ConfigError {
-    builder.build().unwrap_err()
 }
 
 #[test]

@@ -102,7 +102,7 @@ impl<K, Req, V, E> PollerBuilder<K, Req, V, E> {
     /// layer: [`Decision::Success`](crate::Decision::Success) on an `Ok` is a
     /// healthy poll, anything else a failure, and a
     /// [`Decision::Retry`](crate::Decision::Retry) with a delay sets the next
-    /// poll (capped by the schedule's `max_delay`) instead of the schedule.
+    /// poll (capped by the schedule's [`cap`](Schedule::cap)) instead of the schedule.
     ///
     /// An `Err` is always a failure, whatever the policy says: there is no
     /// value to show. Without a policy (or when its `clone_request` declines to

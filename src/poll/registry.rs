@@ -214,4 +214,33 @@ where
             [Some(deferred), None]
         })
     }
+
+    /// Records that the provider's service panicked and its task is gone, so
+    /// its last value does not stay on the board with no one to refresh it.
+    pub(super) fn panicked(&self, id: u64, key: &K) {
+        self.update(id, key, |slot| {
+            let failures = match slot.state {
+                State::Quarantined { failures, .. } | State::Evicted { failures, .. } => {
+                    failures.saturating_add(1)
+                }
+                State::Pending | State::Healthy { .. } => 1,
+            };
+            slot.state = State::Evicted {
+                failures,
+                reprobe_at: None,
+            };
+            slot.value = None;
+            let polled = Event::Polled {
+                key: key.clone(),
+                outcome: Err(Failure::Error("the provider panicked".to_string())),
+                took: Duration::ZERO,
+            };
+            let evicted = Event::Evicted {
+                key: key.clone(),
+                failures,
+                reprobe_at: None,
+            };
+            [Some(polled), Some(evicted)]
+        });
+    }
 }

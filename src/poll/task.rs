@@ -44,7 +44,7 @@ impl Streak {
     ) -> Duration {
         let schedule = &*config.schedule;
         let delay = match after {
-            Some(asked) => asked.min(schedule.max_delay()),
+            Some(asked) => asked.min(schedule.cap()),
             None => {
                 let base = schedule.delay(self.failures);
                 let previous = if self.failures == 1 {
@@ -74,6 +74,11 @@ pub(super) async fn run<K, Req, V, E, S>(
     S: Service<Req, Response = V, Error = E>,
     E: Display,
 {
+    let _evict_on_panic = PanicGuard {
+        shared: &shared,
+        id,
+        key: &key,
+    };
     let config = &shared.config;
     let mut streak = Streak {
         failures: 0,
@@ -145,6 +150,22 @@ pub(super) async fn run<K, Req, V, E, S>(
             }
         };
         sleep_until(next_poll).await;
+    }
+}
+
+/// Evicts the provider if its task unwinds. Dropped without a panic (the task
+/// ended or was aborted), it does nothing.
+struct PanicGuard<'a, K: Clone + Eq + Hash, Req, V, E> {
+    shared: &'a Shared<K, Req, V, E>,
+    id: u64,
+    key: &'a K,
+}
+
+impl<K: Clone + Eq + Hash, Req, V, E> Drop for PanicGuard<'_, K, Req, V, E> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.shared.panicked(self.id, self.key);
+        }
     }
 }
 
