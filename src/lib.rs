@@ -58,6 +58,7 @@ pub mod future;
 mod jitter;
 mod layer;
 pub mod policy;
+pub mod poll;
 pub mod retry;
 pub mod schedule;
 mod service;
@@ -70,6 +71,7 @@ pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};
 pub use policy::{
     classify_fn, retry_if, Cause, ClassifyFn, Decision, Policy, RetryIf, RetryOnError,
 };
+pub use poll::Poller;
 pub use retry::{retry, Retrying};
 pub use schedule::{Constant, Exponential, Linear, Schedule, Table};
 pub use service::Backoff;

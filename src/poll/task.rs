@@ -1,0 +1,235 @@
+//! One provider's polling loop: poll, record, sleep for the interval or the
+//! backoff, until the provider is evicted for good or removed.
+
+use std::fmt::Display;
+use std::future::poll_fn;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{sleep_until, Instant};
+use tower_service::Service;
+
+use crate::error::MAX_DURATION;
+use crate::jitter::Rng;
+use crate::policy::{Cause, Decision};
+
+use super::board::State;
+use super::builder::Config;
+use super::event::Failure;
+use super::registry::Shared;
+
+/// A failed poll, as the backoff needs it.
+struct Failed {
+    failure: Failure,
+    /// A delay the policy asked for instead of the schedule's.
+    after: Option<Duration>,
+    cause: Cause,
+}
+
+/// Where the provider is in its run of failures.
+struct Streak {
+    failures: u32,
+    /// The last backoff delay, for decorrelated jitter.
+    previous: Duration,
+    cause: Cause,
+    rng: Rng,
+}
+
+impl Streak {
+    fn backoff<K, Req, V, E>(
+        &mut self,
+        config: &Config<K, Req, V, E>,
+        after: Option<Duration>,
+    ) -> Duration {
+        let schedule = &*config.schedule;
+        let delay = match after {
+            Some(asked) => asked.min(schedule.cap()),
+            None => {
+                let base = schedule.delay(self.failures);
+                let previous = if self.failures == 1 {
+                    base
+                } else {
+                    self.previous
+                };
+                config.jitter.apply(base, previous, schedule, &mut self.rng)
+            }
+        };
+        self.previous = delay;
+        delay
+    }
+}
+
+/// Polls `service` until the provider is evicted without re-probes or is no
+/// longer registered under `id`. Aborting the task at any await is safe: the
+/// registry is only touched between awaits.
+pub(super) async fn run<K, Req, V, E, S>(
+    shared: Arc<Shared<K, Req, V, E>>,
+    id: u64,
+    key: K,
+    mut service: S,
+    rng: Rng,
+) where
+    K: Clone + Eq + Hash,
+    S: Service<Req, Response = V, Error = E>,
+    E: Display,
+{
+    let _evict_on_panic = PanicGuard {
+        shared: &shared,
+        id,
+        key: &key,
+    };
+    let config = &shared.config;
+    let mut streak = Streak {
+        failures: 0,
+        previous: Duration::ZERO,
+        cause: Cause::Transient,
+        rng,
+    };
+    loop {
+        let is_retry = streak.failures > 0;
+        if let Some(budget) = &config.budget {
+            if !is_retry {
+                budget.on_first_attempt();
+            } else if !budget.try_retry(streak.cause) {
+                let delay = match config.reprobe_after {
+                    Some(reprobe) if streak.failures >= config.max_failures => reprobe,
+                    _ => streak.backoff(config, None),
+                };
+                let next_poll = later(Instant::now(), delay);
+                if !shared.deferred(id, &key, next_poll) {
+                    return;
+                }
+                sleep_until(next_poll).await;
+                continue;
+            }
+        }
+
+        let started = Instant::now();
+        let outcome = poll_once(config, &key, &mut service).await;
+        let now = Instant::now();
+        let took = now - started;
+        let next_poll = match outcome {
+            Ok(value) => {
+                if let Some(budget) = &config.budget {
+                    budget.on_success(is_retry.then_some(streak.cause));
+                }
+                let recovered_from = std::mem::take(&mut streak.failures);
+                let next_poll = later(now, config.interval);
+                if !shared.succeeded(id, &key, value, took, next_poll, recovered_from) {
+                    return;
+                }
+                next_poll
+            }
+            Err(failed) => {
+                streak.failures = streak.failures.saturating_add(1);
+                streak.cause = failed.cause;
+                let (state, next_poll) = if streak.failures >= config.max_failures {
+                    let reprobe_at = config.reprobe_after.map(|after| later(now, after));
+                    let state = State::Evicted {
+                        failures: streak.failures,
+                        reprobe_at,
+                    };
+                    (state, reprobe_at)
+                } else {
+                    let next_poll = later(now, streak.backoff(config, failed.after));
+                    let state = State::Quarantined {
+                        failures: streak.failures,
+                        next_poll,
+                    };
+                    (state, Some(next_poll))
+                };
+                if !shared.failed(id, &key, failed.failure, took, state) {
+                    return;
+                }
+                match next_poll {
+                    Some(at) => at,
+                    // Evicted for good: the service is dropped with the task.
+                    None => return,
+                }
+            }
+        };
+        sleep_until(next_poll).await;
+    }
+}
+
+/// Evicts the provider if its task unwinds. Dropped without a panic (the task
+/// ended or was aborted), it does nothing.
+struct PanicGuard<'a, K: Clone + Eq + Hash, Req, V, E> {
+    shared: &'a Shared<K, Req, V, E>,
+    id: u64,
+    key: &'a K,
+}
+
+impl<K: Clone + Eq + Hash, Req, V, E> Drop for PanicGuard<'_, K, Req, V, E> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.shared.panicked(self.id, self.key);
+        }
+    }
+}
+
+/// One poll: readiness and call, within the timeout, classified by the policy.
+async fn poll_once<K, Req, V, E, S>(
+    config: &Config<K, Req, V, E>,
+    key: &K,
+    service: &mut S,
+) -> Result<V, Failed>
+where
+    S: Service<Req, Response = V, Error = E>,
+    E: Display,
+{
+    let request = (config.make_request)(key);
+    let copy = config
+        .policy
+        .as_ref()
+        .and_then(|policy| policy.clone_request(&request));
+    let call = async {
+        poll_fn(|cx| service.poll_ready(cx)).await?;
+        service.call(request).await
+    };
+    let result = match config.timeout {
+        Some(limit) => match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_elapsed) => {
+                return Err(Failed {
+                    failure: Failure::TimedOut,
+                    after: None,
+                    cause: Cause::Timeout,
+                })
+            }
+        },
+        None => call.await,
+    };
+    let decision = match (&config.policy, &copy) {
+        (Some(policy), Some(request)) => policy.classify(request, &result),
+        _ if result.is_ok() => Decision::Success,
+        _ => Decision::retry(),
+    };
+    let (after, cause) = match decision {
+        Decision::Success => match result {
+            Ok(value) => return Ok(value),
+            Err(_) => (None, Cause::Transient),
+        },
+        Decision::Retry { after, cause } => (after, cause),
+        Decision::Fail => (None, Cause::Transient),
+    };
+    let failure = match &result {
+        Ok(_) => Failure::Rejected,
+        Err(error) => Failure::Error(error.to_string()),
+    };
+    if let Some(policy) = &config.policy {
+        policy.discard(result);
+    }
+    Err(Failed {
+        failure,
+        after,
+        cause,
+    })
+}
+
+/// `now + delay`, never overflowing the clock, whatever a schedule or a
+/// policy's `Retry-After` asks for.
+fn later(now: Instant, delay: Duration) -> Instant {
+    now + delay.min(MAX_DURATION)
+}
