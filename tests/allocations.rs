@@ -1,0 +1,164 @@
+//! The happy path allocates nothing beyond the one copy of the request the
+//! layer must keep. Counted, not timed: a regression fails CI.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::{ready, Future, Ready};
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tower::Service;
+use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter};
+
+/// Counts allocations per thread, so tests running in parallel don't mix.
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations_of(f: impl FnOnce()) -> u64 {
+    let before = ALLOCATIONS.with(Cell::get);
+    f();
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+type Req = Request<Bytes>;
+
+fn request() -> Req {
+    Request::get("http://api.internal/v1/items/42")
+        .header("accept", "application/json")
+        .header("x-request-id", "4bf92f3577b34da6")
+        .body(Bytes::from_static(b"{\"id\":42}"))
+        .unwrap()
+}
+
+/// Answers at once; cloning it costs an `Arc`, like a real client.
+#[derive(Clone, Default)]
+struct Backend(std::sync::Arc<()>);
+
+impl Service<Req> for Backend {
+    type Response = Response<Bytes>;
+    type Error = std::io::Error;
+    type Future = Ready<Result<Response<Bytes>, std::io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        ready(Ok(Response::new(Bytes::from_static(b"ok"))))
+    }
+}
+
+/// One request through `svc`, polled to completion without a runtime: the
+/// happy path must not need one.
+fn send<S: Service<Req>>(svc: &mut S, template: &Req) {
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(svc.poll_ready(&mut cx).is_ready());
+    let mut future = pin!(svc.call(template.clone()));
+    assert!(matches!(future.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+}
+
+fn assert_happy_path_allocates_only_the_request_copy<S: Service<Req>>(mut svc: S) {
+    let template = request();
+    let mut bare = Backend::default();
+    // Warm up: the first use of some of std's and http's machinery allocates once.
+    send(&mut bare, &template);
+    send(&mut svc, &template);
+    let one_copy = allocations_of(|| drop(template.clone()));
+    assert!(one_copy > 0, "the request copy allocates (its header map)");
+    let floor = allocations_of(|| send(&mut bare, &template)) + one_copy;
+    for _ in 0..3 {
+        assert_eq!(allocations_of(|| send(&mut svc, &template)), floor);
+    }
+}
+
+#[test]
+fn happy_path_with_defaults_allocates_only_the_request_copy() {
+    let layer = BackoffLayer::new();
+    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
+        &layer,
+        Backend::default(),
+    ));
+}
+
+#[test]
+fn happy_path_with_time_limit_and_seed_allocates_only_the_request_copy() {
+    let layer = BackoffLayer::builder()
+        .schedule(Exponential::new(Duration::from_millis(50)))
+        .jitter(Jitter::Decorrelated)
+        .max_elapsed(Duration::from_secs(5))
+        .seed(3)
+        .build()
+        .unwrap();
+    // A time limit reads the clock, which needs a runtime context (not a poll).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
+        &layer,
+        Backend::default(),
+    ));
+}
+
+#[test]
+fn retry_path_allocates_only_one_request_copy_per_attempt() {
+    // Fails twice, then succeeds; zero delay, so no timer and no runtime.
+    #[derive(Clone, Default)]
+    struct FailsTwice(std::sync::Arc<std::sync::atomic::AtomicU32>);
+    impl Service<Req> for FailsTwice {
+        type Response = Response<Bytes>;
+        type Error = std::io::Error;
+        type Future = Ready<Result<Response<Bytes>, std::io::Error>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Req) -> Self::Future {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ready(if n % 3 < 2 {
+                Err(std::io::Error::other("busy"))
+            } else {
+                Ok(Response::new(Bytes::new()))
+            })
+        }
+    }
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::ZERO))
+        .build()
+        .unwrap();
+    let mut svc = tower::Layer::layer(&layer, FailsTwice::default());
+    let template = request();
+    send(&mut svc, &template); // warm up
+    let one_copy = allocations_of(|| drop(template.clone()));
+    // The caller's copy, then one copy kept per attempt (3 attempts); the two
+    // `io::Error`s allocate too (they are the backend's, not ours).
+    let errors =
+        allocations_of(|| drop((std::io::Error::other("busy"), std::io::Error::other("busy"))));
+    assert_eq!(
+        allocations_of(|| send(&mut svc, &template)),
+        one_copy * 4 + errors
+    );
+}
