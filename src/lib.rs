@@ -55,6 +55,9 @@
 pub mod budget;
 mod error;
 pub mod future;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod jitter;
 mod layer;
 pub mod policy;
