@@ -317,9 +317,7 @@ mod tests {
             .collect()
     }
 
-    fn streaming(
-        frames: Frames,
-    ) -> StreamBody<stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::io::Error>>>> {
+    fn streaming(frames: Frames) -> impl Body<Data = Bytes, Error = std::io::Error> {
         StreamBody::new(stream::iter(frames))
     }
 
