@@ -23,6 +23,8 @@ use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter, Schedule};
 
 use http_server::{status, status_with, unused_addr, with_chunked_body, Reply, Server};
 
+type Plain = Request<Full<Bytes>>;
+
 const STEP: Duration = Duration::from_millis(100);
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
@@ -360,29 +362,14 @@ async fn retry_after_beyond_the_cap_and_the_time_left_returns_the_response_at_on
 // --- connection errors -----------------------------------------------------
 
 /// Counts the attempts that reach the client, from inside the retry layer.
-fn counting<S>(
-    inner: S,
-) -> (
-    impl tower::Service<
-            Request<Full<Bytes>>,
-            Response = S::Response,
-            Error = S::Error,
-            Future = S::Future,
-        > + Clone,
-    Arc<AtomicUsize>,
-)
-where
-    S: tower::Service<Request<Full<Bytes>>> + Clone,
-{
+fn counting() -> (impl Fn(Plain) -> Plain + Clone, Arc<AtomicUsize>) {
     let attempts = Arc::new(AtomicUsize::new(0));
     let counter = attempts.clone();
-    let svc = ServiceBuilder::new()
-        .map_request(move |request: Request<Full<Bytes>>| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            request
-        })
-        .service(inner);
-    (svc, attempts)
+    let count = move |request: Plain| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        request
+    };
+    (count, attempts)
 }
 
 #[tokio::test(start_paused = true)]
@@ -393,7 +380,7 @@ async fn connection_refused_is_retried_until_the_server_starts() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         Server::start_on(addr, |_, _| status(200)).await
     });
-    let (inner, attempts) = counting(client());
+    let (count, attempts) = counting();
     let svc = ServiceBuilder::new()
         .layer(layer_with(
             HttpPolicy::new(),
@@ -401,7 +388,8 @@ async fn connection_refused_is_retried_until_the_server_starts() {
             3,
             None,
         ))
-        .service(inner);
+        .map_request(count)
+        .service(client());
     let request = Request::get(format!("http://{addr}/"))
         .body(Full::default())
         .unwrap();
@@ -416,10 +404,11 @@ async fn connection_refused_is_retried_until_the_server_starts() {
 #[tokio::test(start_paused = true)]
 async fn connection_refused_every_time_returns_the_connect_error_after_every_attempt() {
     let addr = unused_addr();
-    let (inner, attempts) = counting(client());
+    let (count, attempts) = counting();
     let svc = ServiceBuilder::new()
         .layer(layer(HttpPolicy::new()))
-        .service(inner);
+        .map_request(count)
+        .service(client());
     let request = Request::get(format!("http://{addr}/"))
         .body(Full::default())
         .unwrap();

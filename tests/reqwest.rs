@@ -224,21 +224,17 @@ async fn retry_after_longer_than_the_time_left_returns_the_response_at_once() {
 
 // --- errors ------------------------------------------------------------------
 
-fn counting(
-    inner: reqwest::Client,
-) -> (
-    impl tower::Service<reqwest::Request, Response = reqwest::Response, Error = reqwest::Error> + Clone,
+fn counting() -> (
+    impl Fn(reqwest::Request) -> reqwest::Request + Clone,
     Arc<AtomicUsize>,
 ) {
     let attempts = Arc::new(AtomicUsize::new(0));
     let counter = attempts.clone();
-    let svc = ServiceBuilder::new()
-        .map_request(move |request: reqwest::Request| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            request
-        })
-        .service(inner);
-    (svc, attempts)
+    let count = move |request: reqwest::Request| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        request
+    };
+    (count, attempts)
 }
 
 #[tokio::test(start_paused = true)]
@@ -248,7 +244,7 @@ async fn connection_refused_is_retried_until_the_server_starts() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         Server::start_on(addr, |_, _| status(200)).await
     });
-    let (inner, attempts) = counting(client());
+    let (count, attempts) = counting();
     let svc = ServiceBuilder::new()
         .layer(layer_with(
             HttpPolicy::new(),
@@ -256,7 +252,8 @@ async fn connection_refused_is_retried_until_the_server_starts() {
             3,
             None,
         ))
-        .service(inner);
+        .map_request(count)
+        .service(client());
     let response = svc
         .oneshot(request(Method::GET, &format!("http://{addr}/")))
         .await
@@ -271,10 +268,11 @@ async fn connection_refused_is_retried_until_the_server_starts() {
 #[tokio::test(start_paused = true)]
 async fn connection_refused_every_time_returns_the_connect_error_after_every_attempt() {
     let addr = unused_addr();
-    let (inner, attempts) = counting(client());
+    let (count, attempts) = counting();
     let svc = ServiceBuilder::new()
         .layer(layer(HttpPolicy::new()))
-        .service(inner);
+        .map_request(count)
+        .service(client());
     let error = svc
         .oneshot(request(Method::GET, &format!("http://{addr}/")))
         .await
