@@ -484,6 +484,17 @@ async fn a_first_attempt_success_carries_retry_info_too() {
     assert_eq!(info(&response), RetryInfo::new(1, Duration::ZERO));
 }
 
+#[tokio::test(start_paused = true)]
+async fn without_retry_info_responses_carry_none() {
+    let server = Server::start(busy_once(503, &[])).await;
+    let policy = HttpPolicy::new().without_retry_info();
+    let svc = ServiceBuilder::new().layer(layer(policy)).service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert!(response.extensions().get::<RetryInfo>().is_none());
+}
+
 async fn connections_used(policy: HttpPolicy) -> usize {
     let server = Server::start(|n, _| {
         if n == 0 {

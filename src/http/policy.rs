@@ -43,7 +43,8 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 ///
 /// A response retried away has its small body read to the end in the
 /// background so its connection can be reused ([`drain_limit`](Self::drain_limit)).
-/// Every response returned carries a [`RetryInfo`] in its extensions.
+/// Every response returned carries a [`RetryInfo`] in its extensions (unless
+/// [`without_retry_info`](Self::without_retry_info)).
 ///
 /// The same policy serves hyper-util's client (`http::Request<B>` /
 /// `http::Response<B>`) and, with the `reqwest` feature, `reqwest::Client`.
@@ -90,6 +91,7 @@ pub struct HttpPolicy {
     honor_retry_after: bool,
     drain_limit: usize,
     drain_timeout: Duration,
+    record_info: bool,
     classify_error: fn(&(dyn Error + 'static)) -> Option<Cause>,
 }
 
@@ -103,6 +105,7 @@ impl HttpPolicy {
             honor_retry_after: true,
             drain_limit: DEFAULT_DRAIN_LIMIT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            record_info: true,
             classify_error,
         }
     }
@@ -181,6 +184,20 @@ impl HttpPolicy {
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
+    }
+
+    /// Stops adding [`RetryInfo`] to responses. `http::Extensions` boxes every
+    /// value, so recording it costs one small allocation per request, the only
+    /// one the policy adds to a first-attempt success besides copying the
+    /// request.
+    pub fn without_retry_info(mut self) -> Self {
+        self.record_info = false;
+        self
+    }
+
+    /// Whether responses get a [`RetryInfo`].
+    pub(crate) fn records_info(&self) -> bool {
+        self.record_info
     }
 
     /// Replaces the error classifier (default [`classify_error`]): return the
@@ -270,6 +287,7 @@ impl fmt::Debug for HttpPolicy {
             .field("honor_retry_after", &self.honor_retry_after)
             .field("drain_limit", &self.drain_limit)
             .field("drain_timeout", &self.drain_timeout)
+            .field("record_info", &self.record_info)
             .finish_non_exhaustive()
     }
 }
@@ -318,7 +336,7 @@ where
     }
 
     fn finish(&self, result: &mut Result<Response<ResBody>, E>, attempts: u32, slept: Duration) {
-        if let Ok(response) = result {
+        if let (Ok(response), true) = (result, self.record_info) {
             response
                 .extensions_mut()
                 .insert(RetryInfo::new(attempts, slept));

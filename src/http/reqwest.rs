@@ -59,7 +59,7 @@ where
     }
 
     fn finish(&self, result: &mut Result<reqwest::Response, E>, attempts: u32, slept: Duration) {
-        if let Ok(response) = result {
+        if let (Ok(response), true) = (result, self.records_info()) {
             response
                 .extensions_mut()
                 .insert(RetryInfo::new(attempts, slept));
