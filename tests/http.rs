@@ -19,7 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::http::{HttpPolicy, ReplayBody, RetryInfo, IDEMPOTENCY_KEY};
-use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter, Schedule};
+use tower_backoff::{BackoffLayer, Budget, Cause, Constant, Exponential, Jitter, Schedule};
 
 use http_server::{status, status_with, unused_addr, with_chunked_body, Reply, Server};
 
@@ -357,6 +357,52 @@ async fn retry_after_beyond_the_cap_and_the_time_left_returns_the_response_at_on
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(server.requests(), 1);
+}
+
+/// A budget that allows every retry and remembers the cause of each.
+#[derive(Default)]
+struct Causes(std::sync::Mutex<Vec<Cause>>);
+
+impl Budget for Causes {
+    fn try_retry(&self, cause: Cause) -> bool {
+        self.0.lock().unwrap().push(cause);
+        true
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttling_and_timeouts_reach_the_budget_as_such() {
+    let server = Server::start(|n, _| match n {
+        0 => status(429),
+        1 => status(503),
+        2 => Reply::Hang,
+        3 => status(502),
+        _ => status(200),
+    })
+    .await;
+    let causes = Arc::new(Causes::default());
+    let layer = BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .schedule(Constant::new(STEP))
+        .max_attempts(5)
+        .budget(causes.clone())
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .timeout(Duration::from_secs(1))
+        .service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        *causes.0.lock().unwrap(),
+        [
+            Cause::Throttled,
+            Cause::Throttled,
+            Cause::Timeout,
+            Cause::Transient
+        ]
+    );
 }
 
 // --- connection errors -----------------------------------------------------
