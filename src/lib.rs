@@ -46,7 +46,7 @@
 //! # }
 //! ```
 //!
-//! For plain async closures outside tower, [`retry`](fn@crate::retry) offers the same
+//! For plain async closures outside tower, [`retry()`] offers the same
 //! schedules and limits.
 //!
 //! [tower]: https://docs.rs/tower
@@ -55,6 +55,9 @@
 pub mod budget;
 mod error;
 pub mod future;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod jitter;
 mod layer;
 pub mod policy;

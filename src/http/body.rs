@@ -1,0 +1,27 @@
+//! [`CloneBody`]: request bodies the HTTP policy can send again.
+
+/// A request body that can be copied for another attempt.
+///
+/// Every `Clone` body is one: `Full<Bytes>`, `Empty<Bytes>`, `Bytes`,
+/// `String`, `()` in tests. A streaming body is one once wrapped in a
+/// [`ReplayBody`](super::ReplayBody), which records what was sent, up to a
+/// limit.
+pub trait CloneBody: Sized {
+    /// A copy to send with the next attempt, or `None` when there can be none
+    /// (the body is larger than what may be recorded). A request whose body
+    /// cannot be copied goes out once, and its outcome is returned untouched.
+    fn clone_body(&self) -> Option<Self>;
+
+    /// Whether a copy made earlier can still be sent in full. A body that
+    /// started recording but outgrew its limit, or whose source failed, says
+    /// no, and the outcome of the attempt that used it is returned as is.
+    fn is_replayable(&self) -> bool {
+        true
+    }
+}
+
+impl<B: Clone> CloneBody for B {
+    fn clone_body(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}

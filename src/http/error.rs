@@ -1,0 +1,267 @@
+//! Which transport errors are transient: found by walking an error's `source()`
+//! chain, whatever wraps it.
+
+use std::error::Error;
+use std::io;
+
+use crate::policy::Cause;
+
+/// How deep [`classify_error`] looks. Real chains are a handful of links; the
+/// bound keeps a cyclic or absurdly deep chain from stalling the client.
+const MAX_DEPTH: usize = 32;
+
+/// Whether `error`, or any error in its `source()` chain, is worth another
+/// attempt, and why; `None` for anything else.
+///
+/// Looked for, from the outermost error in:
+/// - timeouts, [`Cause::Timeout`]: `tower::timeout::error::Elapsed`,
+///   `tokio::time::error::Elapsed`, a hyper timeout, an `io::Error` of kind
+///   `TimedOut`, a `reqwest::Error` whose `is_timeout()` (with the `reqwest`
+///   feature);
+/// - connection failures, [`Cause::Transient`]: a hyper-util client error whose
+///   `is_connect()` (refused, unreachable, DNS), a `reqwest::Error` whose
+///   `is_connect()`, an `io::Error` of kind `ConnectionReset`,
+///   `ConnectionRefused`, `ConnectionAborted` or `BrokenPipe`, and hyper's
+///   "connection closed before message completed" (a pooled connection the
+///   server closed as the request went out).
+///
+/// The policy only sends a request twice when its method is idempotent or it
+/// carries an idempotency key, so retrying a reset in the middle of a request
+/// is safe.
+///
+/// ```
+/// use std::io;
+/// use tower_backoff::{http::classify_error, Cause};
+///
+/// let reset: Box<dyn std::error::Error + Send + Sync> =
+///     io::Error::from(io::ErrorKind::ConnectionReset).into();
+/// assert_eq!(classify_error(&*reset), Some(Cause::Transient));
+///
+/// let denied = io::Error::from(io::ErrorKind::PermissionDenied);
+/// assert_eq!(classify_error(&denied), None);
+/// ```
+pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
+    let mut next = Some(error);
+    for _ in 0..MAX_DEPTH {
+        let error = next?;
+        if let Some(cause) = classify_one(error) {
+            return Some(cause);
+        }
+        next = error.source();
+    }
+    None
+}
+
+fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
+    if error.is::<tower::timeout::error::Elapsed>() || error.is::<tokio::time::error::Elapsed>() {
+        return Some(Cause::Timeout);
+    }
+    if let Some(error) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
+        if error.is_connect() {
+            return Some(Cause::Transient);
+        }
+    }
+    if let Some(error) = error.downcast_ref::<hyper::Error>() {
+        if error.is_timeout() {
+            return Some(Cause::Timeout);
+        }
+        if error.is_incomplete_message() {
+            return Some(Cause::Transient);
+        }
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(error) = error.downcast_ref::<reqwest::Error>() {
+        if error.is_timeout() {
+            return Some(Cause::Timeout);
+        }
+        if error.is_connect() {
+            return Some(Cause::Transient);
+        }
+    }
+    if let Some(error) = error.downcast_ref::<io::Error>() {
+        return match error.kind() {
+            io::ErrorKind::TimedOut => Some(Cause::Timeout),
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe => Some(Cause::Transient),
+            _ => None,
+        };
+    }
+    None
+}
+
+/// An error type whose `source()` chain the HTTP policy can walk.
+///
+/// Implemented for the error types of the clients the policy is meant for
+/// (hyper, hyper-util, reqwest, `tower::timeout`, `tower::buffer` and other
+/// layers that box their errors). Implement it for your own error type in one
+/// line:
+///
+/// ```
+/// use tower_backoff::http::AsStdError;
+///
+/// #[derive(Debug)]
+/// struct MyError;
+/// impl std::fmt::Display for MyError {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("my error")
+///     }
+/// }
+/// impl std::error::Error for MyError {}
+///
+/// impl AsStdError for MyError {
+///     fn as_std_error(&self) -> &(dyn std::error::Error + 'static) {
+///         self
+///     }
+/// }
+/// ```
+///
+/// It exists because `Box<dyn Error + Send + Sync>`, the error of every tower
+/// middleware that boxes, does not itself implement `Error`, so no single bound
+/// covers both it and a concrete error type.
+pub trait AsStdError {
+    /// The error as a trait object, for `source()` and `downcast_ref`.
+    fn as_std_error(&self) -> &(dyn Error + 'static);
+}
+
+impl AsStdError for Box<dyn Error + Send + Sync> {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        &**self
+    }
+}
+
+impl AsStdError for Box<dyn Error + Send> {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        &**self
+    }
+}
+
+impl AsStdError for Box<dyn Error> {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        &**self
+    }
+}
+
+macro_rules! as_itself {
+    ($($ty:ty),* $(,)?) => {$(
+        impl AsStdError for $ty {
+            fn as_std_error(&self) -> &(dyn Error + 'static) {
+                self
+            }
+        }
+    )*};
+}
+
+as_itself!(
+    io::Error,
+    hyper::Error,
+    hyper_util::client::legacy::Error,
+    ::http::Error,
+    tower::timeout::error::Elapsed,
+    tokio::time::error::Elapsed,
+    std::convert::Infallible,
+);
+
+#[cfg(feature = "reqwest")]
+as_itself!(reqwest::Error);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fmt;
+
+    /// An error that wraps another, as clients and middleware do.
+    #[derive(Debug)]
+    struct Wrapped(Box<dyn Error + Send + Sync>);
+
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+
+    impl Error for Wrapped {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    fn io(kind: io::ErrorKind) -> Box<dyn Error + Send + Sync> {
+        io::Error::from(kind).into()
+    }
+
+    #[test]
+    fn connection_io_errors_are_transient_at_any_depth() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::BrokenPipe,
+        ] {
+            let deep = Wrapped(Box::new(Wrapped(io(kind))));
+            assert_eq!(classify_error(&deep), Some(Cause::Transient), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn io_timeouts_are_timeouts() {
+        let error = Wrapped(io(io::ErrorKind::TimedOut));
+        assert_eq!(classify_error(&error), Some(Cause::Timeout));
+    }
+
+    #[test]
+    fn other_io_errors_are_final() {
+        for kind in [
+            io::ErrorKind::PermissionDenied,
+            io::ErrorKind::InvalidData,
+            io::ErrorKind::Other,
+        ] {
+            assert_eq!(classify_error(&Wrapped(io(kind))), None, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn tower_elapsed_is_a_timeout_inside_a_box() {
+        let boxed: Box<dyn Error + Send + Sync> = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(classify_error(boxed.as_std_error()), Some(Cause::Timeout));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_elapsed_is_a_timeout() {
+        let elapsed = tokio::time::timeout(
+            std::time::Duration::from_millis(1),
+            std::future::pending::<()>(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(classify_error(&elapsed), Some(Cause::Timeout));
+    }
+
+    #[test]
+    fn an_error_without_sources_is_final() {
+        let error: Box<dyn Error + Send + Sync> = "plain".into();
+        assert_eq!(classify_error(error.as_std_error()), None);
+    }
+
+    /// An error whose chain never ends.
+    #[derive(Debug)]
+    struct Endless;
+
+    impl fmt::Display for Endless {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("endless")
+        }
+    }
+
+    impl Error for Endless {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&Endless)
+        }
+    }
+
+    #[test]
+    fn an_endless_source_chain_is_walked_a_bounded_depth() {
+        assert_eq!(classify_error(&Endless), None);
+    }
+}

@@ -1,0 +1,107 @@
+//! Retrying HTTP requests: only what is safe to repeat, only when the outcome
+//! says it is transient, after the delay the server asks for.
+//!
+//! [`HttpPolicy`] is the policy to give a [`BackoffLayer`](crate::BackoffLayer)
+//! in front of hyper-util's client or (feature `reqwest`) `reqwest::Client`.
+//! Streaming request bodies become retryable wrapped in a [`ReplayBody`].
+//! Every response returned carries a [`RetryInfo`].
+//!
+//! # With hyper-util
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::time::Duration;
+//! use http_body_util::Full;
+//! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_backoff::http::{HttpPolicy, RetryInfo};
+//! use tower_backoff::{BackoffLayer, Exponential};
+//!
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+//! let svc = ServiceBuilder::new()
+//!     .layer(
+//!         BackoffLayer::builder()
+//!             .policy(HttpPolicy::new())
+//!             .schedule(Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_secs(5)))
+//!             .max_elapsed(Duration::from_secs(30))
+//!             .build()?,
+//!     )
+//!     .service(client);
+//!
+//! let request = http::Request::get("http://127.0.0.1:8080/").body(Full::default())?;
+//! let response = svc.oneshot(request).await?;
+//! let info = response.extensions().get::<RetryInfo>().unwrap();
+//! println!("{} after {} attempts", response.status(), info.attempts);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Composition: what goes inside the retry layer, what outside
+//! `ServiceBuilder` lists layers from the outside in. The right order:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_backoff::http::HttpPolicy;
+//! use tower_backoff::BackoffLayer;
+//!
+//! # let client = service_fn(|_: Request<String>| async {
+//! #     Ok::<_, std::io::Error>(Response::new(String::new()))
+//! # });
+//! let svc = ServiceBuilder::new()
+//!     // 1. Outside: the caller's overall deadline, sleeps included.
+//!     .timeout(Duration::from_secs(10))
+//!     // 2. The retries.
+//!     .layer(BackoffLayer::builder().policy(HttpPolicy::new()).build()?)
+//!     // 3. Inside: limits. Every attempt waits for its own permit and gives
+//!     //    it back before sleeping, so a request asleep holds no capacity.
+//!     .concurrency_limit(64)
+//!     // 4. Innermost: the per-attempt timeout. A hung attempt turns into an
+//!     //    `Elapsed` error, which the policy retries.
+//!     .timeout(Duration::from_secs(2))
+//!     .service(client);
+//!
+//! let response = svc.oneshot(Request::get("http://localhost/").body(String::new())?).await?;
+//! # drop(response);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - A per-attempt timeout *outside* the layer would cut the retries short
+//!   instead; one *inside* is what makes hung attempts retryable.
+//! - The outer deadline returns `Elapsed`, possibly in the middle of a sleep. To
+//!   get the last real response instead, use the layer's own
+//!   [`max_elapsed`](crate::BackoffBuilder::max_elapsed), which never starts a
+//!   sleep that would end past it (and gives up at once when the server's
+//!   `Retry-After` is longer than the time left). Both together are fine.
+//! - `tower::timeout`, `tower::buffer` and others change the error type to
+//!   `Box<dyn Error + Send + Sync>`; [`HttpPolicy`] reads through it (see
+//!   [`AsStdError`]).
+//! - `RateLimit` is not `Clone`, which the retry layer needs to re-issue a
+//!   request; put a `buffer` between them:
+//!   `.layer(backoff).buffer(1024).rate_limit(100, Duration::from_secs(1))`.
+//!   Each retry then takes its own slot in the rate.
+
+mod body;
+mod drain;
+mod error;
+mod info;
+mod method;
+mod policy;
+mod replay;
+#[cfg(feature = "reqwest")]
+mod reqwest;
+mod retry_after;
+mod status;
+
+pub use body::CloneBody;
+pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
+pub use error::{classify_error, AsStdError};
+pub use info::RetryInfo;
+pub use method::MethodSet;
+pub use policy::{HttpPolicy, IDEMPOTENCY_KEY};
+pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
+pub use retry_after::parse_retry_after;
+pub use status::StatusSet;

@@ -1,0 +1,442 @@
+//! [`ReplayBody`]: a streaming request body that records what it sends, so the
+//! request can be sent again.
+
+use std::error::Error;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use ::http::HeaderMap;
+use bytes::{Buf, Bytes};
+use http_body::{Body, Frame, SizeHint};
+
+use super::body::CloneBody;
+
+/// Default number of body bytes a [`ReplayBody`] records: 64 KiB, as in
+/// linkerd. Larger bodies are uploads; re-sending one costs more than the
+/// failure it would paper over.
+pub const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// Wraps a streaming request body so the HTTP policy can send the request
+/// again: every data frame sent is recorded (a reference-counted `Bytes`, not a
+/// copy, when the source yields `Bytes`), up to a limit.
+///
+/// Copies made for retries share the recording. A copy first replays what has
+/// been recorded, then, if the earlier attempt stopped reading midway (the
+/// server answered 503 before the upload finished), reads on from the source
+/// and records that too. So every attempt sends the same bytes, and the
+/// source is read only once.
+///
+/// Past the limit, the recording is dropped: the attempt under way goes on
+/// streaming unharmed, but there will be no retry, and its outcome is returned
+/// as is. A body whose size hint already says it is larger is never recorded.
+///
+/// A copy that is still being sent when a newer copy starts (hyper may still
+/// be writing an abandoned attempt's upload) ends with an error, so that
+/// connection is closed rather than left with a truncated request.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use bytes::Bytes;
+/// use futures::stream;
+/// use http_body::Frame;
+/// use http_body_util::{BodyExt, StreamBody};
+/// use tower_backoff::http::{CloneBody, ReplayBody};
+///
+/// let chunks = ["hello", ", ", "world"]
+///     .map(|s| Ok::<_, std::io::Error>(Frame::data(Bytes::from(s))));
+/// let body = ReplayBody::new(StreamBody::new(stream::iter(chunks)));
+/// let copy = body.clone_body().unwrap();
+///
+/// // The first attempt streams the source; the retry replays it.
+/// let sent = body.collect().await.unwrap().to_bytes();
+/// let resent = copy.collect().await.unwrap().to_bytes();
+/// assert_eq!(sent, "hello, world");
+/// assert_eq!(resent, sent);
+/// # }
+/// ```
+pub struct ReplayBody<B> {
+    recording: Arc<Mutex<Recording<B>>>,
+    /// Copies are numbered as they are made, so in the order attempts send them.
+    copy: u64,
+    next_chunk: usize,
+    sent_bytes: u64,
+    sent_trailers: bool,
+}
+
+struct Recording<B> {
+    source: Pin<Box<B>>,
+    source_state: Source,
+    chunks: Vec<Bytes>,
+    chunks_read: usize,
+    bytes_read: u64,
+    trailers: Option<HeaderMap>,
+    limit: u64,
+    capped: bool,
+    copies: u64,
+    newest_polled: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Open,
+    Ended,
+    Failed,
+}
+
+impl<B: Body> ReplayBody<B> {
+    /// Records up to [`DEFAULT_REPLAY_LIMIT`] bytes of `body`.
+    pub fn new(body: B) -> Self {
+        Self::with_limit(body, DEFAULT_REPLAY_LIMIT)
+    }
+
+    /// Records up to `limit` bytes of `body`; a body larger than that is sent
+    /// once and never retried.
+    pub fn with_limit(body: B, limit: usize) -> Self {
+        let limit = limit as u64;
+        let capped = body.size_hint().lower() > limit;
+        Self {
+            recording: Arc::new(Mutex::new(Recording {
+                source: Box::pin(body),
+                source_state: Source::Open,
+                chunks: Vec::new(),
+                chunks_read: 0,
+                bytes_read: 0,
+                trailers: None,
+                limit,
+                capped,
+                copies: 0,
+                newest_polled: 0,
+            })),
+            copy: 0,
+            next_chunk: 0,
+            sent_bytes: 0,
+            sent_trailers: false,
+        }
+    }
+}
+
+impl<B> Recording<B> {
+    fn record(&mut self, chunk: &Bytes) {
+        self.chunks_read += 1;
+        self.bytes_read += chunk.len() as u64;
+        if self.capped {
+            return;
+        }
+        if self.bytes_read > self.limit {
+            self.capped = true;
+            self.chunks = Vec::new();
+        } else {
+            self.chunks.push(chunk.clone());
+        }
+    }
+
+    fn is_replayable(&self) -> bool {
+        !self.capped && self.source_state != Source::Failed
+    }
+}
+
+impl<B> Body for ReplayBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let Ok(mut recording) = this.recording.lock() else {
+            return Poll::Ready(Some(Err(ReplayError::SourceFailed.into())));
+        };
+        let recording = &mut *recording;
+        if this.copy < recording.newest_polled {
+            return Poll::Ready(Some(Err(ReplayError::Superseded.into())));
+        }
+        recording.newest_polled = this.copy;
+
+        if this.next_chunk < recording.chunks_read {
+            let Some(chunk) = recording.chunks.get(this.next_chunk).cloned() else {
+                return Poll::Ready(Some(Err(ReplayError::Capped.into())));
+            };
+            this.next_chunk += 1;
+            this.sent_bytes += chunk.len() as u64;
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        if let (Some(trailers), false) = (&recording.trailers, this.sent_trailers) {
+            this.sent_trailers = true;
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
+        }
+        match recording.source_state {
+            Source::Open => {}
+            Source::Ended => return Poll::Ready(None),
+            Source::Failed => return Poll::Ready(Some(Err(ReplayError::SourceFailed.into()))),
+        }
+
+        let frame = match ready!(recording.source.as_mut().poll_frame(cx)) {
+            None => {
+                recording.source_state = Source::Ended;
+                return Poll::Ready(None);
+            }
+            Some(Err(error)) => {
+                recording.source_state = Source::Failed;
+                return Poll::Ready(Some(Err(error.into())));
+            }
+            Some(Ok(frame)) => frame,
+        };
+        match frame.into_data() {
+            Ok(mut data) => {
+                let chunk = data.copy_to_bytes(data.remaining());
+                recording.record(&chunk);
+                this.next_chunk += 1;
+                this.sent_bytes += chunk.len() as u64;
+                Poll::Ready(Some(Ok(Frame::data(chunk))))
+            }
+            Err(frame) => {
+                // http-body 1 has data and trailers frames only.
+                let trailers = frame.into_trailers().unwrap_or_default();
+                recording.trailers = Some(trailers.clone());
+                this.sent_trailers = true;
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let Ok(recording) = self.recording.lock() else {
+            return false;
+        };
+        let replayed = self.next_chunk >= recording.chunks_read
+            && (recording.trailers.is_none() || self.sent_trailers);
+        replayed
+            && match recording.source_state {
+                Source::Open => recording.source.is_end_stream(),
+                Source::Ended => true,
+                Source::Failed => false,
+            }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let Ok(recording) = self.recording.lock() else {
+            return SizeHint::default();
+        };
+        let to_replay = recording.bytes_read.saturating_sub(self.sent_bytes);
+        match recording.source_state {
+            Source::Open => {
+                let source = recording.source.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(source.lower().saturating_add(to_replay));
+                if let Some(upper) = source.upper() {
+                    hint.set_upper(upper.saturating_add(to_replay));
+                }
+                hint
+            }
+            Source::Ended | Source::Failed => SizeHint::with_exact(to_replay),
+        }
+    }
+}
+
+impl<B> CloneBody for ReplayBody<B> {
+    fn clone_body(&self) -> Option<Self> {
+        let mut recording = self.recording.lock().ok()?;
+        if !recording.is_replayable() {
+            return None;
+        }
+        recording.copies += 1;
+        Some(Self {
+            recording: Arc::clone(&self.recording),
+            copy: recording.copies,
+            next_chunk: 0,
+            sent_bytes: 0,
+            sent_trailers: false,
+        })
+    }
+
+    fn is_replayable(&self) -> bool {
+        self.recording
+            .lock()
+            .map(|recording| recording.is_replayable())
+            .unwrap_or(false)
+    }
+}
+
+impl<B> fmt::Debug for ReplayBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut debug = f.debug_struct("ReplayBody");
+        debug.field("copy", &self.copy);
+        if let Ok(recording) = self.recording.lock() {
+            debug
+                .field("bytes_read", &recording.bytes_read)
+                .field("limit", &recording.limit)
+                .field("capped", &recording.capped)
+                .field("source", &recording.source_state);
+        }
+        debug.finish_non_exhaustive()
+    }
+}
+
+/// Why a copy of a [`ReplayBody`] cannot send its bytes.
+#[derive(Debug)]
+enum ReplayError {
+    Superseded,
+    Capped,
+    SourceFailed,
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReplayError::Superseded => "request body abandoned: a retry is sending it",
+            ReplayError::Capped => "request body outgrew its replay limit",
+            ReplayError::SourceFailed => "request body failed on an earlier attempt",
+        })
+    }
+}
+
+impl Error for ReplayError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::stream;
+    use http_body_util::{BodyExt, StreamBody};
+
+    type Frames = Vec<Result<Frame<Bytes>, std::io::Error>>;
+
+    fn data(chunks: &[&'static str]) -> Frames {
+        chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from_static(c.as_bytes()))))
+            .collect()
+    }
+
+    fn streaming(frames: Frames) -> impl Body<Data = Bytes, Error = std::io::Error> {
+        StreamBody::new(stream::iter(frames))
+    }
+
+    async fn read_all<B>(body: B) -> Bytes
+    where
+        B: Body<Data = Bytes>,
+        B::Error: fmt::Debug,
+    {
+        body.collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_copy_replays_the_same_bytes() {
+        let body = ReplayBody::new(streaming(data(&["a", "bc", "def"])));
+        let copy = body.clone_body().unwrap();
+        assert_eq!(read_all(body).await, "abcdef");
+        assert!(copy.is_replayable());
+        assert_eq!(copy.size_hint().exact(), Some(6));
+        assert_eq!(read_all(copy).await, "abcdef");
+    }
+
+    #[tokio::test]
+    async fn a_copy_reads_on_where_an_abandoned_attempt_stopped() {
+        let mut body = ReplayBody::new(streaming(data(&["1", "2", "3", "4"])));
+        let copy = body.clone_body().unwrap();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "1");
+        drop(body);
+        assert_eq!(read_all(copy).await, "1234");
+    }
+
+    #[tokio::test]
+    async fn copies_of_copies_replay_too() {
+        let body = ReplayBody::new(streaming(data(&["x", "y"])));
+        let second = body.clone_body().unwrap();
+        let third = second.clone_body().unwrap();
+        assert_eq!(read_all(body).await, "xy");
+        assert_eq!(read_all(second).await, "xy");
+        assert_eq!(read_all(third).await, "xy");
+    }
+
+    #[tokio::test]
+    async fn trailers_are_replayed() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("checksum", "abc".parse().unwrap());
+        let mut frames = data(&["payload"]);
+        frames.push(Ok(Frame::trailers(trailers.clone())));
+        let body = ReplayBody::new(streaming(frames));
+        let copy = body.clone_body().unwrap();
+        let sent = body.collect().await.unwrap();
+        assert_eq!(sent.trailers(), Some(&trailers));
+        let resent = copy.collect().await.unwrap();
+        assert_eq!(resent.trailers(), Some(&trailers));
+        assert_eq!(resent.to_bytes(), "payload");
+    }
+
+    #[tokio::test]
+    async fn past_the_limit_the_attempt_completes_but_is_not_replayable() {
+        let body = ReplayBody::with_limit(streaming(data(&["1234", "5678", "9"])), 8);
+        let copy = body.clone_body().unwrap();
+        assert_eq!(read_all(body).await, "123456789");
+        assert!(!copy.is_replayable());
+        assert!(copy.clone_body().is_none());
+        // Were it sent anyway, it would fail rather than send a truncated body.
+        assert!(copy.collect().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn exactly_the_limit_is_still_replayable() {
+        let body = ReplayBody::with_limit(streaming(data(&["1234", "5678"])), 8);
+        let copy = body.clone_body().unwrap();
+        assert_eq!(read_all(body).await, "12345678");
+        assert!(copy.is_replayable());
+        assert_eq!(read_all(copy).await, "12345678");
+    }
+
+    #[test]
+    fn a_body_known_to_be_too_large_is_never_recorded() {
+        let body = ReplayBody::with_limit(http_body_util::Full::new(Bytes::from("0123456789")), 4);
+        assert!(!body.is_replayable());
+        assert!(body.clone_body().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_older_copy_polled_after_a_newer_one_fails() {
+        let mut body = ReplayBody::new(streaming(data(&["1", "2"])));
+        let mut copy = body.clone_body().unwrap();
+        body.frame().await.unwrap().unwrap();
+        copy.frame().await.unwrap().unwrap();
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert!(error.to_string().contains("abandoned"), "{error}");
+        assert_eq!(read_all(copy).await, "2");
+    }
+
+    #[tokio::test]
+    async fn a_failed_source_is_not_replayable() {
+        let frames: Frames = vec![
+            Ok(Frame::data(Bytes::from_static(b"part"))),
+            Err(std::io::Error::other("disk gone")),
+        ];
+        let body = ReplayBody::new(streaming(frames));
+        let copy = body.clone_body().unwrap();
+        assert!(body.collect().await.is_err());
+        assert!(!copy.is_replayable());
+        assert!(copy.clone_body().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_empty_body_ends_at_once_for_every_copy() {
+        let body = ReplayBody::new(http_body_util::Empty::<Bytes>::new());
+        let copy = body.clone_body().unwrap();
+        assert!(body.is_end_stream());
+        assert!(copy.is_end_stream());
+        assert_eq!(read_all(copy).await, "");
+    }
+
+    #[test]
+    fn size_hint_of_the_original_is_the_source_hint() {
+        let body = ReplayBody::new(http_body_util::Full::new(Bytes::from("abc")));
+        assert_eq!(body.size_hint().exact(), Some(3));
+    }
+}

@@ -1,0 +1,352 @@
+//! The HTTP policy through `reqwest::Client` (a tower `Service`), against a
+//! real hyper server on 127.0.0.1, on tokio's paused clock.
+#![cfg(feature = "reqwest")]
+
+mod http_server;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::stream;
+use http::{Method, StatusCode};
+use http_body::Frame;
+use http_body_util::StreamBody;
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backoff::http::{HttpPolicy, RetryInfo, IDEMPOTENCY_KEY};
+use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter, Schedule};
+
+use http_server::{status, status_with, unused_addr, with_chunked_body, Reply, Server};
+
+const STEP: Duration = Duration::from_millis(100);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
+    layer_with(policy, Constant::new(STEP), 3, None)
+}
+
+fn layer_with<S: Schedule>(
+    policy: HttpPolicy,
+    schedule: S,
+    max_attempts: u32,
+    max_elapsed: Option<Duration>,
+) -> BackoffLayer<HttpPolicy, S> {
+    let builder = BackoffLayer::builder()
+        .policy(policy)
+        .schedule(schedule)
+        .jitter(Jitter::None)
+        .max_attempts(max_attempts);
+    match max_elapsed {
+        Some(limit) => builder.max_elapsed(limit),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+fn request(method: Method, url: &str) -> reqwest::Request {
+    reqwest::Request::new(method, url.parse().unwrap())
+}
+
+fn get(server: &Server) -> reqwest::Request {
+    request(Method::GET, &server.url("/"))
+}
+
+fn info(response: &reqwest::Response) -> RetryInfo {
+    *response
+        .extensions()
+        .get::<RetryInfo>()
+        .expect("every response carries RetryInfo")
+}
+
+fn busy_once(code: u16) -> impl Fn(usize, &http_server::Seen) -> Reply {
+    move |n, _| if n == 0 { status(code) } else { status(200) }
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_is_retried_on_503_and_returns_200() {
+    let server = Server::start(busy_once(503)).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_is_retried_on_429_and_returns_200() {
+    let server = Server::start(busy_once(429)).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_on_503_is_sent_once_and_its_response_returned() {
+    let server = Server::start(|_, _| status(503)).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client());
+    let mut post = request(Method::POST, &server.url("/orders"));
+    *post.body_mut() = Some("buy 1".into());
+    let response = svc.oneshot(post).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(server.requests(), 1);
+    assert_eq!(info(&response).attempts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_with_idempotency_key_is_retried_with_the_same_key_and_body() {
+    let server = Server::start(busy_once(503)).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client());
+    let mut post = request(Method::POST, &server.url("/orders"));
+    post.headers_mut()
+        .insert(IDEMPOTENCY_KEY, "order-17".parse().unwrap());
+    *post.body_mut() = Some("buy 1".into());
+    let response = svc.oneshot(post).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    for attempt in &seen {
+        assert_eq!(attempt.headers[&IDEMPOTENCY_KEY], "order-17");
+        assert_eq!(attempt.body, "buy 1");
+    }
+}
+
+// --- Retry-After -----------------------------------------------------------
+
+fn schedule(cap: Duration) -> Exponential {
+    Exponential::new(STEP).max_delay(cap)
+}
+
+async fn wait_before_retry(
+    retry_after: impl Fn() -> String + Send + Sync + 'static,
+) -> (Duration, RetryInfo) {
+    let server = Server::start(move |n, _| {
+        if n == 0 {
+            status_with(503, &[("retry-after", retry_after().as_str())])
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let svc = ServiceBuilder::new()
+        .layer(layer_with(
+            HttpPolicy::new(),
+            schedule(Duration::from_secs(10)),
+            3,
+            None,
+        ))
+        .service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    (seen[1].at - seen[0].at, info(&response))
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_two_seconds_waits_two_seconds() {
+    let (gap, info) = wait_before_retry(|| "2".into()).await;
+    assert_eq!(info.slept, Duration::from_secs(2));
+    assert!(
+        gap >= Duration::from_secs(2) && gap < Duration::from_millis(2050),
+        "{gap:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds() {
+    // Computed when the server answers; HTTP-dates have whole seconds.
+    let (gap, info) =
+        wait_before_retry(|| httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(2)))
+            .await;
+    assert!(
+        info.slept >= Duration::from_secs(1) && info.slept <= Duration::from_secs(2),
+        "{:?}",
+        info.slept
+    );
+    assert!(
+        gap >= Duration::from_secs(1) && gap < Duration::from_millis(2050),
+        "{gap:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn hostile_retry_after_values_fall_back_to_the_schedule() {
+    let hostile: [fn() -> String; 5] = [
+        || "999999999999".into(),
+        || "-5".into(),
+        || "abc".into(),
+        || "9".repeat(10_000),
+        || httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(60)),
+    ];
+    for (i, value) in hostile.into_iter().enumerate() {
+        let (gap, info) = wait_before_retry(value).await;
+        assert_eq!(info.slept, STEP, "value #{i}");
+        assert!(
+            gap < STEP + Duration::from_millis(50),
+            "value #{i}: {gap:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_longer_than_the_time_left_returns_the_response_at_once() {
+    let server = Server::start(|_, _| status_with(503, &[("retry-after", "10")])).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer_with(
+            HttpPolicy::new(),
+            schedule(Duration::from_secs(60)),
+            3,
+            Some(Duration::from_secs(5)),
+        ))
+        .service(client());
+    let started = Instant::now();
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(server.requests(), 1);
+    assert!(started.elapsed() < STEP, "no sleep at all");
+}
+
+// --- errors ------------------------------------------------------------------
+
+fn counting() -> (
+    impl Fn(reqwest::Request) -> reqwest::Request + Clone,
+    Arc<AtomicUsize>,
+) {
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counter = attempts.clone();
+    let count = move |request: reqwest::Request| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        request
+    };
+    (count, attempts)
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_refused_is_retried_until_the_server_starts() {
+    let addr = unused_addr();
+    let starting = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Server::start_on(addr, |_, _| status(200)).await
+    });
+    let (count, attempts) = counting();
+    let svc = ServiceBuilder::new()
+        .layer(layer_with(
+            HttpPolicy::new(),
+            Constant::new(Duration::from_secs(1)),
+            3,
+            None,
+        ))
+        .map_request(count)
+        .service(client());
+    let response = svc
+        .oneshot(request(Method::GET, &format!("http://{addr}/")))
+        .await
+        .unwrap();
+    let server = starting.await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(info(&response).attempts, 2);
+    assert_eq!(server.requests(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_refused_every_time_returns_the_connect_error_after_every_attempt() {
+    let addr = unused_addr();
+    let (count, attempts) = counting();
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .map_request(count)
+        .service(client());
+    let error = svc
+        .oneshot(request(Method::GET, &format!("http://{addr}/")))
+        .await
+        .unwrap_err();
+    assert!(error.is_connect(), "{error:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reqwest_own_timeout_is_retried() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client);
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(info(&response).attempts, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_attempt_tower_timeout_inside_the_layer_retries_a_hung_attempt() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .timeout(Duration::from_secs(1))
+        .service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+}
+
+// --- bodies and connections ---------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn streaming_body_goes_out_once() {
+    let server = Server::start(|_, _| status(503)).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client());
+    let frames = (0..4u8).map(|i| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![i; 1024]))));
+    let mut put = request(Method::PUT, &server.url("/upload"));
+    *put.body_mut() = Some(reqwest::Body::wrap(StreamBody::new(stream::iter(frames))));
+    let response = svc.oneshot(put).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(info(&response).attempts, 1);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body.len(), 4 * 1024);
+}
+
+async fn connections_used(policy: HttpPolicy) -> usize {
+    let server = Server::start(|n, _| {
+        if n == 0 {
+            with_chunked_body(status(503), 8)
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let svc = ServiceBuilder::new().layer(layer(policy)).service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    server.connections()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retried_away_small_body_is_drained_so_the_retry_reuses_its_connection() {
+    assert_eq!(connections_used(HttpPolicy::new()).await, 1);
+    assert_eq!(connections_used(HttpPolicy::new().drain_limit(0)).await, 2);
+}
