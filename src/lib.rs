@@ -46,7 +46,7 @@
 //! # }
 //! ```
 //!
-//! For plain async closures outside tower, [`retry`] offers the same
+//! For plain async closures outside tower, [`retry()`] offers the same
 //! schedules and limits.
 //!
 //! [tower]: https://docs.rs/tower
