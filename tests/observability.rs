@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_backoff::budget::Budget;
-use tower_backoff::{BackoffLayer, Cause, Constant, Decision, Exponential, Jitter, Policy, Stats};
+use tower_backoff::{BackoffLayer, Cause, Decision, Exponential, Jitter, Policy, Stats};
 
 type Outcome = Result<&'static str, String>;
 
@@ -192,6 +192,7 @@ async fn on_retry_sees_exactly_the_retries_that_happened() {
 mod tracing_events {
     use std::fmt::Write;
 
+    use tower_backoff::Constant;
     use tracing::field::Field;
     use tracing::{span, Event, Level, Metadata, Subscriber};
 
