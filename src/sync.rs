@@ -5,7 +5,7 @@
 //! switch tokio into its own loom mode, which does not build as a dependency.
 
 #[cfg(not(tower_backoff_loom))]
-pub(crate) use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(tower_backoff_loom)]
-pub(crate) use loom::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};

@@ -9,14 +9,17 @@ use tokio::time::Instant;
 use crate::budget::Budget;
 use crate::error::ConfigError;
 use crate::policy::Cause;
-use crate::sync::{AtomicI64, AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
-/// The window is kept as this many slots; a record leaves the window when its
-/// slot is reused, so the window slides in steps of a tenth of its length.
+/// The window is kept as this many slots; a record leaves the window when the
+/// clock has gone once round the ring past it, so the window slides in steps
+/// of a tenth of its length.
 const SLOTS: usize = 10;
 
-/// A slot packs the window lap it counts for (high half) with its count (low
-/// half), so one compare-and-swap both checks and resets it.
+/// A slot packs the lap of the ring it counts for (high half) with its count
+/// (low half), so one compare-and-swap both checks and restarts it. Four
+/// billion events in one slot (a tenth of the window) would be needed to
+/// overflow a count.
 const LAP_SHIFT: u32 = 32;
 const COUNT_MASK: u64 = (1 << LAP_SHIFT) - 1;
 
@@ -39,14 +42,18 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 ///
 /// # How it stays lock-free
 /// The window is a ring of ten slots per kind of event (first attempts,
-/// retries), each one atomic word holding a count and the lap of the window
-/// it counts for. The decision reads one atomic balance, which records add to
-/// and a compare-and-swap takes retries from, so two threads can never spend
-/// the same unit. When the clock moves into a new slot, whichever threads see
-/// it first reset the slots that left the window, each reset being one
-/// compare-and-swap that hands back the count it cleared, so every record
-/// leaves the balance exactly once. The clock is `tokio::time::Instant`, so a
+/// retries); each slot is one atomic word holding a count and the lap of the
+/// ring it counts for, so a slot left over from an earlier lap reads as zero
+/// and is restarted by the next write, with no sweeping. A first attempt is
+/// one atomic add. A retry sums the window and takes its place with a
+/// compare-and-swap on the current retry slot, so two retries can never both
+/// take the last place. Both read the clock, `tokio::time::Instant`, so a
 /// paused test clock drives the window.
+///
+/// The bound is exact within each tenth of the window. At the instant the
+/// clock moves to the next slot, a retry on a thread that read the clock just
+/// before, racing one that read it just after, is checked against its own
+/// slot: at most one extra retry per such thread.
 ///
 /// ```
 /// use tower_backoff::budget::{Budget, RatioBudget};
@@ -61,14 +68,10 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 pub struct RatioBudget {
-    /// Units still allowed: the reserve, plus `deposit` per first attempt in
-    /// the window, minus `cost` per retry in the window. Retries are taken
-    /// from it with a compare-and-swap, so it is what makes the bound exact.
-    balance: AtomicI64,
     first_attempts: Box<[AtomicU64]>,
     retries: Box<[AtomicU64]>,
-    /// Every slot older than this epoch has been reset.
-    swept: AtomicU64,
+    /// The floor's retries, in units.
+    reserve: i64,
     deposit: i64,
     cost: i64,
     slot_nanos: u64,
@@ -76,6 +79,13 @@ pub struct RatioBudget {
     window: Duration,
     ratio: f64,
     min_per_second: u32,
+}
+
+/// Where an epoch falls in the ring.
+#[derive(Debug, Clone, Copy)]
+struct Position {
+    index: usize,
+    lap: u32,
 }
 
 impl RatioBudget {
@@ -96,23 +106,9 @@ impl RatioBudget {
     }
 
     pub(crate) fn available_at(&self, epoch: u64) -> u64 {
-        self.advance(epoch);
-        u64::try_from(self.balance.load(Ordering::Acquire).max(0) / self.cost).unwrap_or(0)
-    }
-
-    /// The balance, and what the slots say it should be: the reserve plus
-    /// every record still held. Equal whenever no operation is midway.
-    #[cfg(all(test, tower_backoff_loom))]
-    pub(crate) fn ledger(&self, reserve: i64) -> (i64, i64) {
-        let held = |slots: &[AtomicU64], per_event: i64| -> i64 {
-            slots
-                .iter()
-                .map(|slot| units(slot.load(Ordering::Acquire) & COUNT_MASK, per_event))
-                .sum()
-        };
-        let expected =
-            reserve + held(&self.first_attempts, self.deposit) - held(&self.retries, self.cost);
-        (self.balance.load(Ordering::Acquire), expected)
+        let at = self.position(epoch);
+        let units = self.room(at, window_count(&self.retries, at, None));
+        u64::try_from(units.max(0) / self.cost).unwrap_or(0)
     }
 
     /// The slot the clock is in: slots since the budget was built.
@@ -127,98 +123,121 @@ impl RatioBudget {
         nanos / self.slot_nanos
     }
 
-    fn slot(&self, epoch: u64) -> usize {
-        (epoch % self.first_attempts.len() as u64) as usize
+    fn position(&self, epoch: u64) -> Position {
+        let slots = self.first_attempts.len() as u64;
+        Position {
+            index: (epoch % slots) as usize,
+            // Laps wrap after 2^32 (13 years of 100 ms slots); compared for
+            // equality only, so wrapping is harmless.
+            lap: (epoch / slots) as u32,
+        }
+    }
+
+    /// Units left in the window ending at `at`, once `retries` are paid for.
+    /// Saturating: no count, however absurd, can make it wrap or panic.
+    fn room(&self, at: Position, retries: i64) -> i64 {
+        self.reserve
+            .saturating_add(self.deposit.saturating_mul(window_count(
+                &self.first_attempts,
+                at,
+                None,
+            )))
+            .saturating_sub(self.cost.saturating_mul(retries))
     }
 
     /// Records a first attempt at `epoch`.
     pub(crate) fn deposit_at(&self, epoch: u64) {
-        self.advance(epoch);
-        // `advance` left this slot on `epoch`'s lap or a later one, so the
-        // count goes to a slot that leaves the window no earlier than it should.
-        self.first_attempts[self.slot(epoch)].fetch_add(1, Ordering::AcqRel);
-        self.balance.fetch_add(self.deposit, Ordering::AcqRel);
+        let at = self.position(epoch);
+        let slot = &self.first_attempts[at.index];
+        // Add first, look after: one trip of the cache line instead of a load
+        // and then an add. A slot only ever moves on to later laps, so an add
+        // into this lap's count (or a later one's, if this thread read the
+        // clock long ago) is final.
+        let previous = slot.fetch_add(1, Ordering::AcqRel);
+        if !is_before(lap_of(previous), at.lap) {
+            return;
+        }
+        // The slot still counted a lap that has left the window, and the add
+        // went there: restart the slot at this lap, or, if another thread just
+        // did, add again to its count.
+        let mut current = previous + 1;
+        loop {
+            if !is_before(lap_of(current), at.lap) {
+                slot.fetch_add(1, Ordering::AcqRel);
+                return;
+            }
+            match slot.compare_exchange_weak(
+                current,
+                pack(at.lap, 1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// Takes one retry at `epoch`, if the window allows it.
     pub(crate) fn withdraw_at(&self, epoch: u64) -> bool {
-        self.advance(epoch);
-        let cost = self.cost;
-        let allowed = self
-            .balance
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |units| {
-                (units >= cost).then(|| units - cost)
-            })
-            .is_ok();
-        if allowed {
-            self.retries[self.slot(epoch)].fetch_add(1, Ordering::AcqRel);
-        }
-        allowed
-    }
-
-    /// Resets every slot that left the window by `epoch`, giving back to the
-    /// balance what it held. Cheap when the clock is still in a swept slot: one
-    /// load.
-    fn advance(&self, epoch: u64) {
-        if self.swept.load(Ordering::Acquire) >= epoch {
-            return;
-        }
-        // Every thread that sees the clock move sweeps, instead of waiting for
-        // one that might be descheduled; each reset is a compare-and-swap, so
-        // a slot is reset once however many threads sweep it.
-        let slots = self.first_attempts.len() as u64;
-        for index in 0..slots {
-            if epoch < index {
-                break; // The first lap is still filling: nothing left yet.
+        let at = self.position(epoch);
+        let slot = &self.retries[at.index];
+        // Room left by the other slots' retries; this slot's are checked by
+        // the CAS below. First attempts arriving meanwhile only add room, so a
+        // stale sum errs on the safe side.
+        let room = self.room(at, window_count(&self.retries, at, Some(at.index)));
+        let mut current = slot.load(Ordering::Acquire);
+        loop {
+            let (taken, next) = if is_before(lap_of(current), at.lap) {
+                (0, pack(at.lap, 1)) // Left from an earlier lap: start afresh.
+            } else {
+                (count_of(current), current + 1)
+            };
+            if room.saturating_sub(self.cost.saturating_mul(taken as i64)) < self.cost {
+                return false;
             }
-            // The newest epoch at or before `epoch` that lands in this slot
-            // is in the window; its lap is the one the slot must count for.
-            let lap = (epoch - index) / slots;
-            let index = index as usize;
-            if let Some(count) = reset_if_older(&self.first_attempts[index], lap) {
-                self.balance
-                    .fetch_sub(units(count, self.deposit), Ordering::AcqRel);
+            // Retries racing in this slot meet here: one CAS wins the place,
+            // the others see its count and check again.
+            match slot.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
             }
-            if let Some(count) = reset_if_older(&self.retries[index], lap) {
-                self.balance
-                    .fetch_add(units(count, self.cost), Ordering::AcqRel);
-            }
-        }
-        // Published only after the resets, so a thread that sees it needs no
-        // sweep and its records land after them.
-        self.swept.fetch_max(epoch, Ordering::AcqRel);
-    }
-}
-
-/// Moves `slot` to `lap` with a count of zero if it counts for an older lap,
-/// and returns the count it held. A slot already on a later lap (this thread
-/// was descheduled while the clock moved on) is left alone.
-fn reset_if_older(slot: &AtomicU64, lap: u64) -> Option<u64> {
-    let lap = lap as u32;
-    let mut current = slot.load(Ordering::Acquire);
-    loop {
-        let slot_lap = (current >> LAP_SHIFT) as u32;
-        // Laps wrap after 2^32 (13 years of 100 ms slots): compare on the circle.
-        let behind = lap.wrapping_sub(slot_lap);
-        if behind == 0 || behind > u32::MAX / 2 {
-            return None;
-        }
-        match slot.compare_exchange_weak(
-            current,
-            u64::from(lap) << LAP_SHIFT,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => return Some(current & COUNT_MASK),
-            Err(actual) => current = actual,
         }
     }
 }
 
-fn units(count: u64, per_event: i64) -> i64 {
-    i64::try_from(count)
-        .unwrap_or(i64::MAX)
-        .saturating_mul(per_event)
+fn pack(lap: u32, count: u64) -> u64 {
+    (u64::from(lap) << LAP_SHIFT) | count.min(COUNT_MASK)
+}
+
+fn lap_of(word: u64) -> u32 {
+    (word >> LAP_SHIFT) as u32
+}
+
+fn count_of(word: u64) -> u64 {
+    word & COUNT_MASK
+}
+
+/// Whether lap `a` comes before lap `b`, on the circle of wrapping laps.
+fn is_before(a: u32, b: u32) -> bool {
+    let behind = b.wrapping_sub(a);
+    behind != 0 && behind <= u32::MAX / 2
+}
+
+/// Events in the window ending at `at`, but for slot `skip`: slots up to
+/// `at.index` must be on `at.lap`, the ones after it on the lap before;
+/// anything else has left the window.
+fn window_count(slots: &[AtomicU64], at: Position, skip: Option<usize>) -> i64 {
+    let skip = skip.unwrap_or(usize::MAX);
+    let mut total = 0;
+    // Branch-free, so the ten loads go out together.
+    for (index, slot) in slots.iter().enumerate() {
+        let word = slot.load(Ordering::Acquire);
+        let lap = at.lap.wrapping_sub(u32::from(index > at.index));
+        let live = lap_of(word) == lap && index != skip;
+        total += count_of(word) * u64::from(live);
+    }
+    total as i64
 }
 
 impl Default for RatioBudget {
@@ -248,10 +267,7 @@ impl fmt::Debug for RatioBudget {
             .field("window", &self.window)
             .field("ratio", &self.ratio)
             .field("min_per_second", &self.min_per_second)
-            .field(
-                "balance",
-                &(self.balance.load(Ordering::Relaxed) / self.cost),
-            )
+            .field("available", &self.available())
             .finish()
     }
 }
@@ -349,10 +365,9 @@ impl RatioBudgetBuilder {
 
         let slots = self.slots.max(1);
         Ok(RatioBudget {
-            balance: AtomicI64::new(reserve),
             first_attempts: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             retries: (0..slots).map(|_| AtomicU64::new(0)).collect(),
-            swept: AtomicU64::new(0),
+            reserve,
             deposit: deposit as i64,
             cost: cost as i64,
             slot_nanos: (self.window.as_nanos() / slots as u128) as u64,
