@@ -60,7 +60,11 @@ pub struct AdaptivePacing {
 }
 
 struct State {
-    /// Nanoseconds; zero when not pacing.
+    /// The interval in milliseconds (low 40 bits, 34 years), and below it in
+    /// the high bits a generation, bumped by every raise and reset: an
+    /// attempt stamped with an older generation was sent before the last
+    /// raise, so its throttling must not raise again. One word, so the check
+    /// and the raise are one compare-and-swap.
     interval: AtomicU64,
     /// Successes since the last failure or the last lowering.
     streak: AtomicU64,
@@ -71,14 +75,34 @@ struct State {
     settings: Settings,
 }
 
+const GENERATION_SHIFT: u32 = 40;
+const MILLIS_MASK: u64 = (1 << GENERATION_SHIFT) - 1;
+
+fn millis(word: u64) -> u64 {
+    word & MILLIS_MASK
+}
+
+fn generation(word: u64) -> u64 {
+    word >> GENERATION_SHIFT
+}
+
+/// The same generation, or the next one, with a new interval.
+fn with_millis(word: u64, next_generation: bool, ms: u64) -> u64 {
+    let generation = (generation(word) + u64::from(next_generation)) << GENERATION_SHIFT;
+    generation | ms.min(MILLIS_MASK)
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Settings {
+    /// Milliseconds.
     initial: u64,
     up: f64,
     down: f64,
     threshold: u64,
     randomization: f64,
+    /// Milliseconds.
     max_interval: u64,
+    /// Nanoseconds.
     max_spread: u64,
 }
 
@@ -111,14 +135,20 @@ impl AdaptivePacing {
 
     /// The interval now, before randomization; zero when not pacing.
     pub fn interval(&self) -> Duration {
-        Duration::from_nanos(self.interval_nanos())
+        Duration::from_millis(millis(self.state.interval.load(Ordering::Relaxed)))
     }
 
     /// Drops the interval to zero now: requests stop pausing from the next
-    /// one on. Requests already pausing finish their pause.
+    /// one on, and throttled answers to requests sent before are ignored.
+    /// Requests already pausing finish their pause.
     pub fn reset(&self) {
-        self.state.interval.store(0, Ordering::Relaxed);
-        self.state.streak.store(0, Ordering::Relaxed);
+        let s = &*self.state;
+        let _ = s
+            .interval
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                Some(with_millis(word, true, 0))
+            });
+        s.streak.store(0, Ordering::Relaxed);
     }
 
     /// Reads the interval and the counters.
@@ -133,8 +163,12 @@ impl AdaptivePacing {
         }
     }
 
-    pub(crate) fn interval_nanos(&self) -> u64 {
-        self.state.interval.load(Ordering::Relaxed)
+    /// The interval now in nanoseconds (zero when not pacing), and the stamp
+    /// an attempt sent now carries: its generation, in the two bytes a
+    /// response future has spare.
+    pub(crate) fn now(&self) -> (u64, u16) {
+        let word = self.state.interval.load(Ordering::Relaxed);
+        (millis(word) * 1_000_000, generation(word) as u16)
     }
 
     /// The pause before a request, randomized around `interval` nanoseconds.
@@ -143,7 +177,7 @@ impl AdaptivePacing {
         let spread = ((interval as f64 * s.randomization) as u64).min(s.max_spread);
         let low = Duration::from_nanos(interval.saturating_sub(spread));
         let pause = low + rng.duration_up_to(Duration::from_nanos(spread.saturating_mul(2)));
-        pause.min(Duration::from_nanos(s.max_interval))
+        pause.min(Duration::from_millis(s.max_interval))
     }
 
     pub(crate) fn record_pause(&self, slept: Duration) {
@@ -152,35 +186,34 @@ impl AdaptivePacing {
         self.state.slept_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    /// Learns from one attempt's outcome. `sent_under` is the interval (in
-    /// nanoseconds) in force when that attempt went out.
-    pub(crate) fn observe(&self, decision: &Decision, sent_under: u64) {
+    /// Learns from one attempt's outcome; `stamp` is what [`now`](Self::now)
+    /// gave when the attempt went out.
+    pub(crate) fn observe(&self, decision: &Decision, stamp: u16) {
         match *decision {
             Decision::Retry {
                 cause: Cause::Throttled,
                 ..
             }
-            | Decision::Retry { after: Some(_), .. } => self.throttled(sent_under),
+            | Decision::Retry { after: Some(_), .. } => self.throttled(stamp),
             Decision::Success => self.succeeded(),
             _ => self.failed(),
         }
     }
 
-    fn throttled(&self, sent_under: u64) {
+    fn throttled(&self, stamp: u16) {
         let s = &*self.state;
         s.streak.store(0, Ordering::Relaxed);
         let raised = s
             .interval
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
-                if current > sent_under {
-                    return None; // Already raised since this request went out.
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                if generation(word) as u16 != stamp {
+                    return None; // Raised or reset since this attempt went out.
                 }
-                let next = if current == 0 {
-                    s.settings.initial
-                } else {
-                    ((current as f64 * s.settings.up) as u64).min(s.settings.max_interval)
+                let next = match millis(word) {
+                    0 => s.settings.initial,
+                    ms => ((ms as f64 * s.settings.up) as u64).min(s.settings.max_interval),
                 };
-                (next != current).then_some(next)
+                (next != millis(word)).then(|| with_millis(word, true, next))
             });
         if raised.is_ok() {
             s.raised.fetch_add(1, Ordering::Relaxed);
@@ -190,7 +223,7 @@ impl AdaptivePacing {
     fn succeeded(&self) {
         let s = &*self.state;
         // At zero there is nothing to lower: stay off the shared cache line.
-        if s.interval.load(Ordering::Relaxed) == 0 {
+        if millis(s.interval.load(Ordering::Relaxed)) == 0 {
             return;
         }
         let threshold = s.settings.threshold;
@@ -206,9 +239,10 @@ impl AdaptivePacing {
         }
         let lowered = s
             .interval
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |current| {
-                let next = (current as f64 * s.settings.down) as u64;
-                (current != 0).then_some(if next < s.settings.initial { 0 } else { next })
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                let next = (millis(word) as f64 * s.settings.down) as u64;
+                let next = if next < s.settings.initial { 0 } else { next };
+                (millis(word) != 0).then(|| with_millis(word, false, next))
             });
         if lowered.is_ok() {
             s.lowered.fetch_add(1, Ordering::Relaxed);
@@ -217,7 +251,7 @@ impl AdaptivePacing {
 
     fn failed(&self) {
         let s = &*self.state;
-        if s.interval.load(Ordering::Relaxed) != 0 {
+        if millis(s.interval.load(Ordering::Relaxed)) != 0 {
             s.streak.store(0, Ordering::Relaxed);
         }
     }
@@ -364,7 +398,7 @@ impl AdaptivePacingBuilder {
         if let Some(spread) = self.max_spread {
             check_duration("max_spread", spread)?;
         }
-        let nanos = |d: Duration| d.as_nanos() as u64; // a year fits in u64
+        let millis = |d: Duration| d.as_millis() as u64; // a year fits in u64
         Ok(AdaptivePacing {
             state: Arc::new(State {
                 interval: AtomicU64::new(0),
@@ -374,13 +408,13 @@ impl AdaptivePacingBuilder {
                 sleeps: AtomicU64::new(0),
                 slept_nanos: AtomicU64::new(0),
                 settings: Settings {
-                    initial: nanos(self.initial_interval),
+                    initial: millis(self.initial_interval),
                     up: self.up_multiplier,
                     down: self.down_multiplier,
                     threshold: u64::from(self.success_threshold),
                     randomization: self.randomization,
-                    max_interval: nanos(self.max_interval),
-                    max_spread: self.max_spread.map_or(u64::MAX, nanos),
+                    max_interval: millis(self.max_interval),
+                    max_spread: self.max_spread.map_or(u64::MAX, |d| d.as_nanos() as u64),
                 },
             }),
         })

@@ -44,6 +44,9 @@ pin_project! {
         request: Option<Req>,
         // Attempts sent so far.
         attempts: u32,
+        // The pacing generation when the attempt in flight went out; with
+        // pacing off, always zero.
+        paced: u16,
         previous_delay: Duration,
         slept: Duration,
         // Read only when a time limit is configured.
@@ -58,13 +61,11 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F> {
-        // An attempt is in flight; `paced` is the pacing interval (ns) in
-        // force when it went out.
-        Called { #[pin] future: F, paced: u64 },
-        // Sleeping the backoff delay before the next attempt.
+        // An attempt is in flight.
+        Called { #[pin] future: F },
+        // Sleeping before the next attempt: the backoff delay, plus the
+        // pacing pause while pacing is on.
         Waiting { #[pin] sleep: Sleep },
-        // Sleeping the pacing pause before the next attempt.
-        Pacing { #[pin] sleep: Sleep },
         // Waiting for the service to be ready for the next attempt.
         Retrying,
     }
@@ -89,10 +90,11 @@ where
     ) -> Self {
         let started = service.config().max_elapsed.map(|_| Instant::now());
         Self {
-            state: State::Called { future, paced: 0 },
+            state: State::Called { future },
             service,
             request,
             attempts: 1,
+            paced: 0,
             previous_delay: Duration::ZERO,
             slept: Duration::ZERO,
             started,
@@ -107,12 +109,13 @@ where
         let config = service.config();
         let started = config.max_elapsed.map(|_| Instant::now());
         let mut rng = None;
-        let state = send_next(config, &mut rng);
+        let state = send_next(config, Duration::ZERO, &mut rng);
         Self {
             state,
             service,
             request: Some(request),
             attempts: 0,
+            paced: 0,
             previous_delay: Duration::ZERO,
             slept: Duration::ZERO,
             started,
@@ -134,8 +137,7 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Called { future, paced } => {
-                    let paced = *paced;
+                StateProj::Called { future } => {
                     let mut result = ready!(future.poll(cx));
                     let config = this.service.config();
                     let shared = config.shared.as_deref();
@@ -147,7 +149,7 @@ where
                         };
                         let decision = config.policy.classify(request, &result);
                         if let Some(pacing) = shared.and_then(|s| s.pacing.as_ref()) {
-                            pacing.observe(&decision, paced);
+                            pacing.observe(&decision, *this.paced);
                         }
                         let (after, cause) = match decision {
                             Decision::Success => {
@@ -205,25 +207,17 @@ where
                     config.policy.discard(result);
                     *this.previous_delay = delay;
                     *this.slept += delay;
-                    if delay.is_zero() {
-                        // tokio's timer rounds up to its 1 ms tick: skip it.
-                        this.state.set(send_next(config, this.rng));
-                    } else {
-                        this.state.set(State::Waiting {
-                            sleep: tokio::time::sleep(delay),
-                        });
-                    }
+                    this.state.set(send_next(config, delay, this.rng));
                 }
                 StateProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));
                     let config = this.service.config();
                     if let Some(stats) = config.shared.as_ref().and_then(|s| s.stats.as_ref()) {
-                        stats.record_sleep(*this.previous_delay);
+                        // Zero before a paced first attempt: nothing to add.
+                        if !this.previous_delay.is_zero() {
+                            stats.record_sleep(*this.previous_delay);
+                        }
                     }
-                    this.state.set(send_next(config, this.rng));
-                }
-                StateProj::Pacing { sleep } => {
-                    ready!(sleep.poll(cx));
                     this.state.set(State::Retrying);
                 }
                 StateProj::Retrying => {
@@ -245,13 +239,14 @@ where
                     let config = this.service.config();
                     *this.request = config.policy.clone_request(&request);
                     *this.attempts += 1;
-                    let mut paced = 0;
                     if let Some(shared) = config.shared.as_deref() {
                         shared.on_send(*this.attempts);
-                        paced = shared.pacing.as_ref().map_or(0, |p| p.interval_nanos());
+                        if let Some(pacing) = &shared.pacing {
+                            *this.paced = pacing.now().1;
+                        }
                     }
                     let future = this.service.get_mut().call(request);
-                    this.state.set(State::Called { future, paced });
+                    this.state.set(State::Called { future });
                 }
             }
         }
@@ -268,21 +263,31 @@ impl From<GiveUp> for Event {
     }
 }
 
-/// The state that sends the next attempt: a pacing pause first while the
-/// shared pacing interval is above zero, else straight to readiness, with no
-/// timer and no clock.
-fn send_next<F, P, Sch>(config: &Config<P, Sch>, rng: &mut Option<Rng>) -> State<F> {
+/// The state that sends the next attempt after `delay`: a sleep of the delay
+/// plus, while the shared pacing interval is above zero, a randomized pause,
+/// in one timer. With neither, straight to readiness: no timer, no clock
+/// (tokio's timer would round a zero sleep up to its 1 ms tick).
+fn send_next<F, P, Sch>(
+    config: &Config<P, Sch>,
+    delay: Duration,
+    rng: &mut Option<Rng>,
+) -> State<F> {
+    let mut sleep = delay;
     if let Some(pacing) = config.shared.as_ref().and_then(|s| s.pacing.as_ref()) {
-        let interval = pacing.interval_nanos();
+        let (interval, _) = pacing.now();
         if interval != 0 {
             let pause = pacing.pause(interval, rng.get_or_insert_with(|| new_rng(config)));
             pacing.record_pause(pause);
-            return State::Pacing {
-                sleep: tokio::time::sleep(pause),
-            };
+            sleep = sleep.saturating_add(pause);
         }
     }
-    State::Retrying
+    if sleep.is_zero() {
+        State::Retrying
+    } else {
+        State::Waiting {
+            sleep: tokio::time::sleep(sleep),
+        }
+    }
 }
 
 /// The sleep before the next attempt, or why there will be none. The budget is

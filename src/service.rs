@@ -85,11 +85,7 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         if let Some(shared) = self.config.shared.as_deref() {
             shared.record(Event::Request);
-            if shared
-                .pacing
-                .as_ref()
-                .is_some_and(|p| p.interval_nanos() != 0)
-            {
+            if shared.pacing.as_ref().is_some_and(|p| p.now().0 != 0) {
                 // The first attempt waits for pacing, then goes out through the
                 // future's clone, readied after the pause.
                 return ResponseFuture::paced(request, self.clone());

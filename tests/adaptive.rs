@@ -223,7 +223,7 @@ fn scripted(
     script: Vec<bool>,
     latency: Duration,
     calls: Arc<Mutex<Vec<Duration>>>,
-) -> impl Service<u32, Response = u16, Error = String> + Clone {
+) -> impl Service<u32, Response = u16, Error = String, Future: Send> + Clone + Send {
     let script = Arc::new(Mutex::new(VecDeque::from(script)));
     let started = Instant::now();
     service_fn(move |_: u32| {
@@ -238,7 +238,7 @@ fn scripted(
     })
 }
 
-fn status_policy() -> impl tower_backoff::Policy<u32, u16, String> + Clone {
+fn status_policy() -> impl tower_backoff::Policy<u32, u16, String> + Clone + Send {
     classify_fn(|_: &u32, result: &Result<u16, String>| match result {
         Ok(429) => Decision::retry().because(Cause::Throttled),
         Ok(_) => Decision::Success,
@@ -328,19 +328,39 @@ async fn reset_drops_the_interval_to_zero_immediately() {
         .build()
         .unwrap();
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let mut service = layer.layer(scripted(vec![true, true], Duration::ZERO, calls.clone()));
+    let latency = Duration::from_millis(10);
+    let script = vec![true, true, true]; // then 200s
+    let mut service = layer.layer(scripted(script, latency, calls.clone()));
     assert_eq!(service.clone().oneshot(0).await, Ok(429));
     assert_eq!(service.clone().oneshot(1).await, Ok(429));
     assert_eq!(pacing.interval(), Duration::from_millis(750));
 
+    // A request paces, goes out, and is in flight when the reset comes.
+    let in_flight = tokio::spawn(service.clone().oneshot(2));
+    for _ in 0..2000 {
+        if calls.lock().unwrap().len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(calls.lock().unwrap().len(), 3);
     pacing.reset();
     assert_eq!(pacing.interval(), Duration::ZERO);
+    // Its 429 answers the old interval: it does not undo the reset.
+    assert_eq!(in_flight.await.unwrap(), Ok(429));
+    assert_eq!(pacing.interval(), Duration::ZERO);
+    assert_eq!(pacing.metrics().raised, 2);
+
     // The next request goes straight to the inner service, inside `call`.
     let before = Instant::now();
-    let future = service.ready().await.unwrap().call(2);
-    assert_eq!(calls.lock().unwrap().len(), 3);
+    let future = service.ready().await.unwrap().call(3);
+    assert_eq!(calls.lock().unwrap().len(), 4);
     assert_eq!(future.await, Ok(200));
-    assert_eq!(before.elapsed(), Duration::ZERO);
+    assert_eq!(
+        before.elapsed(),
+        latency,
+        "no pause, only the service's latency"
+    );
 }
 
 #[tokio::test(start_paused = true)]
