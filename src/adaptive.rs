@@ -34,8 +34,9 @@ use crate::policy::{Cause, Decision};
 ///   server is fine again.
 ///
 /// Defaults: initial 500 ms, up ×1.5, down ×0.9, threshold 10 successes,
-/// randomization 0.3, cap 15 min. While the interval is zero a request costs
-/// one atomic load more than without pacing: no timer, no clock.
+/// randomization 0.3, cap 15 min; the interval is kept to the millisecond.
+/// While it is zero, pacing costs a request two atomic loads (before it goes
+/// out, and on its outcome): no timer, no clock.
 ///
 /// The handle is cheap to clone; clones share the interval and the metrics.
 ///
@@ -60,8 +61,8 @@ pub struct AdaptivePacing {
 }
 
 struct State {
-    /// The interval in milliseconds (low 40 bits, 34 years), and below it in
-    /// the high bits a generation, bumped by every raise and reset: an
+    /// The interval in milliseconds (low 40 bits, 34 years), and in the high
+    /// 24 bits a generation, bumped by every raise and reset: an
     /// attempt stamped with an older generation was sent before the last
     /// raise, so its throttling must not raise again. One word, so the check
     /// and the raise are one compare-and-swap.

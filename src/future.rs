@@ -172,7 +172,12 @@ where
                         ) {
                             Ok(delay) => {
                                 #[cfg(feature = "tracing")]
-                                tracing::debug!(attempt = *this.attempts, ?delay, reason = ?cause, "retrying");
+                                tracing::debug!(
+                                    attempt = *this.attempts,
+                                    ?delay,
+                                    reason = ?cause,
+                                    "retrying"
+                                );
                                 config
                                     .policy
                                     .on_retry(request, *this.attempts, delay, &result);

@@ -46,6 +46,12 @@
 //! # }
 //! ```
 //!
+//! Shared by every clone of a service, optionally: a retry [budget]
+//! ([`TokenBucket`], [`RatioBudget`]) that caps the extra load retries add,
+//! [`AdaptivePacing`] that slows every request down while the server throttles,
+//! and [`Stats`] counters; [`BackoffBuilder::on_retry`] hooks a closure on each
+//! retry.
+//!
 //! For plain async closures outside tower, [`retry()`] offers the same
 //! schedules and limits.
 //!
