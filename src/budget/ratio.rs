@@ -68,8 +68,7 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 pub struct RatioBudget {
-    first_attempts: Box<[AtomicU64]>,
-    retries: Box<[AtomicU64]>,
+    slots: Box<[Slot]>,
     /// The floor's retries, in units.
     reserve: i64,
     deposit: i64,
@@ -79,6 +78,13 @@ pub struct RatioBudget {
     window: Duration,
     ratio: f64,
     min_per_second: u32,
+}
+
+/// One tenth of the window. Both counts of a slot share a cache line: a
+/// retry reads them together.
+struct Slot {
+    first_attempts: AtomicU64,
+    retries: AtomicU64,
 }
 
 /// Where an epoch falls in the ring.
@@ -107,7 +113,7 @@ impl RatioBudget {
 
     pub(crate) fn available_at(&self, epoch: u64) -> u64 {
         let at = self.position(epoch);
-        let units = self.room(at, window_count(&self.retries, at, None));
+        let units = self.room(self.window(at, None));
         u64::try_from(units.max(0) / self.cost).unwrap_or(0)
     }
 
@@ -124,7 +130,7 @@ impl RatioBudget {
     }
 
     fn position(&self, epoch: u64) -> Position {
-        let slots = self.first_attempts.len() as u64;
+        let slots = self.slots.len() as u64;
         Position {
             index: (epoch % slots) as usize,
             // Laps wrap after 2^32 (13 years of 100 ms slots); compared for
@@ -133,22 +139,40 @@ impl RatioBudget {
         }
     }
 
-    /// Units left in the window ending at `at`, once `retries` are paid for.
-    /// Saturating: no count, however absurd, can make it wrap or panic.
-    fn room(&self, at: Position, retries: i64) -> i64 {
+    /// First attempts and retries in the window ending at `at`, leaving out
+    /// the retries of slot `skip`. Slots up to `at.index` must be on `at.lap`,
+    /// the ones after it on the lap before; anything else has left the window.
+    fn window(&self, at: Position, skip: Option<usize>) -> (u64, u64) {
+        let skip = skip.unwrap_or(usize::MAX);
+        let (mut first_attempts, mut retries) = (0, 0);
+        // Branch-free, so the loads go out together.
+        for (index, slot) in self.slots.iter().enumerate() {
+            let lap = at.lap.wrapping_sub(u32::from(index > at.index));
+            let first = slot.first_attempts.load(Ordering::Acquire);
+            let retry = slot.retries.load(Ordering::Acquire);
+            first_attempts += count_of(first) * u64::from(lap_of(first) == lap);
+            retries += count_of(retry) * u64::from(lap_of(retry) == lap && index != skip);
+        }
+        (first_attempts, retries)
+    }
+
+    /// Units left once the retries are paid for. Saturating: no count,
+    /// however absurd, can make it wrap or panic.
+    fn room(&self, (first_attempts, retries): (u64, u64)) -> i64 {
+        let units = |count: u64, each: i64| {
+            i64::try_from(count)
+                .unwrap_or(i64::MAX)
+                .saturating_mul(each)
+        };
         self.reserve
-            .saturating_add(self.deposit.saturating_mul(window_count(
-                &self.first_attempts,
-                at,
-                None,
-            )))
-            .saturating_sub(self.cost.saturating_mul(retries))
+            .saturating_add(units(first_attempts, self.deposit))
+            .saturating_sub(units(retries, self.cost))
     }
 
     /// Records a first attempt at `epoch`.
     pub(crate) fn deposit_at(&self, epoch: u64) {
         let at = self.position(epoch);
-        let slot = &self.first_attempts[at.index];
+        let slot = &self.slots[at.index].first_attempts;
         // Add first, look after: one trip of the cache line instead of a load
         // and then an add. A slot only ever moves on to later laps, so an add
         // into this lap's count (or a later one's, if this thread read the
@@ -181,11 +205,11 @@ impl RatioBudget {
     /// Takes one retry at `epoch`, if the window allows it.
     pub(crate) fn withdraw_at(&self, epoch: u64) -> bool {
         let at = self.position(epoch);
-        let slot = &self.retries[at.index];
+        let slot = &self.slots[at.index].retries;
         // Room left by the other slots' retries; this slot's are checked by
         // the CAS below. First attempts arriving meanwhile only add room, so a
         // stale sum errs on the safe side.
-        let room = self.room(at, window_count(&self.retries, at, Some(at.index)));
+        let room = self.room(self.window(at, Some(at.index)));
         let mut current = slot.load(Ordering::Acquire);
         loop {
             let (taken, next) = if is_before(lap_of(current), at.lap) {
@@ -222,22 +246,6 @@ fn count_of(word: u64) -> u64 {
 fn is_before(a: u32, b: u32) -> bool {
     let behind = b.wrapping_sub(a);
     behind != 0 && behind <= u32::MAX / 2
-}
-
-/// Events in the window ending at `at`, but for slot `skip`: slots up to
-/// `at.index` must be on `at.lap`, the ones after it on the lap before;
-/// anything else has left the window.
-fn window_count(slots: &[AtomicU64], at: Position, skip: Option<usize>) -> i64 {
-    let skip = skip.unwrap_or(usize::MAX);
-    let mut total = 0;
-    // Branch-free, so the ten loads go out together.
-    for (index, slot) in slots.iter().enumerate() {
-        let word = slot.load(Ordering::Acquire);
-        let lap = at.lap.wrapping_sub(u32::from(index > at.index));
-        let live = lap_of(word) == lap && index != skip;
-        total += count_of(word) * u64::from(live);
-    }
-    total as i64
 }
 
 impl Default for RatioBudget {
@@ -365,8 +373,12 @@ impl RatioBudgetBuilder {
 
         let slots = self.slots.max(1);
         Ok(RatioBudget {
-            first_attempts: (0..slots).map(|_| AtomicU64::new(0)).collect(),
-            retries: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            slots: (0..slots)
+                .map(|_| Slot {
+                    first_attempts: AtomicU64::new(0),
+                    retries: AtomicU64::new(0),
+                })
+                .collect(),
             reserve,
             deposit: deposit as i64,
             cost: cost as i64,
