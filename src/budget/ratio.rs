@@ -41,10 +41,10 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// allowed, exactly 60 retries pass.
 ///
 /// # How it stays lock-free
-/// The window is a ring of ten slots per kind of event (first attempts,
-/// retries); each slot is one atomic word holding a count and the lap of the
-/// ring it counts for, so a slot left over from an earlier lap reads as zero
-/// and is restarted by the next write, with no sweeping. A first attempt is
+/// The window is a ring of ten slots, each with two counters (first
+/// attempts, retries); a counter is one atomic word holding a count and the
+/// lap of the ring it counts for, so a counter left over from an earlier lap
+/// reads as zero and is restarted by the next write, with no sweeping. A first attempt is
 /// one atomic add. A retry sums the window and takes its place with a
 /// compare-and-swap on the current retry slot, so two retries can never both
 /// take the last place. Both read the clock, `tokio::time::Instant`, so a
