@@ -1,5 +1,5 @@
-//! What a layer reports: the stats handle, the `on_retry` hook and (with the
-//! `tracing` feature) tracing events. Real tower layers, paused clock.
+//! What a layer reports: the stats handle and the `on_retry` hook (tracing
+//! events are in tests/tracing.rs). Real tower layers, paused clock.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -186,68 +186,4 @@ async fn on_retry_sees_exactly_the_retries_that_happened() {
         .map(|(request, attempt, _, _)| (*request, *attempt))
         .collect();
     assert_eq!(retried, hooked);
-}
-
-#[cfg(feature = "tracing")]
-mod tracing_events {
-    use std::fmt::Write;
-
-    use tower_backoff::Constant;
-    use tracing::field::Field;
-    use tracing::{span, Event, Level, Metadata, Subscriber};
-
-    use super::*;
-
-    /// Collects every event's level and fields.
-    struct Collect(Arc<Mutex<Vec<(Level, String)>>>);
-
-    impl Subscriber for Collect {
-        fn enabled(&self, _: &Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
-            span::Id::from_u64(1)
-        }
-        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
-        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
-        fn event(&self, event: &Event<'_>) {
-            let mut fields = String::new();
-            event.record(&mut |field: &Field, value: &dyn std::fmt::Debug| {
-                let _ = write!(fields, "{}={:?} ", field.name(), value);
-            });
-            self.0
-                .lock()
-                .unwrap()
-                .push((*event.metadata().level(), fields));
-        }
-        fn enter(&self, _: &span::Id) {}
-        fn exit(&self, _: &span::Id) {}
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn each_retry_logs_a_debug_event_and_a_refusal_a_warning() {
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let _guard = tracing::subscriber::set_default(Collect(events.clone()));
-        let layer = BackoffLayer::builder()
-            .policy(ByName)
-            .max_attempts(5)
-            .schedule(Constant::new(Duration::from_millis(100)))
-            .jitter(Jitter::None)
-            .budget(Allow(Mutex::new(1)))
-            .build()
-            .unwrap();
-        let service = layer.layer(store(Arc::new(Mutex::new(Vec::new()))));
-        assert!(service.oneshot("down").await.is_err());
-
-        let events = events.lock().unwrap();
-        assert_eq!(events.len(), 2, "{events:?}");
-        let (level, fields) = &events[0];
-        assert_eq!(*level, Level::DEBUG);
-        for field in ["attempt=1", "delay=100ms", "reason=Transient"] {
-            assert!(fields.contains(field), "{field} in {fields}");
-        }
-        let (level, fields) = &events[1];
-        assert_eq!(*level, Level::WARN);
-        assert!(fields.contains("attempt=2"), "{fields}");
-    }
 }
