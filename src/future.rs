@@ -310,17 +310,18 @@ fn next_delay<P, Sch: Schedule>(
         return Err(GiveUp::Attempts);
     }
     let schedule = &config.schedule;
-    let delay = match after {
-        Some(asked) => asked.min(schedule.cap()),
+    // A server's delay is capped, but it still says when the server expects to
+    // be ready: if that is past the time limit, a retry before it is wasted.
+    let (delay, wanted) = match after {
+        Some(asked) => (asked.min(schedule.cap()), asked),
         None => {
-            let base = schedule.delay(attempts);
-            let previous = if attempts == 1 { base } else { previous };
             let rng = rng.get_or_insert_with(|| new_rng(config));
-            config.jitter.apply(base, previous, schedule, rng)
+            let delay = config.jitter.delay(schedule, attempts, previous, rng);
+            (delay, delay)
         }
     };
     if let (Some(limit), Some(started)) = (config.max_elapsed, started) {
-        if started.elapsed().saturating_add(delay) > limit {
+        if started.elapsed().saturating_add(wanted) > limit {
             return Err(GiveUp::Elapsed);
         }
     }

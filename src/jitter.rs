@@ -64,6 +64,36 @@ impl Jitter {
         }
     }
 
+    /// The jittered delay before retry number `retry` (1 for the first) of
+    /// `schedule`: what the layer sleeps, for callers writing their own loop.
+    ///
+    /// `previous` is the delay slept before the previous retry; it is ignored
+    /// for the first retry and read only by [`Jitter::Decorrelated`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backoff::{Exponential, Jitter, Rng};
+    ///
+    /// let schedule = Exponential::new(Duration::from_millis(100));
+    /// let mut rng = Rng::seeded(1);
+    /// let mut previous = Duration::ZERO;
+    /// for retry in 1..=3 {
+    ///     previous = Jitter::Equal.delay(&schedule, retry, previous, &mut rng);
+    ///     assert!(previous >= Duration::from_millis(50) << (retry - 1));
+    /// }
+    /// ```
+    pub fn delay<S: crate::Schedule + ?Sized>(
+        self,
+        schedule: &S,
+        retry: u32,
+        previous: Duration,
+        rng: &mut Rng,
+    ) -> Duration {
+        let base = schedule.delay(retry);
+        let previous = if retry <= 1 { base } else { previous };
+        self.apply(base, previous, schedule, rng)
+    }
+
     /// Randomizes `delay`, the schedule's delay for this retry.
     ///
     /// `previous` is the delay slept before the previous retry (for the first

@@ -292,15 +292,12 @@ where
                     {
                         return Poll::Ready(Err(error));
                     }
-                    let base = settings.schedule.delay(*this.attempts);
-                    let previous = if *this.attempts == 1 {
-                        base
-                    } else {
-                        *this.previous_delay
-                    };
-                    let delay = settings
-                        .jitter
-                        .apply(base, previous, &settings.schedule, this.rng);
+                    let delay = settings.jitter.delay(
+                        &settings.schedule,
+                        *this.attempts,
+                        *this.previous_delay,
+                        this.rng,
+                    );
                     if let (Some(limit), Some(started)) = (settings.max_elapsed, *this.started) {
                         if started.elapsed().saturating_add(delay) > limit {
                             return Poll::Ready(Err(error));

@@ -45,15 +45,9 @@ impl Streak {
         let schedule = &*config.schedule;
         let delay = match after {
             Some(asked) => asked.min(schedule.cap()),
-            None => {
-                let base = schedule.delay(self.failures);
-                let previous = if self.failures == 1 {
-                    base
-                } else {
-                    self.previous
-                };
-                config.jitter.apply(base, previous, schedule, &mut self.rng)
-            }
+            None => config
+                .jitter
+                .delay(schedule, self.failures, self.previous, &mut self.rng),
         };
         self.previous = delay;
         delay
