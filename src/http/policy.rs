@@ -38,7 +38,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 ///   down; 504 and timeouts are [`Cause::Timeout`], which a token bucket charges
 ///   more; the rest is [`Cause::Transient`].
 /// - **When**: `Retry-After` ([`parse_retry_after`]) replaces the schedule's
-///   delay, capped by the schedule's `max_delay`. A malformed, enormous or past
+///   delay, capped by the schedule's [`cap`](crate::Schedule::cap). A malformed, enormous or past
 ///   value leaves the delay to the schedule.
 ///
 /// A response retried away has its small body read to the end in the

@@ -26,7 +26,7 @@ const MAX_LEN: usize = 64;
 ///   immediate retry from all of them would not.
 ///
 /// The value is never capped here: the layer caps it at the schedule's
-/// `max_delay`.
+/// [`cap`](crate::Schedule::cap).
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
