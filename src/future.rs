@@ -83,6 +83,7 @@ impl<S, P, Sch, Req> ResponseFuture<S, P, Sch, Req>
 where
     S: Service<Req>,
 {
+    #[inline(always)]
     pub(crate) fn new(
         future: S::Future,
         request: Option<Req>,

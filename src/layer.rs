@@ -371,6 +371,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// Attempt number `attempt` (from 1) is about to go out.
+    #[inline]
     pub(crate) fn on_send(&self, attempt: u32) {
         if attempt == 1 {
             if let Some(budget) = &self.budget {
@@ -380,6 +381,7 @@ impl Shared {
         self.record(Event::Attempt { retry: attempt > 1 });
     }
 
+    #[inline]
     pub(crate) fn record(&self, event: Event) {
         if let Some(stats) = &self.stats {
             stats.record(event);

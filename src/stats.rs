@@ -108,6 +108,7 @@ impl Stats {
         }
     }
 
+    #[inline]
     pub(crate) fn record(&self, event: Event) {
         let c = &*self.counters;
         let counter = match event {

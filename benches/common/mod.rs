@@ -240,6 +240,25 @@ pub fn ours_plain_zero(
     tower::Layer::layer(&layer, backend)
 }
 
+/// Ours with everything a production set-up turns on: full jitter, a token
+/// bucket shared by clones, and stats. The bucket is large enough never to run
+/// dry while two of every three attempts fail (as `TpsBudget` is configured).
+pub fn ours_full(
+    backend: Backend,
+    zero_delay: bool,
+) -> tower_backoff::Backoff<Backend, tower_backoff::RetryOnError, tower_backoff::Constant> {
+    use tower_backoff::{BackoffLayer, Constant, Jitter, Stats, TokenBucket};
+    let delay = if zero_delay { Duration::ZERO } else { Duration::from_millis(100) };
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(delay))
+        .jitter(Jitter::Full)
+        .budget(TokenBucket::builder().capacity(1 << 40).build().unwrap())
+        .stats(Stats::new())
+        .build()
+        .unwrap();
+    tower::Layer::layer(&layer, backend)
+}
+
 /// The two request scenarios.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
@@ -280,6 +299,7 @@ pub const COLUMNS: &[&str] = &[
     "backon",
     "tower-resilience-retry",
     "ours",
+    "ours + jitter + bucket + stats",
 ];
 
 /// The columns that make sense for `scenario`: on the retry path the bare
@@ -337,6 +357,7 @@ pub async fn run_column(scenario: Scenario, column: &str, iters: u64) -> std::ti
             start.elapsed()
         }
         "tower-resilience-retry" => timed!(resilience(backend, zero)),
+        "ours + jitter + bucket + stats" => timed!(ours_full(backend, zero)),
         "ours" if zero => timed!(ours_plain_zero(backend)),
         "ours" => timed!(ours_plain(backend)),
         other => panic!("unknown column {other:?}"),
@@ -365,6 +386,7 @@ pub fn future_size(column: &str) -> usize {
         }
         "tower-resilience-retry" => size_of_val(&resilience(backend, false).call(template)),
         "ours" => size_of_val(&ours_plain(backend).call(template)),
+        "ours + jitter + bucket + stats" => size_of_val(&ours_full(backend, false).call(template)),
         other => panic!("unknown column {other:?}"),
     }
 }
