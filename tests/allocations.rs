@@ -127,6 +127,20 @@ fn happy_path_with_time_limit_and_seed_allocates_only_the_request_copy() {
 }
 
 #[test]
+fn happy_path_with_jitter_budget_and_stats_allocates_only_the_request_copy() {
+    let layer = BackoffLayer::builder()
+        .jitter(Jitter::Full)
+        .budget(tower_backoff::TokenBucket::default())
+        .stats(tower_backoff::Stats::new())
+        .build()
+        .unwrap();
+    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
+        &layer,
+        Backend::default(),
+    ));
+}
+
+#[test]
 fn retry_path_allocates_only_one_request_copy_per_attempt() {
     // Fails twice, then succeeds; zero delay, so no timer and no runtime.
     #[derive(Clone, Default)]

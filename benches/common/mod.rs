@@ -248,7 +248,11 @@ pub fn ours_full(
     zero_delay: bool,
 ) -> tower_backoff::Backoff<Backend, tower_backoff::RetryOnError, tower_backoff::Constant> {
     use tower_backoff::{BackoffLayer, Constant, Jitter, Stats, TokenBucket};
-    let delay = if zero_delay { Duration::ZERO } else { Duration::from_millis(100) };
+    let delay = if zero_delay {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(100)
+    };
     let layer = BackoffLayer::builder()
         .schedule(Constant::new(delay))
         .jitter(Jitter::Full)
