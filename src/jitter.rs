@@ -79,7 +79,7 @@ impl Jitter {
     /// let mut previous = Duration::ZERO;
     /// for retry in 1..=3 {
     ///     previous = Jitter::Equal.delay(&schedule, retry, previous, &mut rng);
-    ///     assert!(previous >= Duration::from_millis(50) << (retry - 1));
+    ///     assert!(previous >= Duration::from_millis(50) * (1 << (retry - 1)));
     /// }
     /// ```
     pub fn delay<S: crate::Schedule + ?Sized>(
