@@ -10,17 +10,15 @@ use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
 use crate::budget::Budget;
-use crate::error::{check_duration, ConfigError};
+use crate::error::ConfigError;
 use crate::jitter::Jitter;
+use crate::limits::Limits;
 use crate::policy::{OnRetry, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
 use crate::service::Backoff;
 use crate::stats::{Event, Stats};
 
-/// Default number of attempts, the first included: AWS SDKs' standard mode and
-/// the SRE book both settle on 3. One retry rarely rides out a blip; more than
-/// two multiplies load on a server that is already failing.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 
 /// Wraps services in [`Backoff`], which retries transient failures after
 /// exponential, jittered sleeps.
@@ -125,10 +123,13 @@ impl<P, S: fmt::Debug> fmt::Debug for BackoffLayer<P, S> {
 pub struct BackoffBuilder<P = RetryOnError, S = Exponential> {
     policy: P,
     schedule: S,
-    jitter: Jitter,
-    max_attempts: u32,
-    max_elapsed: Option<Duration>,
-    seed: Option<u64>,
+    settings: Settings,
+}
+
+/// Everything but the policy and the schedule, whose types the builder changes.
+#[derive(Default)]
+struct Settings {
+    limits: Limits,
     budget: Option<Box<dyn Budget>>,
     pacing: Option<AdaptivePacing>,
     stats: Option<Stats>,
@@ -139,13 +140,7 @@ impl Default for BackoffBuilder {
         Self {
             policy: RetryOnError,
             schedule: Exponential::default(),
-            jitter: Jitter::Full,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            max_elapsed: None,
-            seed: None,
-            budget: None,
-            pacing: None,
-            stats: None,
+            settings: Settings::default(),
         }
     }
 }
@@ -156,13 +151,7 @@ impl<P, S> BackoffBuilder<P, S> {
         BackoffBuilder {
             policy,
             schedule: self.schedule,
-            jitter: self.jitter,
-            max_attempts: self.max_attempts,
-            max_elapsed: self.max_elapsed,
-            seed: self.seed,
-            budget: self.budget,
-            pacing: self.pacing,
-            stats: self.stats,
+            settings: self.settings,
         }
     }
 
@@ -172,25 +161,19 @@ impl<P, S> BackoffBuilder<P, S> {
         BackoffBuilder {
             policy: self.policy,
             schedule,
-            jitter: self.jitter,
-            max_attempts: self.max_attempts,
-            max_elapsed: self.max_elapsed,
-            seed: self.seed,
-            budget: self.budget,
-            pacing: self.pacing,
-            stats: self.stats,
+            settings: self.settings,
         }
     }
 
     /// Randomizes each delay (default [`Jitter::Full`]).
     pub fn jitter(mut self, jitter: Jitter) -> Self {
-        self.jitter = jitter;
+        self.settings.limits.jitter = jitter;
         self
     }
 
     /// Attempts per request, the first included (default 3; 1 disables retries).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts;
+        self.settings.limits.max_attempts = attempts;
         self
     }
 
@@ -198,7 +181,7 @@ impl<P, S> BackoffBuilder<P, S> {
     /// whose sleep would end past it. Attempts themselves are not cut short; put
     /// a `tower::timeout` outside the layer for that.
     pub fn max_elapsed(mut self, limit: Duration) -> Self {
-        self.max_elapsed = Some(limit);
+        self.settings.limits.max_elapsed = Some(limit);
         self
     }
 
@@ -206,14 +189,14 @@ impl<P, S> BackoffBuilder<P, S> {
     /// order of requests, every delay is the same. Requests still draw from
     /// independent streams.
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
+        self.settings.limits.seed = Some(seed);
         self
     }
 
     /// Caps retries with a budget shared by every clone of the service. Pass an
     /// `Arc` to share one budget between several layers too.
     pub fn budget(mut self, budget: impl Budget + 'static) -> Self {
-        self.budget = Some(Box::new(budget));
+        self.settings.budget = Some(Box::new(budget));
         self
     }
 
@@ -221,7 +204,7 @@ impl<P, S> BackoffBuilder<P, S> {
     /// all of them down while the server throttles. Keep a clone of the handle
     /// to read its metrics or [`reset`](AdaptivePacing::reset) it.
     pub fn pacing(mut self, pacing: AdaptivePacing) -> Self {
-        self.pacing = Some(pacing);
+        self.settings.pacing = Some(pacing);
         self
     }
 
@@ -229,7 +212,7 @@ impl<P, S> BackoffBuilder<P, S> {
     /// Keep a clone of the handle to read them; give the same handle to
     /// several layers to add their counts up.
     pub fn stats(mut self, stats: Stats) -> Self {
-        self.stats = Some(stats);
+        self.settings.stats = Some(stats);
         self
     }
 
@@ -257,13 +240,7 @@ impl<P, S> BackoffBuilder<P, S> {
         BackoffBuilder {
             policy: OnRetry::new(self.policy, hook),
             schedule: self.schedule,
-            jitter: self.jitter,
-            max_attempts: self.max_attempts,
-            max_elapsed: self.max_elapsed,
-            seed: self.seed,
-            budget: self.budget,
-            pacing: self.pacing,
-            stats: self.stats,
+            settings: self.settings,
         }
     }
 
@@ -278,31 +255,21 @@ impl<P, S> BackoffBuilder<P, S> {
     where
         S: Schedule,
     {
-        if self.max_attempts == 0 {
-            return Err(ConfigError::new(
-                "max_attempts",
-                "must be at least 1 (the first attempt counts)",
-            ));
-        }
-        if let Some(limit) = self.max_elapsed {
-            if limit.is_zero() {
-                return Err(ConfigError::new("max_elapsed", "must be longer than zero"));
-            }
-            check_duration("max_elapsed", limit)?;
-        }
-        self.jitter.validate()?;
-        self.schedule.validate()?;
-
-        let shares_something = self.budget.is_some()
-            || self.seed.is_some()
-            || self.pacing.is_some()
-            || self.stats.is_some();
+        let Settings {
+            limits,
+            budget,
+            pacing,
+            stats,
+        } = self.settings;
+        limits.validate(&self.schedule)?;
+        let shares_something =
+            budget.is_some() || limits.seed.is_some() || pacing.is_some() || stats.is_some();
         let shared = shares_something.then(|| {
             Arc::new(Shared {
-                budget: self.budget,
-                pacing: self.pacing,
-                stats: self.stats,
-                seed: self.seed,
+                budget,
+                pacing,
+                stats,
+                seed: limits.seed,
                 streams: AtomicU64::new(0),
             })
         });
@@ -310,9 +277,9 @@ impl<P, S> BackoffBuilder<P, S> {
             config: Config {
                 policy: self.policy,
                 schedule: self.schedule,
-                jitter: self.jitter,
-                max_attempts: self.max_attempts,
-                max_elapsed: self.max_elapsed,
+                jitter: limits.jitter,
+                max_attempts: limits.max_attempts,
+                max_elapsed: limits.max_elapsed,
                 shared,
             },
         })
@@ -323,13 +290,10 @@ impl<P, S: fmt::Debug> fmt::Debug for BackoffBuilder<P, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackoffBuilder")
             .field("schedule", &self.schedule)
-            .field("jitter", &self.jitter)
-            .field("max_attempts", &self.max_attempts)
-            .field("max_elapsed", &self.max_elapsed)
-            .field("seed", &self.seed)
-            .field("budget", &self.budget.is_some())
-            .field("pacing", &self.pacing)
-            .field("stats", &self.stats.is_some())
+            .field("limits", &self.settings.limits)
+            .field("budget", &self.settings.budget.is_some())
+            .field("pacing", &self.settings.pacing)
+            .field("stats", &self.settings.stats.is_some())
             .finish()
     }
 }

@@ -67,6 +67,7 @@ pub mod future;
 pub mod http;
 mod jitter;
 mod layer;
+mod limits;
 pub mod policy;
 pub mod poll;
 pub mod retry;

@@ -10,9 +10,9 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::error::{check_duration, ConfigError};
+use crate::error::ConfigError;
 use crate::jitter::{Jitter, Rng};
-use crate::layer::DEFAULT_MAX_ATTEMPTS;
+use crate::limits::Limits;
 use crate::schedule::{Exponential, Schedule};
 
 /// Calls `operation` until it succeeds, retrying errors after exponential,
@@ -45,10 +45,7 @@ pub fn retry<F>(operation: F) -> Retrying<F> {
     Retrying {
         operation,
         schedule: Exponential::default(),
-        jitter: Jitter::Full,
-        max_attempts: DEFAULT_MAX_ATTEMPTS,
-        max_elapsed: None,
-        seed: None,
+        limits: Limits::default(),
         when: AnyError,
         notify: NoNotify,
     }
@@ -60,10 +57,7 @@ pub fn retry<F>(operation: F) -> Retrying<F> {
 pub struct Retrying<F, S = Exponential, W = AnyError, N = NoNotify> {
     operation: F,
     schedule: S,
-    jitter: Jitter,
-    max_attempts: u32,
-    max_elapsed: Option<Duration>,
-    seed: Option<u64>,
+    limits: Limits,
     when: W,
     notify: N,
 }
@@ -71,26 +65,26 @@ pub struct Retrying<F, S = Exponential, W = AnyError, N = NoNotify> {
 impl<F, S, W, N> Retrying<F, S, W, N> {
     /// Attempts in all, the first included (default 3). Zero counts as one.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts;
+        self.limits.max_attempts = attempts;
         self
     }
 
     /// No retry starts whose sleep would end later than `limit` after the first
     /// attempt began.
     pub fn max_elapsed(mut self, limit: Duration) -> Self {
-        self.max_elapsed = Some(limit);
+        self.limits.max_elapsed = Some(limit);
         self
     }
 
     /// Randomizes each delay (default [`Jitter::Full`]).
     pub fn jitter(mut self, jitter: Jitter) -> Self {
-        self.jitter = jitter;
+        self.limits.jitter = jitter;
         self
     }
 
     /// Makes the jitter draws reproducible.
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
+        self.limits.seed = Some(seed);
         self
     }
 
@@ -99,10 +93,7 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
         Retrying {
             operation: self.operation,
             schedule,
-            jitter: self.jitter,
-            max_attempts: self.max_attempts,
-            max_elapsed: self.max_elapsed,
-            seed: self.seed,
+            limits: self.limits,
             when: self.when,
             notify: self.notify,
         }
@@ -114,10 +105,7 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
         Retrying {
             operation: self.operation,
             schedule: self.schedule,
-            jitter: self.jitter,
-            max_attempts: self.max_attempts,
-            max_elapsed: self.max_elapsed,
-            seed: self.seed,
+            limits: self.limits,
             when: predicate,
             notify: self.notify,
         }
@@ -128,10 +116,7 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
         Retrying {
             operation: self.operation,
             schedule: self.schedule,
-            jitter: self.jitter,
-            max_attempts: self.max_attempts,
-            max_elapsed: self.max_elapsed,
-            seed: self.seed,
+            limits: self.limits,
             when: self.when,
             notify,
         }
@@ -146,14 +131,7 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
     where
         S: Schedule,
     {
-        if self.max_attempts == 0 {
-            return Err(ConfigError::new("max_attempts", "must be at least 1"));
-        }
-        if let Some(limit) = self.max_elapsed {
-            check_duration("max_elapsed", limit)?;
-        }
-        self.jitter.validate()?;
-        self.schedule.validate()
+        self.limits.validate(&self.schedule)
     }
 }
 
@@ -164,9 +142,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retrying")
             .field("schedule", &self.schedule)
-            .field("jitter", &self.jitter)
-            .field("max_attempts", &self.max_attempts)
-            .field("max_elapsed", &self.max_elapsed)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -225,8 +201,8 @@ where
     type IntoFuture = RetryFuture<F, Fut, S, W, N>;
 
     fn into_future(mut self) -> Self::IntoFuture {
-        let started = self.max_elapsed.map(|_| Instant::now());
-        let rng = match self.seed {
+        let started = self.limits.max_elapsed.map(|_| Instant::now());
+        let rng = match self.limits.seed {
             Some(seed) => Rng::seeded(seed),
             None => Rng::from_entropy(),
         };
@@ -287,18 +263,20 @@ where
                         Err(error) => error,
                     };
                     let settings = &mut *this.settings;
-                    if *this.attempts >= settings.max_attempts.max(1)
+                    if *this.attempts >= settings.limits.max_attempts.max(1)
                         || !settings.when.should_retry(&error)
                     {
                         return Poll::Ready(Err(error));
                     }
-                    let delay = settings.jitter.delay(
+                    let delay = settings.limits.jitter.delay(
                         &settings.schedule,
                         *this.attempts,
                         *this.previous_delay,
                         this.rng,
                     );
-                    if let (Some(limit), Some(started)) = (settings.max_elapsed, *this.started) {
+                    if let (Some(limit), Some(started)) =
+                        (settings.limits.max_elapsed, *this.started)
+                    {
                         if started.elapsed().saturating_add(delay) > limit {
                             return Poll::Ready(Err(error));
                         }
