@@ -61,6 +61,9 @@ pub mod policy;
 pub mod retry;
 pub mod schedule;
 mod service;
+#[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
+pub mod sim;
 
 pub use budget::Budget;
 pub use error::ConfigError;
