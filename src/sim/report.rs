@@ -171,6 +171,23 @@ impl Table {
         self.rows.push(cells.into_iter().map(Into::into).collect());
         self
     }
+
+    /// Adds a column on the right, one cell per existing row, in order; rows
+    /// without a cell stay empty there.
+    pub fn column<I: IntoIterator<Item = S>, S: Into<String>>(
+        &mut self,
+        title: impl Into<String>,
+        cells: I,
+    ) -> &mut Self {
+        let columns = self.header.len();
+        self.header.push(title.into());
+        let mut cells = cells.into_iter();
+        for row in &mut self.rows {
+            row.resize(columns, String::new());
+            row.push(cells.next().map(Into::into).unwrap_or_default());
+        }
+        self
+    }
 }
 
 impl fmt::Display for Table {

@@ -55,6 +55,22 @@ pub struct ServerModel {
     outage: Duration,
 }
 
+impl std::fmt::Display for ServerModel {
+    /// The latency curve and backlog, in a line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "server: {:?} per request (±{:.0} %) up to {} in flight, then ×{} per {} more; backlog {}",
+            self.base_latency,
+            self.work_spread * 100.0,
+            self.capacity,
+            self.slowdown,
+            self.slowdown_step,
+            self.backlog,
+        )
+    }
+}
+
 impl Default for ServerModel {
     fn default() -> Self {
         Self::new()
