@@ -148,6 +148,24 @@ fn storm_settings_are_checked_by_name() {
     assert_eq!(err.field(), "slowdown");
 }
 
+#[test]
+fn sizes_that_would_never_finish_are_refused_before_running() {
+    let err = Storm::new().clients(usize::MAX).run(|c| c).unwrap_err();
+    assert_eq!(err.field(), "clients");
+    let err = Storm::new().rate_per_client(1e9).run(|c| c).unwrap_err();
+    assert_eq!(err.field(), "rate_per_client");
+    let err = Contention::new()
+        .clients(1_000_000)
+        .run(Jitter::None)
+        .unwrap_err();
+    assert_eq!(err.field(), "clients");
+    let err = Amplification::new()
+        .rate(f64::INFINITY)
+        .run(|c| c)
+        .unwrap_err();
+    assert_eq!(err.field(), "rate");
+}
+
 /// A report with `before` successes per interval until the outage (10..20 s),
 /// none during it, then what `after` says for each interval from 20 s.
 fn report_with_goodput(before: u64, after: &[u64]) -> StormReport {

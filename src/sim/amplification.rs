@@ -116,8 +116,11 @@ impl Amplification {
 
     /// Checks every setting; each error names the setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.clones == 0 {
-            return Err(ConfigError::new("clones", "must be at least 1"));
+        if !(1..=1_000_000).contains(&self.clones) {
+            return Err(ConfigError::new(
+                "clones",
+                format!("must be within 1..=1000000, got {}", self.clones),
+            ));
         }
         if !self.rate.is_finite() || self.rate <= 0.0 {
             return Err(ConfigError::new(
@@ -128,7 +131,15 @@ impl Amplification {
         if self.duration.is_zero() {
             return Err(ConfigError::new("duration", "must be longer than zero"));
         }
-        check_duration("duration", self.duration)
+        check_duration("duration", self.duration)?;
+        let expected = self.rate * self.duration.as_secs_f64();
+        if expected > 100_000_000.0 {
+            return Err(ConfigError::new(
+                "rate",
+                format!("the run would issue about {expected:.0} requests; at most 100000000"),
+            ));
+        }
+        Ok(())
     }
 
     /// Runs the outage with a client made by `make_client` for each clone,

@@ -210,11 +210,17 @@ impl Server {
     /// Starts `model` now, recording per-`interval` statistics for `horizon`.
     ///
     /// # Panics
-    /// Outside a [`tokio::task::LocalSet`], or if `interval` is zero.
+    /// Outside a [`tokio::task::LocalSet`], if `interval` is zero, or if the
+    /// horizon holds more than 10 million intervals.
     pub fn start(model: &ServerModel, seed: u64, interval: Duration, horizon: Duration) -> Self {
         assert!(!interval.is_zero(), "statistics interval must not be zero");
+        let buckets = horizon.as_nanos().div_ceil(interval.as_nanos()).max(1);
+        assert!(
+            buckets <= 10_000_000,
+            "more than 10 million statistics intervals"
+        );
+        let buckets = buckets as usize;
         let now = Instant::now();
-        let buckets = horizon.as_nanos().div_ceil(interval.as_nanos()).max(1) as usize;
         let state = Rc::new(RefCell::new(State {
             model: model.clone(),
             started: now,

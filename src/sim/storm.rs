@@ -15,6 +15,13 @@ use super::server::{Server, ServerModel};
 use super::workload::{issue, ClientLog};
 use crate::error::{check_duration, ConfigError};
 
+/// The most clients a storm accepts.
+const MAX_CLIENTS: usize = 1_000_000;
+
+/// The most logical requests a run may be expected to issue: beyond this a
+/// run would take minutes, not seconds.
+const MAX_REQUESTS: f64 = 100_000_000.0;
+
 /// Many clients send requests at random to a [`ServerModel`] that goes down for
 /// a while; the report shows whether it recovers.
 ///
@@ -149,13 +156,25 @@ impl Storm {
     /// Checks every setting; each error names the setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
-        if self.clients == 0 {
-            return Err(ConfigError::new("clients", "must be at least 1"));
+        if !(1..=MAX_CLIENTS).contains(&self.clients) {
+            return Err(ConfigError::new(
+                "clients",
+                format!("must be within 1..={MAX_CLIENTS}, got {}", self.clients),
+            ));
         }
         if !self.rate_per_client.is_finite() || self.rate_per_client <= 0.0 {
             return Err(ConfigError::new(
                 "rate_per_client",
                 format!("must be a positive number, got {}", self.rate_per_client),
+            ));
+        }
+        let expected = self.clients as f64 * self.rate_per_client * self.horizon.as_secs_f64();
+        if expected > MAX_REQUESTS {
+            return Err(ConfigError::new(
+                "rate_per_client",
+                format!(
+                    "the run would issue about {expected:.0} requests; at most {MAX_REQUESTS:.0}"
+                ),
             ));
         }
         for (field, value) in [
@@ -176,7 +195,7 @@ impl Storm {
         }
         // A run keeps per-interval statistics: refuse sizes that would eat
         // the memory rather than fail midway.
-        if self.horizon.as_nanos() / self.interval.as_nanos() > 10_000_000 {
+        if self.horizon.as_nanos().div_ceil(self.interval.as_nanos()) > 10_000_000 {
             return Err(ConfigError::new(
                 "interval",
                 "more than 10 million intervals",
