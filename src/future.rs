@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{ready, Context, Poll};
@@ -12,9 +13,11 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::jitter::Rng;
+use crate::layer::Config;
 use crate::policy::{Cause, Decision, Policy};
 use crate::schedule::Schedule;
 use crate::service::Backoff;
+use crate::stats::Event;
 
 pin_project! {
     /// The response future of [`Backoff`]: the attempts of one request and the
@@ -26,7 +29,7 @@ pin_project! {
     /// # Cancel safety
     /// Dropping it at any point stops the request: an attempt in flight is
     /// dropped with it, a pending sleep is cancelled, and no further attempt is
-    /// made. No task is left behind, and a budget is charged only for retries
+    /// made. No task is left behind, and a budget is charged only for attempts
     /// that were sent.
     pub struct ResponseFuture<S, P, Sch, Req>
     where
@@ -37,14 +40,20 @@ pin_project! {
         service: Backoff<S, P, Sch>,
         // A copy of the request of the attempt in flight, to classify its
         // outcome and to send again; `None` when the policy would not copy it.
+        // Before a paced first attempt, the request itself.
         request: Option<Req>,
+        // Attempts sent so far.
         attempts: u32,
+        // The pacing generation when the attempt in flight went out; with
+        // pacing off, always zero.
+        paced: u16,
         previous_delay: Duration,
         slept: Duration,
         // Read only when a time limit is configured.
         started: Option<Instant>,
         last_retry: Option<Cause>,
-        // Created at the first retry, so the happy path never draws.
+        // Created at the first retry or pacing pause, so the happy path never
+        // draws.
         rng: Option<Rng>,
     }
 }
@@ -54,7 +63,8 @@ pin_project! {
     enum State<F> {
         // An attempt is in flight.
         Called { #[pin] future: F },
-        // Sleeping before the next attempt.
+        // Sleeping before the next attempt: the backoff delay, plus the
+        // pacing pause while pacing is on.
         Waiting { #[pin] sleep: Sleep },
         // Waiting for the service to be ready for the next attempt.
         Retrying,
@@ -84,11 +94,33 @@ where
             service,
             request,
             attempts: 1,
+            paced: 0,
             previous_delay: Duration::ZERO,
             slept: Duration::ZERO,
             started,
             last_retry: None,
             rng: None,
+        }
+    }
+
+    /// A request whose first attempt waits for pacing: it sleeps, readies
+    /// its own clone of the service, and only then sends `request`.
+    pub(crate) fn paced(request: Req, service: Backoff<S, P, Sch>) -> Self {
+        let config = service.config();
+        let started = config.max_elapsed.map(|_| Instant::now());
+        let mut rng = None;
+        let state = send_next(config, Duration::ZERO, &mut rng);
+        Self {
+            state,
+            service,
+            request: Some(request),
+            attempts: 0,
+            paced: 0,
+            previous_delay: Duration::ZERO,
+            slept: Duration::ZERO,
+            started,
+            last_retry: None,
+            rng,
         }
     }
 }
@@ -108,44 +140,69 @@ where
                 StateProj::Called { future } => {
                     let mut result = ready!(future.poll(cx));
                     let config = this.service.config();
-                    let Some(request) = this.request.as_ref() else {
-                        // Not copyable: it went out once, its outcome goes back as is.
-                        config
-                            .policy
-                            .finish(&mut result, *this.attempts, *this.slept);
-                        return Poll::Ready(result);
-                    };
-                    let (after, cause) = match config.policy.classify(request, &result) {
-                        Decision::Success => {
-                            if let Some(budget) =
-                                config.shared.as_ref().and_then(|s| s.budget.as_ref())
-                            {
-                                budget.on_success(*this.last_retry);
+                    let shared = config.shared.as_deref();
+                    let next = 'decide: {
+                        let Some(request) = this.request.as_ref() else {
+                            // Not copyable: it went out once, its outcome goes
+                            // back as is.
+                            break 'decide ControlFlow::Break(Event::NotClonable);
+                        };
+                        let decision = config.policy.classify(request, &result);
+                        if let Some(pacing) = shared.and_then(|s| s.pacing.as_ref()) {
+                            pacing.observe(&decision, *this.paced);
+                        }
+                        let (after, cause) = match decision {
+                            Decision::Success => {
+                                if let Some(budget) = shared.and_then(|s| s.budget.as_ref()) {
+                                    budget.on_success(*this.last_retry);
+                                }
+                                break 'decide ControlFlow::Break(Event::Success);
                             }
-                            config
-                                .policy
-                                .finish(&mut result, *this.attempts, *this.slept);
-                            return Poll::Ready(result);
+                            Decision::Fail => break 'decide ControlFlow::Break(Event::Final),
+                            Decision::Retry { after, cause } => (after, cause),
+                        };
+                        match next_delay(
+                            config,
+                            after,
+                            cause,
+                            *this.attempts,
+                            *this.previous_delay,
+                            *this.started,
+                            this.rng,
+                        ) {
+                            Ok(delay) => {
+                                #[cfg(feature = "tracing")]
+                                tracing::debug!(
+                                    attempt = *this.attempts,
+                                    ?delay,
+                                    reason = ?cause,
+                                    "retrying"
+                                );
+                                config
+                                    .policy
+                                    .on_retry(request, *this.attempts, delay, &result);
+                                *this.last_retry = Some(cause);
+                                ControlFlow::Continue(delay)
+                            }
+                            Err(give_up) => {
+                                #[cfg(feature = "tracing")]
+                                if give_up == GiveUp::Budget {
+                                    tracing::warn!(
+                                        attempt = *this.attempts,
+                                        reason = ?cause,
+                                        "retry budget exhausted; returning the last outcome"
+                                    );
+                                }
+                                ControlFlow::Break(give_up.into())
+                            }
                         }
-                        Decision::Fail => {
-                            config
-                                .policy
-                                .finish(&mut result, *this.attempts, *this.slept);
-                            return Poll::Ready(result);
-                        }
-                        Decision::Retry { after, cause } => (after, cause),
                     };
-                    let delay = match next_delay(
-                        config,
-                        after,
-                        cause,
-                        *this.attempts,
-                        *this.previous_delay,
-                        *this.started,
-                        this.rng,
-                    ) {
-                        Ok(delay) => delay,
-                        Err(_give_up) => {
+                    let delay = match next {
+                        ControlFlow::Continue(delay) => delay,
+                        ControlFlow::Break(ending) => {
+                            if let Some(shared) = shared {
+                                shared.record(ending);
+                            }
                             config
                                 .policy
                                 .finish(&mut result, *this.attempts, *this.slept);
@@ -155,34 +212,45 @@ where
                     config.policy.discard(result);
                     *this.previous_delay = delay;
                     *this.slept += delay;
-                    *this.last_retry = Some(cause);
-                    if delay.is_zero() {
-                        // tokio's timer rounds up to its 1 ms tick: skip it.
-                        this.state.set(State::Retrying);
-                    } else {
-                        this.state.set(State::Waiting {
-                            sleep: tokio::time::sleep(delay),
-                        });
-                    }
+                    this.state.set(send_next(config, delay, this.rng));
                 }
                 StateProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));
+                    let config = this.service.config();
+                    if let Some(stats) = config.shared.as_ref().and_then(|s| s.stats.as_ref()) {
+                        // Zero before a paced first attempt: nothing to add.
+                        if !this.previous_delay.is_zero() {
+                            stats.record_sleep(*this.previous_delay);
+                        }
+                    }
                     this.state.set(State::Retrying);
                 }
                 StateProj::Retrying => {
                     if let Err(error) = ready!(this.service.get_mut().poll_ready(cx)) {
                         let mut result = Err(error);
-                        let policy = &this.service.config().policy;
-                        policy.finish(&mut result, *this.attempts, *this.slept);
+                        let config = this.service.config();
+                        if let Some(shared) = config.shared.as_deref() {
+                            shared.record(Event::Final);
+                        }
+                        config
+                            .policy
+                            .finish(&mut result, *this.attempts, *this.slept);
                         return Poll::Ready(result);
                     }
                     let request = this
                         .request
                         .take()
-                        .expect("a retry is only scheduled while a copy of the request is held");
-                    *this.request = this.service.config().policy.clone_request(&request);
-                    let future = this.service.get_mut().call(request);
+                        .expect("an attempt is only scheduled while the request is held");
+                    let config = this.service.config();
+                    *this.request = config.policy.clone_request(&request);
                     *this.attempts += 1;
+                    if let Some(shared) = config.shared.as_deref() {
+                        shared.on_send(*this.attempts);
+                        if let Some(pacing) = &shared.pacing {
+                            *this.paced = pacing.now().1;
+                        }
+                    }
+                    let future = this.service.get_mut().call(request);
                     this.state.set(State::Called { future });
                 }
             }
@@ -190,10 +258,47 @@ where
     }
 }
 
+impl From<GiveUp> for Event {
+    fn from(give_up: GiveUp) -> Self {
+        match give_up {
+            GiveUp::Attempts => Event::OutOfAttempts,
+            GiveUp::Elapsed => Event::OutOfTime,
+            GiveUp::Budget => Event::BudgetRefused,
+        }
+    }
+}
+
+/// The state that sends the next attempt after `delay`: a sleep of the delay
+/// plus, while the shared pacing interval is above zero, a randomized pause,
+/// in one timer. With neither, straight to readiness: no timer, no clock
+/// (tokio's timer would round a zero sleep up to its 1 ms tick).
+fn send_next<F, P, Sch>(
+    config: &Config<P, Sch>,
+    delay: Duration,
+    rng: &mut Option<Rng>,
+) -> State<F> {
+    let mut sleep = delay;
+    if let Some(pacing) = config.shared.as_ref().and_then(|s| s.pacing.as_ref()) {
+        let (interval, _) = pacing.now();
+        if interval != 0 {
+            let pause = pacing.pause(interval, rng.get_or_insert_with(|| new_rng(config)));
+            pacing.record_pause(pause);
+            sleep = sleep.saturating_add(pause);
+        }
+    }
+    if sleep.is_zero() {
+        State::Retrying
+    } else {
+        State::Waiting {
+            sleep: tokio::time::sleep(sleep),
+        }
+    }
+}
+
 /// The sleep before the next attempt, or why there will be none. The budget is
 /// asked last, so it is charged only for a retry that will really go out.
 fn next_delay<P, Sch: Schedule>(
-    config: &crate::layer::Config<P, Sch>,
+    config: &Config<P, Sch>,
     after: Option<Duration>,
     cause: Cause,
     attempts: u32,
@@ -227,7 +332,7 @@ fn next_delay<P, Sch: Schedule>(
     Ok(delay)
 }
 
-fn new_rng<P, Sch>(config: &crate::layer::Config<P, Sch>) -> Rng {
+fn new_rng<P, Sch>(config: &Config<P, Sch>) -> Rng {
     match config.shared.as_deref() {
         Some(shared) => match shared.seed {
             Some(seed) => Rng::stream(seed, shared.streams.fetch_add(1, Ordering::Relaxed)),

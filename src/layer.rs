@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use crate::adaptive::AdaptivePacing;
 use crate::budget::Budget;
 use crate::error::{check_duration, ConfigError};
 use crate::jitter::Jitter;
-use crate::policy::RetryOnError;
+use crate::policy::{OnRetry, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
 use crate::service::Backoff;
+use crate::stats::{Event, Stats};
 
 /// Default number of attempts, the first included: AWS SDKs' standard mode and
 /// the SRE book both settle on 3. One retry rarely rides out a blip; more than
@@ -24,7 +26,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// exponential, jittered sleeps.
 ///
 /// Defaults: [`RetryOnError`], 3 attempts, [`Exponential`] from 100 ms doubling
-/// up to 20 s, [`Jitter::Full`], no time limit, no budget.
+/// up to 20 s, [`Jitter::Full`], no time limit, no budget, no pacing, no stats.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -90,6 +92,16 @@ impl<P, S> BackoffLayer<P, S> {
     pub fn schedule(&self) -> &S {
         &self.config.schedule
     }
+
+    /// The counters this layer's services update, if it was given any.
+    pub fn stats(&self) -> Option<&Stats> {
+        self.config.shared.as_ref()?.stats.as_ref()
+    }
+
+    /// The pacing this layer's services share, if it was given one.
+    pub fn pacing(&self) -> Option<&AdaptivePacing> {
+        self.config.shared.as_ref()?.pacing.as_ref()
+    }
 }
 
 impl<Svc, P: Clone, S: Clone> Layer<Svc> for BackoffLayer<P, S> {
@@ -118,6 +130,8 @@ pub struct BackoffBuilder<P = RetryOnError, S = Exponential> {
     max_elapsed: Option<Duration>,
     seed: Option<u64>,
     budget: Option<Box<dyn Budget>>,
+    pacing: Option<AdaptivePacing>,
+    stats: Option<Stats>,
 }
 
 impl Default for BackoffBuilder {
@@ -130,6 +144,8 @@ impl Default for BackoffBuilder {
             max_elapsed: None,
             seed: None,
             budget: None,
+            pacing: None,
+            stats: None,
         }
     }
 }
@@ -145,6 +161,8 @@ impl<P, S> BackoffBuilder<P, S> {
             max_elapsed: self.max_elapsed,
             seed: self.seed,
             budget: self.budget,
+            pacing: self.pacing,
+            stats: self.stats,
         }
     }
 
@@ -159,6 +177,8 @@ impl<P, S> BackoffBuilder<P, S> {
             max_elapsed: self.max_elapsed,
             seed: self.seed,
             budget: self.budget,
+            pacing: self.pacing,
+            stats: self.stats,
         }
     }
 
@@ -197,6 +217,56 @@ impl<P, S> BackoffBuilder<P, S> {
         self
     }
 
+    /// Paces every request of every clone, first attempts included, slowing
+    /// all of them down while the server throttles. Keep a clone of the handle
+    /// to read its metrics or [`reset`](AdaptivePacing::reset) it.
+    pub fn pacing(mut self, pacing: AdaptivePacing) -> Self {
+        self.pacing = Some(pacing);
+        self
+    }
+
+    /// Counts requests, attempts, retries and how requests ended into `stats`.
+    /// Keep a clone of the handle to read them; give the same handle to
+    /// several layers to add their counts up.
+    pub fn stats(mut self, stats: Stats) -> Self {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Calls `hook(&request, attempt, delay, &outcome)` for each retry that
+    /// will go out, before its sleep: `attempt` is the number of the attempt
+    /// that failed, `delay` the sleep before the retry. It wraps the policy set
+    /// so far (see [`OnRetry`]), so call it after [`policy`](Self::policy).
+    ///
+    /// Like [`retry_if`](crate::retry_if), the closure needs its argument
+    /// types written out:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// let layer = BackoffLayer::builder()
+    ///     .on_retry(|req: &String, attempt: u32, delay: Duration, _: &Result<String, std::io::Error>| {
+    ///         eprintln!("{req}: attempt {attempt} failed, retrying in {delay:?}");
+    ///     })
+    ///     .build()?;
+    /// # drop(layer);
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn on_retry<F>(self, hook: F) -> BackoffBuilder<OnRetry<P, F>, S> {
+        BackoffBuilder {
+            policy: OnRetry::new(self.policy, hook),
+            schedule: self.schedule,
+            jitter: self.jitter,
+            max_attempts: self.max_attempts,
+            max_elapsed: self.max_elapsed,
+            seed: self.seed,
+            budget: self.budget,
+            pacing: self.pacing,
+            stats: self.stats,
+        }
+    }
+
     /// Checks every setting and builds the layer.
     ///
     /// # Errors
@@ -223,9 +293,15 @@ impl<P, S> BackoffBuilder<P, S> {
         self.jitter.validate()?;
         self.schedule.validate()?;
 
-        let shared = (self.budget.is_some() || self.seed.is_some()).then(|| {
+        let shares_something = self.budget.is_some()
+            || self.seed.is_some()
+            || self.pacing.is_some()
+            || self.stats.is_some();
+        let shared = shares_something.then(|| {
             Arc::new(Shared {
                 budget: self.budget,
+                pacing: self.pacing,
+                stats: self.stats,
                 seed: self.seed,
                 streams: AtomicU64::new(0),
             })
@@ -252,6 +328,8 @@ impl<P, S: fmt::Debug> fmt::Debug for BackoffBuilder<P, S> {
             .field("max_elapsed", &self.max_elapsed)
             .field("seed", &self.seed)
             .field("budget", &self.budget.is_some())
+            .field("pacing", &self.pacing)
+            .field("stats", &self.stats.is_some())
             .finish()
     }
 }
@@ -284,7 +362,27 @@ impl<P, S: fmt::Debug> fmt::Debug for Config<P, S> {
 /// State shared by every clone of one layer's services.
 pub(crate) struct Shared {
     pub(crate) budget: Option<Box<dyn Budget>>,
+    pub(crate) pacing: Option<AdaptivePacing>,
+    pub(crate) stats: Option<Stats>,
     pub(crate) seed: Option<u64>,
     /// Hands each retrying request its own jitter stream of a seeded family.
     pub(crate) streams: AtomicU64,
+}
+
+impl Shared {
+    /// Attempt number `attempt` (from 1) is about to go out.
+    pub(crate) fn on_send(&self, attempt: u32) {
+        if attempt == 1 {
+            if let Some(budget) = &self.budget {
+                budget.on_first_attempt();
+            }
+        }
+        self.record(Event::Attempt { retry: attempt > 1 });
+    }
+
+    pub(crate) fn record(&self, event: Event) {
+        if let Some(stats) = &self.stats {
+            stats.record(event);
+        }
+    }
 }

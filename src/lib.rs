@@ -46,12 +46,19 @@
 //! # }
 //! ```
 //!
-//! For plain async closures outside tower, [`retry`] offers the same
+//! Shared by every clone of a service, optionally: a retry [budget]
+//! ([`TokenBucket`], [`RatioBudget`]) that caps the extra load retries add,
+//! [`AdaptivePacing`] that slows every request down while the server throttles,
+//! and [`Stats`] counters; [`BackoffBuilder::on_retry`] hooks a closure on each
+//! retry.
+//!
+//! For plain async closures outside tower, [`retry()`] offers the same
 //! schedules and limits.
 //!
 //! [tower]: https://docs.rs/tower
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod adaptive;
 pub mod budget;
 mod error;
 pub mod future;
@@ -64,15 +71,19 @@ mod service;
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
+mod stats;
+mod sync;
 
-pub use budget::Budget;
+pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
+pub use budget::{Budget, RatioBudget, TokenBucket};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use jitter::{Jitter, Rng};
 pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};
 pub use policy::{
-    classify_fn, retry_if, Cause, ClassifyFn, Decision, Policy, RetryIf, RetryOnError,
+    classify_fn, retry_if, Cause, ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError,
 };
 pub use retry::{retry, Retrying};
 pub use schedule::{Constant, Exponential, Linear, Schedule, Table};
 pub use service::Backoff;
+pub use stats::{Stats, StatsSnapshot};

@@ -129,6 +129,16 @@ pub trait Policy<Req, Res, E> {
     fn finish(&self, result: &mut Result<Res, E>, attempts: u32, slept: Duration) {
         let _ = (result, attempts, slept);
     }
+
+    /// Called once for each retry that will go out, before its sleep: the
+    /// request, the number of the attempt that failed (1 for the first, which
+    /// is also the number of this retry), the delay before the retry, and the
+    /// outcome that caused it. The default does nothing; wrap any policy with
+    /// [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry) to hook a
+    /// closure here.
+    fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
+        let _ = (request, attempt, delay, result);
+    }
 }
 
 impl<P, Req, Res, E> Policy<Req, Res, E> for Arc<P>
@@ -146,6 +156,9 @@ where
     }
     fn finish(&self, result: &mut Result<Res, E>, attempts: u32, slept: Duration) {
         (**self).finish(result, attempts, slept)
+    }
+    fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
+        (**self).on_retry(request, attempt, delay, result)
     }
 }
 
@@ -263,5 +276,61 @@ where
 
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
+    }
+}
+
+/// A policy that calls a closure for each retry, then defers everything to
+/// the policy it wraps. Made by
+/// [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry).
+///
+/// The closure sees the request, the number of the attempt that failed, the
+/// delay before the retry and the outcome that caused it. It is a plain type
+/// parameter: no box, no dynamic call, and nothing at all when unused.
+#[derive(Clone, Copy)]
+pub struct OnRetry<P, F> {
+    policy: P,
+    hook: F,
+}
+
+impl<P, F> OnRetry<P, F> {
+    /// Wraps `policy`, calling `hook` for each retry.
+    pub fn new(policy: P, hook: F) -> Self {
+        Self { policy, hook }
+    }
+
+    /// The wrapped policy.
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+}
+
+impl<P: std::fmt::Debug, F> std::fmt::Debug for OnRetry<P, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnRetry")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P, F, Req, Res, E> Policy<Req, Res, E> for OnRetry<P, F>
+where
+    P: Policy<Req, Res, E>,
+    F: Fn(&Req, u32, Duration, &Result<Res, E>),
+{
+    fn classify(&self, request: &Req, result: &Result<Res, E>) -> Decision {
+        self.policy.classify(request, result)
+    }
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        self.policy.clone_request(request)
+    }
+    fn discard(&self, result: Result<Res, E>) {
+        self.policy.discard(result)
+    }
+    fn finish(&self, result: &mut Result<Res, E>, attempts: u32, slept: Duration) {
+        self.policy.finish(result, attempts, slept)
+    }
+    fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
+        self.policy.on_retry(request, attempt, delay, result);
+        (self.hook)(request, attempt, delay, result);
     }
 }

@@ -9,13 +9,15 @@ use crate::future::ResponseFuture;
 use crate::layer::{BackoffLayer, Config};
 use crate::policy::{Policy, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
+use crate::stats::Event;
 
 /// Retries requests to `S` that policy `P` classifies as transient failures,
 /// sleeping between attempts as schedule `Sch` and its jitter say.
 ///
 /// Built by [`BackoffLayer`]. Cloning it clones the inner service and copies the
-/// configuration; clones share the layer's budget. Each response future holds
-/// its own clone, on which it calls `poll_ready` before every retry.
+/// configuration; clones share the layer's budget, pacing and stats. Each
+/// response future holds its own clone, on which it calls `poll_ready` before
+/// every retry, and before a first attempt that waited for pacing.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -81,10 +83,16 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let spare = self.config.policy.clone_request(&request);
-        if let Some(budget) = self.config.shared.as_ref().and_then(|s| s.budget.as_ref()) {
-            budget.on_first_attempt();
+        if let Some(shared) = self.config.shared.as_deref() {
+            shared.record(Event::Request);
+            if shared.pacing.as_ref().is_some_and(|p| p.now().0 != 0) {
+                // The first attempt waits for pacing, then goes out through the
+                // future's clone, readied after the pause.
+                return ResponseFuture::paced(request, self.clone());
+            }
+            shared.on_send(1);
         }
+        let spare = self.config.policy.clone_request(&request);
         // `inner` was readied by our `poll_ready`; the future's clone is readied
         // again before each retry.
         let future = self.inner.call(request);

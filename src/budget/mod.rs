@@ -1,9 +1,23 @@
 //! Retry budgets: a cap on the extra load retries may add, shared by every clone
 //! of a service.
+//!
+//! Two ready-made budgets, both lock-free and model-checked with loom:
+//! [`TokenBucket`] (the AWS SDKs' retry quota: a retry costs tokens, a success
+//! refunds some) and [`RatioBudget`] (Finagle's: retries at most a fraction of
+//! recent first attempts, plus a small floor per second).
 
 use std::sync::Arc;
 
 use crate::policy::Cause;
+
+mod ratio;
+mod token_bucket;
+
+#[cfg(all(test, tower_backoff_loom))]
+mod loom;
+
+pub use ratio::{RatioBudget, RatioBudgetBuilder};
+pub use token_bucket::{TokenBucket, TokenBucketBuilder};
 
 /// Decides whether a retry may go out, from what every clone of the service has
 /// seen. Shared through an `Arc`, so it must be `Send + Sync` and should be

@@ -1,0 +1,102 @@
+//! Cost of one deposit plus one withdrawal, from one thread and from two
+//! threads sharing the budget, for our budgets and tower's `TpsBudget`, in the
+//! same run.
+//!
+//! `cargo bench --bench budget -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tower::retry::budget::{Budget as _, TpsBudget};
+use tower_backoff::budget::{Budget, RatioBudget, TokenBucket};
+use tower_backoff::Cause;
+
+/// One deposit and one withdrawal, as each budget defines them: a first
+/// attempt and a retry for the ratio budgets, a retry and the success that
+/// refunds it for the token bucket (so it neither fills nor drains).
+trait Pair: Sync {
+    fn pair(&self) -> bool;
+}
+
+impl Pair for TpsBudget {
+    fn pair(&self) -> bool {
+        self.deposit();
+        self.withdraw()
+    }
+}
+
+impl Pair for RatioBudget {
+    fn pair(&self) -> bool {
+        self.on_first_attempt();
+        self.try_retry(Cause::Transient)
+    }
+}
+
+impl Pair for TokenBucket {
+    fn pair(&self) -> bool {
+        let granted = self.try_retry(Cause::Transient);
+        self.on_success(Some(Cause::Transient));
+        granted
+    }
+}
+
+/// The same configuration for both ratio budgets: 20% over 10 s, 10/s floor.
+fn budgets() -> Vec<(&'static str, Box<dyn Pair>)> {
+    vec![
+        ("tower TpsBudget", Box::new(TpsBudget::default())),
+        ("RatioBudget", Box::new(RatioBudget::new())),
+        ("TokenBucket", Box::new(TokenBucket::new())),
+    ]
+}
+
+fn one_thread(c: &mut Criterion) {
+    let mut group = c.benchmark_group("deposit+withdraw, 1 thread");
+    group.throughput(Throughput::Elements(1));
+    for (name, budget) in budgets() {
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| black_box(budget.pair()))
+        });
+    }
+    group.finish();
+}
+
+/// Both threads run `iters` pairs on one shared budget; the time is the
+/// wall time until both are done.
+fn two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("deposit+withdraw, 2 threads");
+    group.throughput(Throughput::Elements(2));
+    for (name, budget) in budgets() {
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter_custom(|iters| {
+                let start = Barrier::new(3);
+                std::thread::scope(|scope| {
+                    for _ in 0..2 {
+                        scope.spawn(|| {
+                            start.wait();
+                            for _ in 0..iters {
+                                black_box(budget.pair());
+                            }
+                        });
+                    }
+                    start.wait();
+                    let began = Instant::now();
+                    // Leaving the scope joins both threads.
+                    began
+                })
+                .elapsed()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = one_thread, two_threads
+}
+criterion_main!(benches);

@@ -1,0 +1,163 @@
+//! Model checks of the budgets: every interleaving of a few threads, with
+//! loom's atomics in place of std's. Run by `.ci/loom.sh`.
+
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::budget::{Budget, RatioBudget, TokenBucket};
+use crate::policy::Cause;
+
+fn bucket(capacity: u64, refill_per_second: u64) -> TokenBucket {
+    TokenBucket::builder()
+        .capacity(capacity)
+        .retry_cost(5)
+        .success_refund(1)
+        .refill_per_second(refill_per_second)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn token_bucket_concurrent_withdrawals_never_overdraw() {
+    loom::model(|| {
+        let bucket = Arc::new(bucket(10, 0)); // room for exactly two retries
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let bucket = bucket.clone();
+                thread::spawn(move || bucket.try_retry(Cause::Transient))
+            })
+            .collect();
+        let granted = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|&granted| granted)
+            .count();
+        assert_eq!(granted, 2);
+        assert_eq!(bucket.available(), 0);
+    });
+}
+
+#[test]
+fn token_bucket_refunds_and_withdrawals_are_not_lost() {
+    loom::model(|| {
+        let bucket = Arc::new(bucket(20, 0));
+        assert!(bucket.try_retry(Cause::Transient));
+        assert!(bucket.try_retry(Cause::Transient)); // 10 left
+        let refund = {
+            let bucket = bucket.clone();
+            thread::spawn(move || bucket.on_success(Some(Cause::Transient)))
+        };
+        let small_refund = {
+            let bucket = bucket.clone();
+            thread::spawn(move || bucket.on_success(None))
+        };
+        assert!(bucket.try_retry(Cause::Transient));
+        refund.join().unwrap();
+        small_refund.join().unwrap();
+        assert_eq!(bucket.available(), 10 + 5 + 1 - 5);
+    });
+}
+
+#[test]
+fn token_bucket_refill_is_paid_once_per_millisecond() {
+    loom::model(|| {
+        let bucket = Arc::new(bucket(10, 1)); // one token per second
+        assert!(bucket.try_retry(Cause::Transient));
+        assert!(bucket.try_retry(Cause::Transient)); // empty
+        let early = {
+            let bucket = bucket.clone();
+            thread::spawn(move || bucket.refill_to(1000))
+        };
+        bucket.refill_to(2000);
+        early.join().unwrap();
+        assert_eq!(bucket.available(), 2);
+    });
+}
+
+fn ratio_budget(ratio: f64) -> RatioBudget {
+    RatioBudget::builder()
+        .ratio(ratio)
+        .min_per_second(0)
+        .slots(2)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn ratio_budget_concurrent_withdrawals_never_exceed_deposits() {
+    loom::model(|| {
+        let budget = Arc::new(ratio_budget(0.5)); // a deposit is half a retry
+        let depositor = {
+            let budget = budget.clone();
+            thread::spawn(move || {
+                budget.deposit_at(0);
+                budget.deposit_at(0);
+            })
+        };
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.withdraw_at(0))
+        };
+        let mine = budget.withdraw_at(0);
+        depositor.join().unwrap();
+        let granted = usize::from(mine) + usize::from(other.join().unwrap());
+        assert!(
+            granted <= 1,
+            "{granted} retries from two half-retry deposits"
+        );
+        // Nothing lost either way: what was not spent is still there.
+        assert_eq!(granted as u64 + budget.available_at(0), 1);
+    });
+}
+
+#[test]
+fn ratio_budget_last_retry_goes_to_one_thread_when_a_slot_restarts() {
+    loom::model(|| {
+        let budget = Arc::new(ratio_budget(1.0));
+        budget.deposit_at(0);
+        assert!(budget.withdraw_at(0)); // slot 0 of lap 0 holds a retry
+        budget.deposit_at(2); // lap 1: room for exactly one more
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.withdraw_at(2))
+        };
+        let mine = budget.withdraw_at(2);
+        let granted = usize::from(mine) + usize::from(other.join().unwrap());
+        assert_eq!(granted, 1);
+        assert_eq!(budget.available_at(2), 0);
+    });
+}
+
+#[test]
+fn ratio_budget_first_attempts_racing_into_a_new_lap_are_all_counted() {
+    loom::model(|| {
+        let budget = Arc::new(ratio_budget(1.0));
+        budget.deposit_at(0); // slot 0 of lap 0, about to leave the window
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.deposit_at(2))
+        };
+        budget.deposit_at(2);
+        other.join().unwrap();
+        assert_eq!(budget.available_at(2), 2);
+    });
+}
+
+#[test]
+fn ratio_budget_late_retry_never_spends_room_that_left_the_window() {
+    loom::model(|| {
+        let budget = Arc::new(ratio_budget(1.0));
+        budget.deposit_at(0);
+        let late = {
+            let budget = budget.clone();
+            // A thread that read the clock at epoch 0 retries...
+            thread::spawn(move || budget.withdraw_at(0))
+        };
+        // ...while another, at epoch 2, reuses slot 0.
+        budget.deposit_at(2);
+        let _ = late.join().unwrap();
+        // Whatever the late retry did, it counts in epoch 0, which has left
+        // the window; epoch 2's first attempt is not lost.
+        assert_eq!(budget.available_at(2), 1);
+    });
+}

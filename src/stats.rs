@@ -1,0 +1,156 @@
+//! [`Stats`]: counters of what a layer's services did, readable at any time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Counters shared by every service a layer made: requests, attempts, retries
+/// and how each request ended. Cloning the handle is cheap and every clone
+/// reads the same counters.
+///
+/// Give it to [`BackoffBuilder::stats`](crate::BackoffBuilder::stats) and keep
+/// a clone to read. A layer without stats counts nothing and pays nothing;
+/// with stats, each event is one relaxed atomic add.
+///
+/// Each request ends in exactly one way, so once no request is in flight
+/// `requests` is the sum of `successes`, `budget_refusals` and the four
+/// `gave_up_*` counters (a request dropped by its caller ends in none).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower::{service_fn, ServiceExt};
+/// use tower_backoff::{BackoffLayer, Stats};
+///
+/// let stats = Stats::new();
+/// let layer = BackoffLayer::builder().max_attempts(2).stats(stats.clone()).build()?;
+/// let failing = service_fn(|_: ()| async { Err::<(), _>("down") });
+/// let svc = tower::Layer::layer(&layer, failing);
+/// assert!(svc.oneshot(()).await.is_err());
+///
+/// let seen = stats.snapshot();
+/// assert_eq!((seen.requests, seen.attempts, seen.retries), (1, 2, 1));
+/// assert_eq!(seen.gave_up_attempts, 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct Stats {
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    attempts: AtomicU64,
+    retries: AtomicU64,
+    successes: AtomicU64,
+    budget_refusals: AtomicU64,
+    gave_up_attempts: AtomicU64,
+    gave_up_elapsed: AtomicU64,
+    gave_up_final: AtomicU64,
+    gave_up_not_clonable: AtomicU64,
+    slept_nanos: AtomicU64,
+}
+
+/// The counters of a [`Stats`] at one moment.
+///
+/// Each counter is read on its own, so a snapshot taken while requests are in
+/// flight may be a few events apart between counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StatsSnapshot {
+    /// Requests the services were called with.
+    pub requests: u64,
+    /// Attempts sent to the inner service, first attempts and retries.
+    pub attempts: u64,
+    /// Retries sent to the inner service.
+    pub retries: u64,
+    /// Requests that ended with an outcome the policy called a success.
+    pub successes: u64,
+    /// Requests that ended because the budget refused a retry.
+    pub budget_refusals: u64,
+    /// Requests that ended because they ran out of attempts.
+    pub gave_up_attempts: u64,
+    /// Requests that ended because a retry would have passed the time limit.
+    pub gave_up_elapsed: u64,
+    /// Requests that ended with a failure the policy called final, or because
+    /// the inner service failed to become ready for a retry.
+    pub gave_up_final: u64,
+    /// Requests sent once and returned unclassified because the policy could
+    /// not copy them.
+    pub gave_up_not_clonable: u64,
+    /// Total time slept between attempts (backoff delays, not pacing).
+    pub slept: Duration,
+}
+
+impl Stats {
+    /// Counters at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let c = &*self.counters;
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        StatsSnapshot {
+            requests: read(&c.requests),
+            attempts: read(&c.attempts),
+            retries: read(&c.retries),
+            successes: read(&c.successes),
+            budget_refusals: read(&c.budget_refusals),
+            gave_up_attempts: read(&c.gave_up_attempts),
+            gave_up_elapsed: read(&c.gave_up_elapsed),
+            gave_up_final: read(&c.gave_up_final),
+            gave_up_not_clonable: read(&c.gave_up_not_clonable),
+            slept: Duration::from_nanos(read(&c.slept_nanos)),
+        }
+    }
+
+    pub(crate) fn record(&self, event: Event) {
+        let c = &*self.counters;
+        let counter = match event {
+            Event::Request => &c.requests,
+            Event::Attempt { retry } => {
+                if retry {
+                    c.retries.fetch_add(1, Ordering::Relaxed);
+                }
+                &c.attempts
+            }
+            Event::Success => &c.successes,
+            Event::BudgetRefused => &c.budget_refusals,
+            Event::OutOfAttempts => &c.gave_up_attempts,
+            Event::OutOfTime => &c.gave_up_elapsed,
+            Event::Final => &c.gave_up_final,
+            Event::NotClonable => &c.gave_up_not_clonable,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_sleep(&self, slept: Duration) {
+        let nanos = u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX);
+        self.counters
+            .slept_nanos
+            .fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.snapshot().fmt(f)
+    }
+}
+
+/// Something a [`Stats`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Event {
+    Request,
+    Attempt { retry: bool },
+    Success,
+    BudgetRefused,
+    OutOfAttempts,
+    OutOfTime,
+    Final,
+    NotClonable,
+}

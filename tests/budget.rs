@@ -1,0 +1,403 @@
+//! Retry budgets through real tower layers, on tokio's paused clock.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_backoff::budget::{Budget, RatioBudget, TokenBucket};
+use tower_backoff::{classify_fn, BackoffLayer, Cause, Constant, Decision, Jitter, Stats};
+
+/// A service that is down: every attempt fails, and is counted.
+fn outage(
+    attempts: Arc<AtomicU64>,
+) -> impl Service<u32, Response = (), Error = String, Future: Send> + Clone + Send {
+    service_fn(move |request: u32| {
+        attempts.fetch_add(1, Ordering::Relaxed);
+        async move { Err(format!("request {request}: unavailable")) }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
+    const CLONES: u64 = 100;
+    const PER_CLONE: u64 = 100;
+    const REQUESTS: u64 = CLONES * PER_CLONE;
+    // 10% of first attempts, plus 10 retries per second over a 10 s window.
+    const FLOOR: u64 = 10 * 10;
+
+    let attempts = Arc::new(AtomicU64::new(0));
+    let stats = Stats::new();
+    let budget = Arc::new(
+        RatioBudget::builder()
+            .ratio(0.1)
+            .min_per_second(10)
+            .window(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    );
+    let layer = BackoffLayer::builder()
+        .max_attempts(3) // unbudgeted, an outage would triple the load
+        .schedule(Constant::new(Duration::from_millis(10)))
+        .jitter(Jitter::None)
+        .budget(budget.clone())
+        .stats(stats.clone())
+        .build()
+        .unwrap();
+    let service = layer.layer(outage(attempts.clone()));
+
+    let started = Instant::now();
+    let clients: Vec<_> = (0..CLONES)
+        .map(|client| {
+            let mut service = service.clone();
+            tokio::spawn(async move {
+                for n in 0..PER_CLONE {
+                    let request = (client * PER_CLONE + n) as u32;
+                    let outcome = service.ready().await.unwrap().call(request).await;
+                    assert_eq!(
+                        outcome,
+                        Err(format!("request {request}: unavailable")),
+                        "the caller gets the service's own last error"
+                    );
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.unwrap();
+    }
+    // Everything happened inside one window, so the floor counted once.
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    let attempts = attempts.load(Ordering::Relaxed);
+    let bound = REQUESTS + REQUESTS / 10 + FLOOR;
+    assert!(attempts <= bound, "{attempts} attempts, bound {bound}");
+    // Retries kept asking after the last first attempt, so the budget was
+    // spent to the last unit: exactly the bound, not one retry more or less.
+    assert_eq!(attempts, bound);
+    assert_eq!(budget.available(), 0);
+
+    let seen = stats.snapshot();
+    assert_eq!(seen.requests, REQUESTS);
+    assert_eq!(seen.attempts, attempts);
+    assert_eq!(seen.retries, REQUESTS / 10 + FLOOR);
+    assert_eq!(seen.successes, 0);
+    assert_eq!(seen.budget_refusals + seen.gave_up_attempts, REQUESTS);
+}
+
+#[test]
+fn ratio_budget_allows_exactly_60_percent_of_100_first_attempts() {
+    let budget = RatioBudget::builder()
+        .ratio(0.6)
+        .min_per_second(0)
+        .build()
+        .unwrap();
+    for _ in 0..100 {
+        budget.on_first_attempt();
+    }
+    let allowed = (0..1000)
+        .filter(|_| budget.try_retry(Cause::Transient))
+        .count();
+    // tower's TpsBudget lets all 100 through at 0.6 (tower issue #857).
+    assert_eq!(allowed, 60);
+}
+
+#[test]
+fn ratio_budget_keeps_odd_ratios_exact() {
+    for (ratio, first_attempts, expected) in [
+        (0.1, 1000, 100),
+        (0.2, 7, 1), // 1.4 retries: one whole retry
+        (0.333_333, 300_000, 99_999),
+        (1.5, 10, 15),
+        (0.0, 1000, 0),
+    ] {
+        let budget = RatioBudget::builder()
+            .ratio(ratio)
+            .min_per_second(0)
+            .build()
+            .unwrap();
+        for _ in 0..first_attempts {
+            budget.on_first_attempt();
+        }
+        assert_eq!(budget.available(), expected, "ratio {ratio}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_budget_forgets_first_attempts_after_its_window() {
+    let budget = RatioBudget::builder()
+        .ratio(0.5)
+        .min_per_second(0)
+        .window(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        budget.on_first_attempt();
+    }
+    tokio::time::advance(Duration::from_secs(5)).await;
+    for _ in 0..4 {
+        budget.on_first_attempt();
+    }
+    assert_eq!(budget.available(), 7);
+    assert!(budget.try_retry(Cause::Transient));
+
+    // The first ten slide out of the window (which moves in 1 s steps);
+    // the four later ones and the retry are still in it.
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(budget.available(), 1);
+
+    // Then everything has left: back to an empty window.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(budget.available(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_budget_floor_allows_retries_per_second_without_traffic() {
+    let budget = RatioBudget::builder()
+        .ratio(0.2)
+        .min_per_second(3)
+        .window(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let spend_all = || {
+        (0..100)
+            .filter(|_| budget.try_retry(Cause::Transient))
+            .count()
+    };
+    assert_eq!(spend_all(), 6, "3 per second over a 2 s window");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(spend_all(), 0, "those retries still count in the window");
+    tokio::time::advance(Duration::from_millis(1100)).await;
+    assert_eq!(spend_all(), 6, "they left the window");
+}
+
+#[test]
+fn ratio_budget_rejects_settings_that_cannot_work() {
+    let field =
+        |builder: tower_backoff::budget::RatioBudgetBuilder| builder.build().unwrap_err().field();
+    assert_eq!(
+        field(RatioBudget::builder().window(Duration::from_millis(10))),
+        "window"
+    );
+    assert_eq!(
+        field(RatioBudget::builder().window(Duration::from_secs(7200))),
+        "window"
+    );
+    assert_eq!(field(RatioBudget::builder().ratio(-0.1)), "ratio");
+    assert_eq!(field(RatioBudget::builder().ratio(f64::NAN)), "ratio");
+    assert_eq!(field(RatioBudget::builder().ratio(1001.0)), "ratio");
+    assert_eq!(
+        field(
+            RatioBudget::builder()
+                .ratio(0.000_001)
+                .min_per_second(u32::MAX)
+                .window(Duration::from_secs(3600))
+        ),
+        "min_per_second"
+    );
+}
+
+/// What the scripted service answers, attempt after attempt.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Ok,
+    Fail,
+    TimedOut,
+}
+
+fn scripted(
+    script: Arc<Mutex<VecDeque<Answer>>>,
+    attempts: Arc<AtomicU64>,
+) -> impl Service<u32, Response = u32, Error = &'static str> + Clone {
+    service_fn(move |request: u32| {
+        attempts.fetch_add(1, Ordering::Relaxed);
+        // An empty script means the outage goes on.
+        let answer = script.lock().unwrap().pop_front().unwrap_or(Answer::Fail);
+        async move {
+            match answer {
+                Answer::Ok => Ok(request),
+                Answer::Fail => Err("unavailable"),
+                Answer::TimedOut => Err("timed out"),
+            }
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn token_bucket_drains_to_zero_in_an_outage_and_refills_with_the_documented_costs() {
+    let bucket = Arc::new(TokenBucket::new()); // 500 tokens, AWS standard mode
+    let script = Arc::new(Mutex::new(VecDeque::new()));
+    let attempts = Arc::new(AtomicU64::new(0));
+    let layer = BackoffLayer::builder()
+        .policy(classify_fn(
+            |_: &u32, result: &Result<u32, &str>| match result {
+                Ok(_) => Decision::Success,
+                Err("timed out") => Decision::retry().because(Cause::Timeout),
+                Err(_) => Decision::retry(),
+            },
+        ))
+        .max_attempts(3)
+        .schedule(Constant::new(Duration::from_millis(50)))
+        .budget(bucket.clone())
+        .build()
+        .unwrap();
+    let service = layer.layer(scripted(script.clone(), attempts.clone()));
+    let send = |request| service.clone().oneshot(request);
+
+    // Outage: 60 requests want 120 retries; 500 tokens at 5 each pay for 100.
+    for request in 0..60 {
+        assert_eq!(send(request).await, Err("unavailable"));
+    }
+    assert_eq!(attempts.load(Ordering::Relaxed), 60 + 100);
+    assert_eq!(bucket.available(), 0);
+    // Empty: the next failure comes back after one attempt, at once.
+    let before = Instant::now();
+    assert_eq!(send(60).await, Err("unavailable"));
+    assert_eq!(attempts.load(Ordering::Relaxed), 161);
+    assert_eq!(before.elapsed(), Duration::ZERO);
+
+    // Recovery: a success without retries refunds 1 token.
+    script.lock().unwrap().extend([Answer::Ok; 12]);
+    for request in 0..12 {
+        assert_eq!(send(request).await, Ok(request));
+    }
+    assert_eq!(bucket.available(), 12);
+
+    // A timeout retry costs 10 and its success gives the 10 back.
+    script
+        .lock()
+        .unwrap()
+        .extend([Answer::TimedOut, Answer::Ok]);
+    assert_eq!(send(100).await, Ok(100));
+    assert_eq!(bucket.available(), 12);
+
+    // After a timeout's 10, 2 tokens are left: the next retry (5) is refused,
+    // and the bucket never goes below zero.
+    script
+        .lock()
+        .unwrap()
+        .extend([Answer::TimedOut, Answer::Fail]);
+    let before = attempts.load(Ordering::Relaxed);
+    assert_eq!(send(101).await, Err("unavailable"));
+    assert_eq!(attempts.load(Ordering::Relaxed) - before, 2);
+    assert_eq!(bucket.available(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn token_bucket_refills_per_second_when_configured() {
+    let bucket = TokenBucket::builder()
+        .capacity(10)
+        .refill_per_second(2)
+        .build()
+        .unwrap();
+    assert!(bucket.try_retry(Cause::Transient));
+    assert!(bucket.try_retry(Cause::Transient));
+    assert_eq!(bucket.available(), 0);
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    assert_eq!(bucket.available(), 3);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(bucket.available(), 10, "never above capacity");
+}
+
+#[test]
+fn token_bucket_rejects_settings_that_cannot_work() {
+    let field =
+        |builder: tower_backoff::budget::TokenBucketBuilder| builder.build().unwrap_err().field();
+    assert_eq!(field(TokenBucket::builder().capacity(0)), "capacity");
+    assert_eq!(field(TokenBucket::builder().capacity(u64::MAX)), "capacity");
+    assert_eq!(field(TokenBucket::builder().retry_cost(501)), "retry_cost");
+    assert_eq!(field(TokenBucket::builder().capacity(8)), "timeout_cost");
+    assert_eq!(
+        field(TokenBucket::builder().throttled_cost(600)),
+        "throttled_cost"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_refusal_returns_the_last_real_error_at_once() {
+    let budget = Arc::new(
+        TokenBucket::builder()
+            .capacity(5)
+            .timeout_cost(5)
+            .build()
+            .unwrap(),
+    );
+    let attempts = Arc::new(AtomicU64::new(0));
+    let counter = attempts.clone();
+    let numbered = service_fn(move |_: ()| {
+        let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+        async move { Err::<(), _>(format!("attempt {n} failed")) }
+    });
+    let stats = Stats::new();
+    let layer = BackoffLayer::builder()
+        .max_attempts(10)
+        .schedule(Constant::new(Duration::from_secs(1)))
+        .jitter(Jitter::None)
+        .budget(budget.clone())
+        .stats(stats.clone())
+        .build()
+        .unwrap();
+    let service = layer.layer(numbered);
+
+    let started = Instant::now();
+    let outcome = service.oneshot(()).await;
+    // One retry (1 s later) was paid for; the second was refused at once.
+    assert_eq!(outcome, Err("attempt 2 failed".to_string()));
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(stats.snapshot().budget_refusals, 1);
+}
+
+/// Records every call the layer makes into its budget.
+#[derive(Default)]
+struct Ledger {
+    first_attempts: AtomicU64,
+    asked: AtomicU64,
+    successes_after_retry: AtomicU64,
+    successes_first_time: AtomicU64,
+}
+
+impl Budget for Ledger {
+    fn on_first_attempt(&self) {
+        self.first_attempts.fetch_add(1, Ordering::Relaxed);
+    }
+    fn try_retry(&self, _: Cause) -> bool {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+    fn on_success(&self, last_retry: Option<Cause>) {
+        match last_retry {
+            Some(_) => &self.successes_after_retry,
+            None => &self.successes_first_time,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_is_told_every_first_attempt_success_and_retry() {
+    let ledger = Arc::new(Ledger::default());
+    let script = Arc::new(Mutex::new(VecDeque::from([
+        Answer::Ok,
+        Answer::Fail,
+        Answer::Ok,
+        Answer::Fail,
+        Answer::Fail,
+    ])));
+    let layer = BackoffLayer::builder()
+        .max_attempts(2)
+        .budget(ledger.clone())
+        .build()
+        .unwrap();
+    let service = layer.layer(scripted(script, Arc::new(AtomicU64::new(0))));
+    assert_eq!(service.clone().oneshot(1).await, Ok(1));
+    assert_eq!(service.clone().oneshot(2).await, Ok(2));
+    assert_eq!(service.clone().oneshot(3).await, Err("unavailable"));
+
+    assert_eq!(ledger.first_attempts.load(Ordering::Relaxed), 3);
+    // Asked before each retry, not for the one max_attempts ruled out.
+    assert_eq!(ledger.asked.load(Ordering::Relaxed), 2);
+    assert_eq!(ledger.successes_first_time.load(Ordering::Relaxed), 1);
+    assert_eq!(ledger.successes_after_retry.load(Ordering::Relaxed), 1);
+}
