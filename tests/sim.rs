@@ -9,8 +9,8 @@ use tokio::task::LocalSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_backoff::sim::{
-    Amplification, AttemptError, ClientSample, Connection, Contention, Request, Server,
-    ServerModel, ServerSample, Storm, StormReport, Strategy,
+    Amplification, AttemptError, BudgetSharing, ClientSample, Connection, Contention, Request,
+    Server, ServerModel, ServerSample, Storm, StormReport, Strategy,
 };
 use tower_backoff::{BackoffLayer, Jitter};
 
@@ -204,6 +204,57 @@ fn recovery_is_never_when_goodput_stays_low() {
     assert_eq!(report.summary().recovery, None);
     let report = report_with_goodput(100, &[95; 30]);
     assert_eq!(report.summary().recovery, Some(Duration::ZERO));
+}
+
+#[test]
+fn fixed_interval_never_recovers_where_jitter_with_a_budget_does_in_the_default_storm() {
+    let storm = Storm::new();
+    let fixed = Strategy::FixedInterval.run(&storm, 1).unwrap().summary();
+    let budgeted = Strategy::Budgeted.run(&storm, 1).unwrap().summary();
+
+    assert_eq!(fixed.recovery, None, "fixed interval: {fixed:?}");
+    assert!(
+        fixed.goodput_after < 0.1 * fixed.goodput_before,
+        "{fixed:?}"
+    );
+    assert!(budgeted.recovery.is_some(), "budgeted: {budgeted:?}");
+    assert!(
+        budgeted.goodput_after >= 0.9 * budgeted.goodput_before,
+        "{budgeted:?}"
+    );
+    // The same workload: only the retries differ.
+    assert_eq!(fixed.requests, budgeted.requests);
+}
+
+#[test]
+fn a_shared_10_percent_budget_keeps_amplification_at_1_1x_plus_the_floor_at_1000_clones() {
+    let scenario = Amplification::new().clones(1000);
+    let report = scenario.run_with_budget(BudgetSharing::Shared, 1).unwrap();
+    assert!(report.requests > 20_000);
+    assert_eq!(report.unfinished, 0);
+    // The floor: 10 retries per second, over the run and one 10 s window.
+    let floor = 10 * (report.duration.as_secs() + 10);
+    let ten_percent = report.requests / 10;
+    assert!(
+        report.attempts <= report.requests + ten_percent + floor,
+        "{report:?}: {:.3} attempts per request",
+        report.attempts_per_request()
+    );
+    // It did retry, up to what it allows.
+    assert!(report.attempts > report.requests + ten_percent);
+}
+
+#[test]
+fn budgets_per_clone_do_not_cap_1000_clones_that_each_send_little() {
+    let scenario = Amplification::new().clones(1000);
+    let per_clone = scenario
+        .run_with_budget(BudgetSharing::PerClone, 1)
+        .unwrap();
+    let shared = scenario.run_with_budget(BudgetSharing::Shared, 1).unwrap();
+    // Each clone sends about one request a second: its own floor of 10
+    // retries a second lets every retry through.
+    assert_eq!(per_clone.attempts, 3 * per_clone.requests);
+    assert!(shared.attempts_per_request() < 1.2);
 }
 
 #[test]

@@ -10,8 +10,40 @@ use tower_service::Service;
 
 use super::connection::{Connection, Request};
 use super::server::{Server, ServerModel};
+use super::strategy::storm_budget;
 use super::workload::{issue, ClientLog};
 use crate::error::{check_duration, ConfigError};
+use crate::layer::BackoffLayer;
+
+/// How the clones of a client hold their retry budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BudgetSharing {
+    /// No budget: every request makes all its attempts.
+    None,
+    /// Each clone has its own budget, as when each process builds its own
+    /// layer.
+    PerClone,
+    /// One budget for all clones, as when they are clones of one service.
+    Shared,
+}
+
+impl BudgetSharing {
+    /// Every way, in the order the tables show them.
+    pub const ALL: [BudgetSharing; 3] = [
+        BudgetSharing::None,
+        BudgetSharing::PerClone,
+        BudgetSharing::Shared,
+    ];
+
+    /// A short name for tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BudgetSharing::None => "no budget",
+            BudgetSharing::PerClone => "budget per clone",
+            BudgetSharing::Shared => "one shared budget",
+        }
+    }
+}
 
 /// A full outage: every attempt fails (the server is down with its backlog
 /// full, so each attempt times out), while clones of a client keep sending
@@ -140,6 +172,47 @@ impl Amplification {
             ));
         }
         Ok(())
+    }
+
+    /// Runs the outage with the layer's defaults (3 attempts, 100 ms doubling,
+    /// full jitter) and a [`storm_budget`](super::storm_budget) (10 % plus 10
+    /// retries per second) held as `sharing` says. `seed` seeds the jitter.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming a setting that cannot work.
+    pub fn run_with_budget(
+        &self,
+        sharing: BudgetSharing,
+        seed: u64,
+    ) -> Result<AmplificationReport, ConfigError> {
+        let layer = |budget: bool| {
+            let builder = BackoffLayer::builder().seed(seed);
+            match budget {
+                true => builder.budget(storm_budget()?).build(),
+                false => builder.build(),
+            }
+        };
+        match sharing {
+            BudgetSharing::None => {
+                let layer = layer(false)?;
+                self.run(|c| tower_layer::Layer::layer(&layer, c))
+            }
+            BudgetSharing::Shared => {
+                let layer = layer(true)?;
+                self.run(|c| tower_layer::Layer::layer(&layer, c))
+            }
+            BudgetSharing::PerClone => {
+                // Built up front: a layer per clone, each with its own budget.
+                let layers = (0..self.clones)
+                    .map(|_| layer(true))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut layers = layers.iter();
+                self.run(|c| {
+                    let layer = layers.next().expect("one layer per clone");
+                    tower_layer::Layer::layer(layer, c)
+                })
+            }
+        }
     }
 
     /// Runs the outage with a client made by `make_client` for each clone,

@@ -48,7 +48,7 @@ mod storm;
 mod strategy;
 mod workload;
 
-pub use amplification::{Amplification, AmplificationReport};
+pub use amplification::{Amplification, AmplificationReport, BudgetSharing};
 pub use connection::{Attempt, AttemptError, Connection, Request};
 pub use contention::{
     Conflict, Contention, ContentionReport, Record, Write, WriteAttempt, CONTENTION_FIRST_DELAY,
@@ -58,7 +58,8 @@ pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECO
 pub use server::{Server, ServerGone, ServerModel, ServerSample, Submission};
 pub use storm::Storm;
 pub use strategy::{
-    AnySchedule, RetryErrors, Strategy, FIRST_DELAY, FIXED_INTERVAL, MAX_ATTEMPTS, MAX_DELAY,
+    storm_budget, AnySchedule, RetryErrors, Strategy, BUDGET_RATIO, FIRST_DELAY, FIXED_INTERVAL,
+    MAX_ATTEMPTS, MAX_DELAY,
 };
 pub use workload::ClientSample;
 

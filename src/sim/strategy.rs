@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::adaptive::AdaptivePacing;
+use crate::budget::RatioBudget;
 use crate::error::ConfigError;
 use crate::jitter::Jitter;
 use crate::layer::BackoffLayer;
@@ -27,6 +29,19 @@ pub const FIRST_DELAY: Duration = Duration::from_millis(100);
 /// The longest wait of the exponential strategies.
 pub const MAX_DELAY: Duration = Duration::from_secs(20);
 
+/// Retries the budgeted strategies allow per first attempt in the budget's
+/// window (10 s), on top of its floor of 10 retries per second.
+pub const BUDGET_RATIO: f64 = 0.1;
+
+/// A [`RatioBudget`] with the storm's settings: 10 % of first attempts over
+/// 10 s, plus 10 retries per second.
+///
+/// # Errors
+/// Never for these settings.
+pub fn storm_budget() -> Result<RatioBudget, ConfigError> {
+    RatioBudget::builder().ratio(BUDGET_RATIO).build()
+}
+
 /// A way to retry, from the naive to the one this crate recommends.
 ///
 /// ```
@@ -48,15 +63,25 @@ pub enum Strategy {
     Exponential,
     /// Exponential, with full jitter.
     ExponentialJitter,
+    /// Exponential with full jitter, within a [`RatioBudget`] of
+    /// [`BUDGET_RATIO`] shared by every client.
+    Budgeted,
+    /// [`Budgeted`](Strategy::Budgeted), plus [`AdaptivePacing`] (its
+    /// defaults) shared by every client. This server gives no throttling
+    /// answer, only timeouts, so its policy reports timeouts as
+    /// [`Cause::Throttled`] to let the pacing react.
+    Adaptive,
 }
 
 impl Strategy {
     /// Every strategy, in the order the tables show them.
-    pub const ALL: [Strategy; 4] = [
+    pub const ALL: [Strategy; 6] = [
         Strategy::NoRetries,
         Strategy::FixedInterval,
         Strategy::Exponential,
         Strategy::ExponentialJitter,
+        Strategy::Budgeted,
+        Strategy::Adaptive,
     ];
 
     /// A short name for tables and charts.
@@ -66,6 +91,8 @@ impl Strategy {
             Strategy::FixedInterval => "fixed interval",
             Strategy::Exponential => "exponential",
             Strategy::ExponentialJitter => "exponential + jitter",
+            Strategy::Budgeted => "+ ratio budget 10 %",
+            Strategy::Adaptive => "+ adaptive pacing",
         }
     }
 
@@ -91,6 +118,18 @@ impl Strategy {
             Strategy::ExponentialJitter => {
                 builder.schedule(exponential).jitter(Jitter::Full).build()
             }
+            Strategy::Budgeted => builder
+                .schedule(exponential)
+                .jitter(Jitter::Full)
+                .budget(storm_budget()?)
+                .build(),
+            Strategy::Adaptive => builder
+                .policy(RetryErrors::new(Cause::Throttled))
+                .schedule(exponential)
+                .jitter(Jitter::Full)
+                .budget(storm_budget()?)
+                .pacing(AdaptivePacing::new())
+                .build(),
         }
     }
 
