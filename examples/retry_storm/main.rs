@@ -22,17 +22,18 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tower_backoff::sim::{
-    storm_table, Amplification, AmplificationReport, Contention, ServerModel, Storm, StormReport,
-    Strategy, Table, RECOVERY_WINDOW,
+    storm_table, Amplification, AmplificationReport, BudgetSharing, Contention, ServerModel, Storm,
+    StormReport, Strategy, Table, RECOVERY_WINDOW,
 };
 use tower_backoff::Jitter;
 
 const USAGE: &str = "\
 usage: retry_storm [--clients N] [--capacity C] [--outage SECS] [--seed S] [--seeds K]
-                   [--horizon SECS] [--rate REQ_PER_SEC] [--svg PATH] [--live]
+                   [--horizon SECS] [--rate REQ_PER_SEC] [--backlog B] [--svg PATH] [--live]
 
   --clients N      clients sending requests (default 1000; live 300)
   --capacity C     requests the server works on at full speed (default 30; live 10)
+  --backlog B      requests kept while the server is down (default 512; live 170)
   --outage SECS    how long the server is down (default 10; live 5)
   --seed S         seed of the workload, the server and the jitter (default 1)
   --seeds K        also count recoveries over K seeds from S (default 10)
@@ -55,6 +56,7 @@ const CLONES: [usize; 3] = [10, 100, 1000];
 pub struct Options {
     clients: Option<usize>,
     capacity: Option<usize>,
+    backlog: Option<usize>,
     outage: Option<Duration>,
     seed: u64,
     seeds: u64,
@@ -77,6 +79,7 @@ impl Options {
             match flag.as_str() {
                 "--clients" => options.clients = Some(number(&flag, &value()?)?),
                 "--capacity" => options.capacity = Some(number(&flag, &value()?)?),
+                "--backlog" => options.backlog = Some(number(&flag, &value()?)?),
                 "--outage" => options.outage = Some(seconds(&flag, &value()?)?),
                 "--seed" => options.seed = number(&flag, &value()?)?,
                 "--seeds" => options.seeds = number::<u64>(&flag, &value()?)?.max(1),
@@ -97,6 +100,10 @@ impl Options {
         let outage = self.outage.unwrap_or(window.end - window.start);
         let model = match self.capacity {
             Some(c) => model.capacity(c),
+            None => model,
+        };
+        let model = match self.backlog {
+            Some(b) => model.backlog(b),
             None => model,
         };
         let mut storm = defaults.server(model).seed(self.seed);
@@ -351,8 +358,7 @@ fn format_secs(d: Duration) -> String {
     }
 }
 
-/// How the clones of a client hold their retry budget.
-const BUDGETS: [&str; 1] = ["no budget"];
+const BUDGETS: [BudgetSharing; 3] = BudgetSharing::ALL;
 
 fn amplification(
     seed: u64,
@@ -362,15 +368,15 @@ fn amplification(
         .iter()
         .map(|&clones| {
             let scenario = Amplification::new().clones(clones).seed(seed);
-            let none = tower_backoff::BackoffLayer::builder()
-                .seed(seed)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let report = scenario
-                .run(|c| tower_layer::Layer::layer(&none, c))
-                .map_err(|e| e.to_string())?;
-            tick();
-            Ok((clones, vec![report]))
+            let reports = BUDGETS
+                .iter()
+                .map(|&sharing| {
+                    let report = scenario.run_with_budget(sharing, seed);
+                    tick();
+                    report.map_err(|e| e.to_string())
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((clones, reports))
         })
         .collect()
 }
@@ -380,7 +386,7 @@ fn print_amplification(rows: &[(usize, Vec<AmplificationReport>)]) {
         "Amplification: the server is down for good; 1,000 requests/s in all for 30 s, \
          the layer's defaults (3 attempts, 100 ms doubling, full jitter).\n"
     );
-    let mut table = Table::new(std::iter::once("clones").chain(BUDGETS));
+    let mut table = Table::new(std::iter::once("clones").chain(BUDGETS.map(BudgetSharing::name)));
     for (clones, reports) in rows {
         table.row(
             std::iter::once(clones.to_string()).chain(
