@@ -73,6 +73,9 @@ pub mod poll;
 pub mod retry;
 pub mod schedule;
 mod service;
+#[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
+pub mod sim;
 mod stats;
 mod sync;
 

@@ -1,0 +1,191 @@
+//! The retry strategies the storm compares, as ready-made layers.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::adaptive::AdaptivePacing;
+use crate::budget::RatioBudget;
+use crate::error::ConfigError;
+use crate::jitter::Jitter;
+use crate::layer::BackoffLayer;
+use crate::policy::{Cause, Decision, Policy};
+use crate::schedule::{Constant, Exponential, Schedule};
+
+/// A schedule of any type, so that every strategy builds the same layer type.
+pub type AnySchedule = Arc<dyn Schedule + Send + Sync>;
+
+/// Attempts per logical request, the first included, for every strategy that
+/// retries: the crate's default (and Spring Retry's), the same for all so that
+/// only the schedule, the jitter and the budget differ.
+pub const MAX_ATTEMPTS: u32 = crate::DEFAULT_MAX_ATTEMPTS;
+
+/// The wait of the fixed-interval strategy (Spring Retry's default).
+pub const FIXED_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The first wait of the exponential strategies; it doubles after each retry.
+pub const FIRST_DELAY: Duration = Duration::from_millis(100);
+
+/// The longest wait of the exponential strategies.
+pub const MAX_DELAY: Duration = Duration::from_secs(20);
+
+/// Retries the budgeted strategies allow per first attempt in the budget's
+/// window (10 s), on top of its floor of 10 retries per second.
+pub const BUDGET_RATIO: f64 = 0.1;
+
+/// A [`RatioBudget`] with the storm's settings: 10 % of first attempts over
+/// 10 s, plus 10 retries per second.
+///
+/// # Errors
+/// Never for these settings.
+pub fn storm_budget() -> Result<RatioBudget, ConfigError> {
+    RatioBudget::builder().ratio(BUDGET_RATIO).build()
+}
+
+/// A way to retry, from the naive to the one this crate recommends.
+///
+/// ```
+/// use tower_backoff::sim::{Storm, Strategy};
+/// use std::time::Duration;
+///
+/// let storm = Storm::new().clients(50).horizon(Duration::from_secs(40));
+/// let report = Strategy::ExponentialJitter.run(&storm, 7)?;
+/// assert!(report.summary().requests > 0);
+/// # Ok::<(), tower_backoff::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// No retries at all: the baseline.
+    NoRetries,
+    /// Retry every [`FIXED_INTERVAL`], no jitter: the common naive choice.
+    FixedInterval,
+    /// Wait [`FIRST_DELAY`], doubling up to [`MAX_DELAY`], no jitter.
+    Exponential,
+    /// Exponential, with full jitter.
+    ExponentialJitter,
+    /// Exponential with full jitter, within a [`RatioBudget`] of
+    /// [`BUDGET_RATIO`] shared by every client.
+    Budgeted,
+    /// [`Budgeted`](Strategy::Budgeted), plus [`AdaptivePacing`] (its
+    /// defaults) shared by every client. This server gives no throttling
+    /// answer, only timeouts, so its policy reports timeouts as
+    /// [`Cause::Throttled`] to let the pacing react.
+    Adaptive,
+}
+
+impl Strategy {
+    /// Every strategy, in the order the tables show them.
+    pub const ALL: [Strategy; 6] = [
+        Strategy::NoRetries,
+        Strategy::FixedInterval,
+        Strategy::Exponential,
+        Strategy::ExponentialJitter,
+        Strategy::Budgeted,
+        Strategy::Adaptive,
+    ];
+
+    /// A short name for tables and charts.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Strategy::NoRetries => "no retries",
+            Strategy::FixedInterval => "fixed interval",
+            Strategy::Exponential => "exponential",
+            Strategy::ExponentialJitter => "exponential + jitter",
+            Strategy::Budgeted => "+ ratio budget 10 %",
+            Strategy::Adaptive => "+ adaptive pacing",
+        }
+    }
+
+    /// The layer for this strategy. `seed` makes its jitter reproducible.
+    ///
+    /// Every client built from one layer shares whatever the layer shares
+    /// (its budget): the storm's clients are the clones of one service.
+    ///
+    /// # Errors
+    /// Never for the built-in settings; a [`ConfigError`] would name the
+    /// setting.
+    pub fn layer(self, seed: u64) -> Result<BackoffLayer<RetryErrors, AnySchedule>, ConfigError> {
+        let fixed: AnySchedule = Arc::new(Constant::new(FIXED_INTERVAL));
+        let exponential: AnySchedule = Arc::new(Exponential::new(FIRST_DELAY).max_delay(MAX_DELAY));
+        let builder = BackoffLayer::builder()
+            .policy(RetryErrors::new(Cause::Timeout))
+            .max_attempts(MAX_ATTEMPTS)
+            .seed(seed);
+        match self {
+            Strategy::NoRetries => builder.schedule(exponential).max_attempts(1).build(),
+            Strategy::FixedInterval => builder.schedule(fixed).jitter(Jitter::None).build(),
+            Strategy::Exponential => builder.schedule(exponential).jitter(Jitter::None).build(),
+            Strategy::ExponentialJitter => {
+                builder.schedule(exponential).jitter(Jitter::Full).build()
+            }
+            Strategy::Budgeted => builder
+                .schedule(exponential)
+                .jitter(Jitter::Full)
+                .budget(storm_budget()?)
+                .build(),
+            Strategy::Adaptive => builder
+                .policy(RetryErrors::new(Cause::Throttled))
+                .schedule(exponential)
+                .jitter(Jitter::Full)
+                .budget(storm_budget()?)
+                .pacing(AdaptivePacing::new())
+                .build(),
+        }
+    }
+
+    /// Runs `storm` with every client using this strategy.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming a setting of `storm` that cannot work.
+    pub fn run(self, storm: &super::Storm, seed: u64) -> Result<super::StormReport, ConfigError> {
+        self.run_with_progress(storm, seed, |_| {})
+    }
+
+    /// [`run`](Self::run), calling `progress` with the simulated time after
+    /// each interval.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming a setting of `storm` that cannot work.
+    pub fn run_with_progress(
+        self,
+        storm: &super::Storm,
+        seed: u64,
+        progress: impl FnMut(Duration),
+    ) -> Result<super::StormReport, ConfigError> {
+        let layer = self.layer(seed)?;
+        storm.run_with_progress(|c| tower_layer::Layer::layer(&layer, c), progress)
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Retries every error, as failures of one [`Cause`]: in the simulations
+/// every failure is a timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryErrors {
+    cause: Cause,
+}
+
+impl RetryErrors {
+    /// Retries every error, reporting it as `cause` to budgets and pacing.
+    pub const fn new(cause: Cause) -> Self {
+        Self { cause }
+    }
+}
+
+impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryErrors {
+    fn classify(&self, _: &Req, result: &Result<Res, E>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry().because(self.cause),
+        }
+    }
+
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        Some(request.clone())
+    }
+}

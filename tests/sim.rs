@@ -1,0 +1,302 @@
+//! Behaviour of the retry-storm simulator: the server model, the scenarios'
+//! determinism, and the results the README quotes, asserted on the
+//! simulation's own output.
+#![cfg(feature = "sim")]
+
+use std::time::Duration;
+
+use tokio::task::LocalSet;
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_backoff::sim::{
+    Amplification, AttemptError, BudgetSharing, ClientSample, Connection, Contention, Request,
+    Server, ServerModel, ServerSample, Storm, StormReport, Strategy,
+};
+use tower_backoff::{BackoffLayer, Jitter};
+
+/// A model whose requests all need exactly the base latency.
+fn exact() -> ServerModel {
+    ServerModel::new().work_spread(0.0)
+}
+
+fn start(model: &ServerModel) -> Server {
+    Server::start(model, 1, Duration::from_secs(1), Duration::from_secs(60))
+}
+
+#[tokio::test(start_paused = true)]
+async fn answers_after_base_latency_up_to_capacity() {
+    LocalSet::new()
+        .run_until(async {
+            let server = start(&exact().capacity(30));
+            let begin = Instant::now();
+            let all = futures::future::join_all((0..30).map(|_| server.submit())).await;
+            assert!(all.iter().all(Result::is_ok));
+            assert_eq!(begin.elapsed(), Duration::from_millis(100));
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_grows_with_the_excess_over_capacity() {
+    LocalSet::new()
+        .run_until(async {
+            let model = exact().capacity(30).slowdown(1.05, 15.0);
+            let server = start(&model);
+            let begin = Instant::now();
+            futures::future::join_all((0..60).map(|_| server.submit())).await;
+            // 30 over capacity: 100 ms × 1.05^(30/15) = 110.25 ms, and the
+            // timer wakes on the next whole millisecond.
+            assert_eq!(model.latency(60), Duration::from_micros(110_250));
+            assert_eq!(begin.elapsed(), Duration::from_millis(111));
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_arriving_during_an_outage_are_served_when_it_ends() {
+    LocalSet::new()
+        .run_until(async {
+            let model = exact()
+                .backlog(10)
+                .outage(Duration::ZERO, Duration::from_secs(5));
+            let server = start(&model);
+            let begin = Instant::now();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            futures::future::join_all((0..5).map(|_| server.submit())).await;
+            assert_eq!(begin.elapsed(), Duration::from_millis(5_100));
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_beyond_the_backlog_are_lost() {
+    LocalSet::new()
+        .run_until(async {
+            let model = exact()
+                .backlog(2)
+                .outage(Duration::ZERO, Duration::from_secs(5));
+            let server = start(&model);
+            let kept = [server.submit(), server.submit()];
+            let lost = server.submit();
+            assert_eq!(server.outstanding(), 2);
+            let kept = futures::future::join_all(kept).await;
+            assert!(kept.iter().all(Result::is_ok));
+            let waited = tokio::time::timeout(Duration::from_secs(30), lost).await;
+            assert!(waited.is_err(), "a lost request is never answered");
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn finishes_the_work_of_requests_whose_client_gave_up() {
+    LocalSet::new()
+        .run_until(async {
+            let server = start(&exact());
+            let connection = Connection::new(server.clone(), Duration::from_millis(50));
+            let outcome = connection.oneshot(Request { id: 0 }).await;
+            assert_eq!(outcome, Err(AttemptError::TimedOut));
+            assert_eq!(server.outstanding(), 1, "still working after the timeout");
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            assert_eq!(server.outstanding(), 0);
+            let done: u64 = server.samples().iter().map(|s| s.completions).sum();
+            assert_eq!(done, 1);
+        })
+        .await;
+}
+
+/// A small storm, quick even in a debug build.
+fn small_storm(seed: u64) -> Storm {
+    Storm::new()
+        .clients(300)
+        .outage(Duration::from_secs(10), Duration::from_secs(5))
+        .horizon(Duration::from_secs(40))
+        .seed(seed)
+}
+
+#[test]
+fn the_same_seed_gives_the_same_numbers() {
+    let first = Strategy::ExponentialJitter.run(&small_storm(9), 9).unwrap();
+    let second = Strategy::ExponentialJitter.run(&small_storm(9), 9).unwrap();
+    assert_eq!(first, second);
+    // Not equal because nothing happened: the run did real work.
+    assert!(first.summary().requests > 1000);
+    assert!(first.summary().attempts > first.summary().requests);
+}
+
+#[test]
+fn another_seed_gives_other_numbers() {
+    let first = Strategy::ExponentialJitter.run(&small_storm(9), 9).unwrap();
+    let other = Strategy::ExponentialJitter
+        .run(&small_storm(10), 10)
+        .unwrap();
+    assert_ne!(first.clients, other.clients);
+}
+
+#[test]
+fn storm_settings_are_checked_by_name() {
+    let err = Storm::new().clients(0).run(|c| c).unwrap_err();
+    assert_eq!(err.field(), "clients");
+    let err = Storm::new()
+        .rate_per_client(f64::NAN)
+        .run(|c| c)
+        .unwrap_err();
+    assert_eq!(err.field(), "rate_per_client");
+    let err = Storm::new()
+        .server(ServerModel::new().slowdown(0.5, 15.0))
+        .run(|c| c)
+        .unwrap_err();
+    assert_eq!(err.field(), "slowdown");
+}
+
+#[test]
+fn sizes_that_would_never_finish_are_refused_before_running() {
+    let err = Storm::new().clients(usize::MAX).run(|c| c).unwrap_err();
+    assert_eq!(err.field(), "clients");
+    let err = Storm::new().rate_per_client(1e9).run(|c| c).unwrap_err();
+    assert_eq!(err.field(), "rate_per_client");
+    let err = Contention::new()
+        .clients(1_000_000)
+        .run(Jitter::None)
+        .unwrap_err();
+    assert_eq!(err.field(), "clients");
+    let err = Amplification::new()
+        .rate(f64::INFINITY)
+        .run(|c| c)
+        .unwrap_err();
+    assert_eq!(err.field(), "rate");
+}
+
+/// A report with `before` successes per interval until the outage (10..20 s),
+/// none during it, then what `after` says for each interval from 20 s.
+fn report_with_goodput(before: u64, after: &[u64]) -> StormReport {
+    let mut clients = vec![ClientSample::default(); 20 + after.len()];
+    for (i, sample) in clients.iter_mut().enumerate() {
+        sample.succeeded = match i {
+            0..10 => before,
+            10..20 => 0,
+            _ => after[i - 20],
+        };
+        sample.started = before;
+    }
+    StormReport {
+        interval: Duration::from_secs(1),
+        outage: Duration::from_secs(10)..Duration::from_secs(20),
+        server: vec![ServerSample::default(); clients.len()],
+        clients,
+    }
+}
+
+#[test]
+fn recovery_is_when_goodput_is_back_for_good() {
+    // Back at 100 from 23 s, then a two-second dip at 30 s: every 10 s
+    // window holding the dip is below 90 %, so it counts from 31 s.
+    let mut after = vec![0, 0, 0];
+    after.extend([100; 7]);
+    after.extend([0, 0]);
+    after.extend([100; 20]);
+    let report = report_with_goodput(100, &after);
+    assert_eq!(report.summary().recovery, Some(Duration::from_secs(11)));
+}
+
+#[test]
+fn recovery_is_never_when_goodput_stays_low() {
+    let report = report_with_goodput(100, &[85; 30]);
+    assert_eq!(report.summary().recovery, None);
+    let report = report_with_goodput(100, &[95; 30]);
+    assert_eq!(report.summary().recovery, Some(Duration::ZERO));
+}
+
+#[test]
+fn fixed_interval_never_recovers_where_jitter_with_a_budget_does_in_the_default_storm() {
+    let storm = Storm::new();
+    let fixed = Strategy::FixedInterval.run(&storm, 1).unwrap().summary();
+    let budgeted = Strategy::Budgeted.run(&storm, 1).unwrap().summary();
+
+    assert_eq!(fixed.recovery, None, "fixed interval: {fixed:?}");
+    assert!(
+        fixed.goodput_after < 0.1 * fixed.goodput_before,
+        "{fixed:?}"
+    );
+    assert!(budgeted.recovery.is_some(), "budgeted: {budgeted:?}");
+    assert!(
+        budgeted.goodput_after >= 0.9 * budgeted.goodput_before,
+        "{budgeted:?}"
+    );
+    // The same workload: only the retries differ.
+    assert_eq!(fixed.requests, budgeted.requests);
+}
+
+#[test]
+fn a_shared_10_percent_budget_keeps_amplification_at_1_1x_plus_the_floor_at_1000_clones() {
+    let scenario = Amplification::new().clones(1000);
+    let report = scenario.run_with_budget(BudgetSharing::Shared, 1).unwrap();
+    assert!(report.requests > 20_000);
+    assert_eq!(report.unfinished, 0);
+    // The floor: 10 retries per second, over the run and one 10 s window.
+    let floor = 10 * (report.duration.as_secs() + 10);
+    let ten_percent = report.requests / 10;
+    assert!(
+        report.attempts <= report.requests + ten_percent + floor,
+        "{report:?}: {:.3} attempts per request",
+        report.attempts_per_request()
+    );
+    // It did retry, up to what it allows.
+    assert!(report.attempts > report.requests + ten_percent);
+}
+
+#[test]
+fn budgets_per_clone_do_not_cap_1000_clones_that_each_send_little() {
+    let scenario = Amplification::new().clones(1000);
+    let per_clone = scenario
+        .run_with_budget(BudgetSharing::PerClone, 1)
+        .unwrap();
+    let shared = scenario.run_with_budget(BudgetSharing::Shared, 1).unwrap();
+    // Each clone sends about one request a second: its own floor of 10
+    // retries a second lets every retry through.
+    assert_eq!(per_clone.attempts, 3 * per_clone.requests);
+    assert!(shared.attempts_per_request() < 1.2);
+}
+
+#[test]
+fn full_jitter_makes_fewer_write_calls_than_no_jitter_at_100_clients() {
+    let none = Contention::new().clients(100).run(Jitter::None).unwrap();
+    let full = Contention::new().clients(100).run(Jitter::Full).unwrap();
+    assert_eq!(none.succeeded, 100);
+    assert_eq!(full.succeeded, 100);
+    assert!(
+        full.write_calls < none.write_calls,
+        "full jitter: {} calls, no jitter: {}",
+        full.write_calls,
+        none.write_calls
+    );
+}
+
+#[test]
+fn without_a_budget_every_request_makes_every_attempt_in_a_full_outage() {
+    let layer = BackoffLayer::builder()
+        .max_attempts(3)
+        .seed(1)
+        .build()
+        .unwrap();
+    let report = Amplification::new()
+        .clones(1000)
+        .run(|c| tower_layer::Layer::layer(&layer, c))
+        .unwrap();
+    assert!(report.requests > 20_000);
+    assert_eq!(report.unfinished, 0);
+    assert_eq!(report.attempts, 3 * report.requests);
+}
+
+#[test]
+fn a_timeout_shorter_than_the_latency_fails_every_attempt() {
+    let report = Storm::new()
+        .clients(50)
+        .attempt_timeout(Duration::from_millis(50))
+        .outage(Duration::from_secs(5), Duration::from_secs(1))
+        .horizon(Duration::from_secs(20))
+        .run(|c| c)
+        .unwrap();
+    let summary = report.summary();
+    assert_eq!(summary.failed + summary.unfinished, summary.requests);
+    assert_eq!(summary.goodput_before, 0.0);
+}
