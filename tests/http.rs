@@ -5,7 +5,7 @@
 mod http_server;
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -21,7 +21,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::http::{HttpPolicy, ReplayBody, RetryInfo, IDEMPOTENCY_KEY};
 use tower_backoff::{BackoffLayer, Budget, Cause, Constant, Exponential, Jitter, Schedule};
 
-use http_server::{status, status_with, unused_addr, with_chunked_body, Reply, Server};
+use http_server::{counting, status, status_with, unused_addr, with_chunked_body, Reply, Server};
 
 type Plain = Request<Full<Bytes>>;
 
@@ -406,17 +406,6 @@ async fn throttling_and_timeouts_reach_the_budget_as_such() {
 
 // --- connection errors -----------------------------------------------------
 
-/// Counts the attempts that reach the client, from inside the retry layer.
-fn counting() -> (impl Fn(Plain) -> Plain + Clone, Arc<AtomicUsize>) {
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let counter = attempts.clone();
-    let count = move |request: Plain| {
-        counter.fetch_add(1, Ordering::SeqCst);
-        request
-    };
-    (count, attempts)
-}
-
 #[tokio::test(start_paused = true)]
 async fn connection_refused_is_retried_until_the_server_starts() {
     let addr = unused_addr();
@@ -425,7 +414,7 @@ async fn connection_refused_is_retried_until_the_server_starts() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         Server::start_on(addr, |_, _| status(200)).await
     });
-    let (count, attempts) = counting();
+    let (count, attempts) = counting::<Plain>();
     let svc = ServiceBuilder::new()
         .layer(layer_with(
             HttpPolicy::new(),
@@ -449,7 +438,7 @@ async fn connection_refused_is_retried_until_the_server_starts() {
 #[tokio::test(start_paused = true)]
 async fn connection_refused_every_time_returns_the_connect_error_after_every_attempt() {
     let addr = unused_addr();
-    let (count, attempts) = counting();
+    let (count, attempts) = counting::<Plain>();
     let svc = ServiceBuilder::new()
         .layer(layer(HttpPolicy::new()))
         .map_request(count)

@@ -5,8 +5,7 @@
 mod http_server;
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -19,7 +18,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::http::{HttpPolicy, RetryInfo, IDEMPOTENCY_KEY};
 use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter, Schedule};
 
-use http_server::{status, status_with, unused_addr, with_chunked_body, Reply, Server};
+use http_server::{counting, status, status_with, unused_addr, with_chunked_body, Reply, Server};
 
 const STEP: Duration = Duration::from_millis(100);
 
@@ -224,19 +223,6 @@ async fn retry_after_longer_than_the_time_left_returns_the_response_at_once() {
 
 // --- errors ------------------------------------------------------------------
 
-fn counting() -> (
-    impl Fn(reqwest::Request) -> reqwest::Request + Clone,
-    Arc<AtomicUsize>,
-) {
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let counter = attempts.clone();
-    let count = move |request: reqwest::Request| {
-        counter.fetch_add(1, Ordering::SeqCst);
-        request
-    };
-    (count, attempts)
-}
-
 #[tokio::test(start_paused = true)]
 async fn connection_refused_is_retried_until_the_server_starts() {
     let addr = unused_addr();
@@ -244,7 +230,7 @@ async fn connection_refused_is_retried_until_the_server_starts() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         Server::start_on(addr, |_, _| status(200)).await
     });
-    let (count, attempts) = counting();
+    let (count, attempts) = counting::<reqwest::Request>();
     let svc = ServiceBuilder::new()
         .layer(layer_with(
             HttpPolicy::new(),
@@ -268,7 +254,7 @@ async fn connection_refused_is_retried_until_the_server_starts() {
 #[tokio::test(start_paused = true)]
 async fn connection_refused_every_time_returns_the_connect_error_after_every_attempt() {
     let addr = unused_addr();
-    let (count, attempts) = counting();
+    let (count, attempts) = counting::<reqwest::Request>();
     let svc = ServiceBuilder::new()
         .layer(layer(HttpPolicy::new()))
         .map_request(count)

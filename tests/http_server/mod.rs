@@ -197,3 +197,15 @@ pub fn unused_addr() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap()
 }
+
+/// A request map that counts the attempts reaching the client, for placing
+/// inside the retry layer (`.map_request(count)`), with the shared count.
+pub fn counting<R>() -> (impl Fn(R) -> R + Clone, Arc<AtomicUsize>) {
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counter = attempts.clone();
+    let count = move |request: R| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        request
+    };
+    (count, attempts)
+}
