@@ -19,13 +19,14 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::http::{HttpPolicy, ReplayBody, RetryInfo, IDEMPOTENCY_KEY};
-use tower_backoff::{BackoffLayer, Budget, Cause, Constant, Exponential, Jitter, Schedule};
+use tower_backoff::{BackoffLayer, Budget, Cause, Constant, Exponential};
 
-use http_server::{counting, status, status_with, unused_addr, with_chunked_body, Reply, Server};
+use http_server::{
+    counting, layer, layer_with, status, status_with, unused_addr, with_chunked_body, Reply,
+    Server, STEP,
+};
 
 type Plain = Request<Full<Bytes>>;
-
-const STEP: Duration = Duration::from_millis(100);
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
     client_for()
@@ -38,30 +39,6 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// A layer that sleeps a fixed 100 ms between attempts, unless told otherwise.
-fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
-    layer_with(policy, Constant::new(STEP), 3, None)
-}
-
-fn layer_with<S: Schedule>(
-    policy: HttpPolicy,
-    schedule: S,
-    max_attempts: u32,
-    max_elapsed: Option<Duration>,
-) -> BackoffLayer<HttpPolicy, S> {
-    let builder = BackoffLayer::builder()
-        .policy(policy)
-        .schedule(schedule)
-        .jitter(Jitter::None)
-        .max_attempts(max_attempts);
-    match max_elapsed {
-        Some(limit) => builder.max_elapsed(limit),
-        None => builder,
-    }
-    .build()
-    .unwrap()
 }
 
 fn get(server: &Server) -> Request<Full<Bytes>> {

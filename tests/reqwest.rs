@@ -16,37 +16,15 @@ use http_body_util::StreamBody;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::http::{HttpPolicy, RetryInfo, IDEMPOTENCY_KEY};
-use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter, Schedule};
+use tower_backoff::{Constant, Exponential};
 
-use http_server::{counting, status, status_with, unused_addr, with_chunked_body, Reply, Server};
-
-const STEP: Duration = Duration::from_millis(100);
+use http_server::{
+    counting, layer, layer_with, status, status_with, unused_addr, with_chunked_body, Reply,
+    Server, STEP,
+};
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
-}
-
-fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
-    layer_with(policy, Constant::new(STEP), 3, None)
-}
-
-fn layer_with<S: Schedule>(
-    policy: HttpPolicy,
-    schedule: S,
-    max_attempts: u32,
-    max_elapsed: Option<Duration>,
-) -> BackoffLayer<HttpPolicy, S> {
-    let builder = BackoffLayer::builder()
-        .policy(policy)
-        .schedule(schedule)
-        .jitter(Jitter::None)
-        .max_attempts(max_attempts);
-    match max_elapsed {
-        Some(limit) => builder.max_elapsed(limit),
-        None => builder,
-    }
-    .build()
-    .unwrap()
 }
 
 fn request(method: Method, url: &str) -> reqwest::Request {

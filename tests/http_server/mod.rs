@@ -16,6 +16,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
+use tower_backoff::http::HttpPolicy;
+use tower_backoff::{BackoffLayer, Constant, Jitter, Schedule};
 
 /// What the server saw of one request.
 #[derive(Debug, Clone)]
@@ -208,4 +210,32 @@ pub fn counting<R>() -> (impl Fn(R) -> R + Clone, Arc<AtomicUsize>) {
         request
     };
     (count, attempts)
+}
+
+/// The sleep between attempts of [`layer`]: a fixed 100 ms, no jitter.
+pub const STEP: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A layer that sleeps a fixed [`STEP`] between attempts, up to 3 attempts.
+pub fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
+    layer_with(policy, Constant::new(STEP), 3, None)
+}
+
+/// A layer with no jitter, so the tests can assert exact delays.
+pub fn layer_with<S: Schedule>(
+    policy: HttpPolicy,
+    schedule: S,
+    max_attempts: u32,
+    max_elapsed: Option<std::time::Duration>,
+) -> BackoffLayer<HttpPolicy, S> {
+    let builder = BackoffLayer::builder()
+        .policy(policy)
+        .schedule(schedule)
+        .jitter(Jitter::None)
+        .max_attempts(max_attempts);
+    match max_elapsed {
+        Some(limit) => builder.max_elapsed(limit),
+        None => builder,
+    }
+    .build()
+    .unwrap()
 }
