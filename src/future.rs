@@ -71,14 +71,6 @@ pin_project! {
     }
 }
 
-/// Why a request stops retrying while its policy still wanted a retry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GiveUp {
-    Attempts,
-    Elapsed,
-    Budget,
-}
-
 impl<S, P, Sch, Req> ResponseFuture<S, P, Sch, Req>
 where
     S: Service<Req>,
@@ -185,16 +177,16 @@ where
                                 *this.last_retry = Some(cause);
                                 ControlFlow::Continue(delay)
                             }
-                            Err(give_up) => {
+                            Err(ending) => {
                                 #[cfg(feature = "tracing")]
-                                if give_up == GiveUp::Budget {
+                                if ending == Event::BudgetRefused {
                                     tracing::warn!(
                                         attempt = *this.attempts,
                                         reason = ?cause,
                                         "retry budget exhausted; returning the last outcome"
                                     );
                                 }
-                                ControlFlow::Break(give_up.into())
+                                ControlFlow::Break(ending)
                             }
                         }
                     };
@@ -259,16 +251,6 @@ where
     }
 }
 
-impl From<GiveUp> for Event {
-    fn from(give_up: GiveUp) -> Self {
-        match give_up {
-            GiveUp::Attempts => Event::OutOfAttempts,
-            GiveUp::Elapsed => Event::OutOfTime,
-            GiveUp::Budget => Event::BudgetRefused,
-        }
-    }
-}
-
 /// The state that sends the next attempt after `delay`: a sleep of the delay
 /// plus, while the shared pacing interval is above zero, a randomized pause,
 /// in one timer. With neither, straight to readiness: no timer, no clock
@@ -296,7 +278,7 @@ fn send_next<F, P, Sch>(
     }
 }
 
-/// The sleep before the next attempt, or why there will be none. The budget is
+/// The sleep before the next attempt, or how the request ends instead. The budget is
 /// asked last, so it is charged only for a retry that will really go out.
 fn next_delay<P, Sch: Schedule>(
     config: &Config<P, Sch>,
@@ -306,9 +288,9 @@ fn next_delay<P, Sch: Schedule>(
     previous: Duration,
     started: Option<Instant>,
     rng: &mut Option<Rng>,
-) -> Result<Duration, GiveUp> {
+) -> Result<Duration, Event> {
     if attempts >= config.max_attempts {
-        return Err(GiveUp::Attempts);
+        return Err(Event::OutOfAttempts);
     }
     let schedule = &config.schedule;
     // A server's delay is capped, but it still says when the server expects to
@@ -323,12 +305,12 @@ fn next_delay<P, Sch: Schedule>(
     };
     if let (Some(limit), Some(started)) = (config.max_elapsed, started) {
         if started.elapsed().saturating_add(wanted) > limit {
-            return Err(GiveUp::Elapsed);
+            return Err(Event::OutOfTime);
         }
     }
     if let Some(budget) = config.shared.as_ref().and_then(|s| s.budget.as_ref()) {
         if !budget.try_retry(cause) {
-            return Err(GiveUp::Budget);
+            return Err(Event::BudgetRefused);
         }
     }
     Ok(delay)
