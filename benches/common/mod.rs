@@ -32,7 +32,7 @@ impl std::fmt::Display for Failed {
 
 impl std::error::Error for Failed {}
 
-/// A small JSON POST-less GET with the headers a real client sends.
+/// A GET with a small JSON body and the headers a real client sends.
 pub fn request() -> Req {
     Request::builder()
         .method(Method::GET)
