@@ -3,9 +3,14 @@
 //! recovers ("responsive exponential backoff").
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
+
+use tokio::time::Sleep;
 
 use crate::error::{check_duration, ConfigError};
 use crate::jitter::Rng;
@@ -164,6 +169,47 @@ impl AdaptivePacing {
         }
     }
 
+    /// Ready when the service clone owning `gate` may send its next attempt;
+    /// it stays ready until [`sent`](Self::sent) consumes the readiness.
+    /// Called from `Backoff::poll_ready`, so pacing is backpressure: the
+    /// service that was readied is the one that sends, and a caller that never
+    /// calls holds nothing back.
+    pub(crate) fn poll_send(
+        &self,
+        gate: &mut Gate,
+        cx: &mut Context<'_>,
+        new_rng: impl FnOnce() -> Rng,
+    ) -> Poll<()> {
+        if gate.ready {
+            return Poll::Ready(());
+        }
+        if gate.sleep.is_none() {
+            let (interval, _) = self.now();
+            if interval == 0 {
+                gate.ready = true;
+                return Poll::Ready(());
+            }
+            let rng = gate.rng.get_or_insert_with(new_rng);
+            let pause = self.pause(interval, rng);
+            self.record_pause(pause);
+            gate.sleep = Some(Box::pin(tokio::time::sleep(pause)));
+        }
+        if let Some(sleep) = gate.sleep.as_mut() {
+            ready!(sleep.as_mut().poll(cx));
+        }
+        gate.sleep = None;
+        gate.ready = true;
+        Poll::Ready(())
+    }
+
+    /// An attempt goes out through the clone owning `gate`: uses up its
+    /// readiness, and returns the stamp to hand back to
+    /// [`observe`](Self::observe) with the attempt's outcome.
+    pub(crate) fn sent(&self, gate: &mut Gate) -> u16 {
+        gate.ready = false;
+        self.now().1
+    }
+
     /// The interval now in nanoseconds (zero when not pacing), and the stamp
     /// an attempt sent now carries: its generation, in the two bytes a
     /// response future has spare.
@@ -255,6 +301,30 @@ impl AdaptivePacing {
         if millis(s.interval.load(Ordering::Relaxed)) != 0 {
             s.streak.store(0, Ordering::Relaxed);
         }
+    }
+}
+
+/// What one service clone needs to wait for its turn to send: nothing until
+/// pacing first makes it wait. Cloning a service gives the clone a fresh gate.
+#[derive(Default)]
+pub(crate) struct Gate {
+    sleep: Option<Pin<Box<Sleep>>>,
+    ready: bool,
+    rng: Option<Rng>,
+}
+
+impl Clone for Gate {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("waiting", &self.sleep.is_some())
+            .field("ready", &self.ready)
+            .finish()
     }
 }
 

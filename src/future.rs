@@ -1,10 +1,17 @@
 //! [`ResponseFuture`]: the retry state machine of one request.
+//!
+//! **Decide at the response, commit at send.** When an attempt's outcome asks
+//! for a retry, the future keeps that outcome while it sleeps and waits for
+//! the service to be ready. The retry is committed only when it really goes
+//! out: then the budget is charged, `on_retry` and the stats hear of it, and
+//! the kept outcome is discarded. Whatever stops the retry before that (the
+//! future is dropped, the service fails to become ready, the time limit
+//! passes, the budget refuses, the request can no longer be replayed) returns
+//! the kept outcome, attempt *n*'s real response or error, to the caller.
 
 use std::fmt;
 use std::future::Future;
-use std::ops::ControlFlow;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -13,62 +20,77 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::jitter::Rng;
-use crate::layer::Config;
 use crate::policy::{Cause, Decision, Policy};
 use crate::schedule::Schedule;
 use crate::service::Backoff;
 use crate::stats::Event;
 
 pin_project! {
+    #[project = ResponseFutureProj]
     /// The response future of [`Backoff`]: the attempts of one request and the
     /// sleeps between them.
     ///
-    /// It resolves to the outcome of the last attempt, success or not, with the
-    /// inner service's own error type.
+    /// It resolves to the outcome of the last attempt that went out, success
+    /// or not, with the inner service's own error type: a retry that is
+    /// stopped before it is sent never replaces the outcome it would have
+    /// replaced.
     ///
     /// # Cancel safety
     /// Dropping it at any point stops the request: an attempt in flight is
     /// dropped with it, a pending sleep is cancelled, and no further attempt is
-    /// made. No task is left behind, and a budget is charged only for attempts
-    /// that were sent.
+    /// made. No task is left behind, and since a retry is paid for only when
+    /// it is sent, the budget is charged for nothing that did not go out.
     pub struct ResponseFuture<S, P, Sch, Req>
     where
         S: Service<Req>,
     {
         #[pin]
-        state: State<S::Future>,
+        state: State<S::Future, Result<S::Response, S::Error>>,
         service: Backoff<S, P, Sch>,
-        // A copy of the request of the attempt in flight, to classify its
-        // outcome and to send again; `None` when the policy would not copy it.
-        // Before a paced first attempt, the request itself.
+        // The request, kept to classify outcomes and to copy for each retry;
+        // `None` when the policy would not copy it.
         request: Option<Req>,
         // Attempts sent so far.
         attempts: u32,
-        // The pacing generation when the attempt in flight went out; with
-        // pacing off, always zero.
-        paced: u16,
+        // Whether the one transparent retry (`Cause::NotSent`) was used.
+        transparent_used: bool,
+        // What the pacing gave the attempt in flight when it went out.
+        stamp: u16,
         previous_delay: Duration,
         slept: Duration,
         // Read only when a time limit is configured.
         started: Option<Instant>,
         last_retry: Option<Cause>,
-        // Created at the first retry or pacing pause, so the happy path never
-        // draws.
+        // Created at the first retry, so the happy path never draws.
         rng: Option<Rng>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, O> {
         // An attempt is in flight.
         Called { #[pin] future: F },
-        // Sleeping before the next attempt: the backoff delay, plus the
-        // pacing pause while pacing is on.
-        Waiting { #[pin] sleep: Sleep },
-        // Waiting for the service to be ready for the next attempt.
-        Retrying,
+        // Sleeping before a retry, keeping the outcome it would replace.
+        Waiting { #[pin] sleep: Sleep, retry: Option<Retry<O>> },
+        // Waiting for the service to be ready to send a retry.
+        Readying { retry: Option<Retry<O>> },
     }
+}
+
+/// A retry decided but not yet sent: the outcome it would replace, kept to be
+/// returned if the retry is stopped.
+struct Retry<O> {
+    outcome: O,
+    cause: Cause,
+    delay: Duration,
+    transparent: bool,
+}
+
+/// What the future does after a transition.
+enum Step<F, O> {
+    Next(State<F, O>),
+    Return(O),
 }
 
 impl<S, P, Sch, Req> ResponseFuture<S, P, Sch, Req>
@@ -78,6 +100,7 @@ where
     #[inline(always)]
     pub(crate) fn new(
         future: S::Future,
+        stamp: u16,
         request: Option<Req>,
         service: Backoff<S, P, Sch>,
     ) -> Self {
@@ -87,33 +110,13 @@ where
             service,
             request,
             attempts: 1,
-            paced: 0,
+            transparent_used: false,
+            stamp,
             previous_delay: Duration::ZERO,
             slept: Duration::ZERO,
             started,
             last_retry: None,
             rng: None,
-        }
-    }
-
-    /// A request whose first attempt waits for pacing: it sleeps, readies
-    /// its own clone of the service, and only then sends `request`.
-    pub(crate) fn paced(request: Req, service: Backoff<S, P, Sch>) -> Self {
-        let config = service.config();
-        let started = config.max_elapsed.map(|_| Instant::now());
-        let mut rng = None;
-        let state = send_next(config, Duration::ZERO, &mut rng);
-        Self {
-            state,
-            service,
-            request: Some(request),
-            attempts: 0,
-            paced: 0,
-            previous_delay: Duration::ZERO,
-            slept: Duration::ZERO,
-            started,
-            last_retry: None,
-            rng,
         }
     }
 }
@@ -129,201 +132,230 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
+            let step = match this.state.as_mut().project() {
                 StateProj::Called { future } => {
-                    let mut result = ready!(future.poll(cx));
-                    let config = this.service.config();
-                    let shared = config.shared.as_deref();
-                    let next = 'decide: {
-                        let Some(request) = this.request.as_ref() else {
-                            // Not copyable: it went out once, its outcome goes
-                            // back as is.
-                            break 'decide ControlFlow::Break(Event::NotClonable);
-                        };
-                        let decision = config.policy.classify(request, &result);
-                        if let Some(pacing) = shared.and_then(|s| s.pacing.as_ref()) {
-                            pacing.observe(&decision, *this.paced);
-                        }
-                        let (after, cause) = match decision {
-                            Decision::Success => {
-                                if let Some(budget) = shared.and_then(|s| s.budget.as_ref()) {
-                                    budget.on_success(*this.last_retry);
-                                }
-                                break 'decide ControlFlow::Break(Event::Success);
-                            }
-                            Decision::Fail => break 'decide ControlFlow::Break(Event::Final),
-                            Decision::Retry { after, cause } => (after, cause),
-                        };
-                        match next_delay(
-                            config,
-                            after,
-                            cause,
-                            *this.attempts,
-                            *this.previous_delay,
-                            *this.started,
-                            this.rng,
-                        ) {
-                            Ok(delay) => {
-                                #[cfg(feature = "tracing")]
-                                tracing::debug!(
-                                    attempt = *this.attempts,
-                                    ?delay,
-                                    reason = ?cause,
-                                    "retrying"
-                                );
-                                config
-                                    .policy
-                                    .on_retry(request, *this.attempts, delay, &result);
-                                *this.last_retry = Some(cause);
-                                ControlFlow::Continue(delay)
-                            }
-                            Err(ending) => {
-                                #[cfg(feature = "tracing")]
-                                if ending == Event::BudgetRefused {
-                                    tracing::warn!(
-                                        attempt = *this.attempts,
-                                        reason = ?cause,
-                                        "retry budget exhausted; returning the last outcome"
-                                    );
-                                }
-                                ControlFlow::Break(ending)
-                            }
-                        }
-                    };
-                    let delay = match next {
-                        ControlFlow::Continue(delay) => delay,
-                        ControlFlow::Break(ending) => {
-                            if let Some(shared) = shared {
-                                shared.record(ending);
-                            }
-                            config
-                                .policy
-                                .finish(&mut result, *this.attempts, *this.slept);
-                            return Poll::Ready(result);
-                        }
-                    };
-                    config.policy.discard(result);
-                    *this.previous_delay = delay;
-                    *this.slept += delay;
-                    this.state.set(send_next(config, delay, this.rng));
+                    let outcome = ready!(future.poll(cx));
+                    this.on_outcome(outcome)
                 }
-                StateProj::Waiting { sleep } => {
+                StateProj::Waiting { sleep, retry } => {
                     ready!(sleep.poll(cx));
-                    let config = this.service.config();
-                    if let Some(stats) = config.shared.as_ref().and_then(|s| s.stats.as_ref()) {
-                        // Zero before a paced first attempt: nothing to add.
-                        if !this.previous_delay.is_zero() {
-                            stats.record_sleep(*this.previous_delay);
-                        }
-                    }
-                    this.state.set(State::Retrying);
+                    let retry = take(retry);
+                    this.on_wake(retry)
                 }
-                StateProj::Retrying => {
-                    if let Err(error) = ready!(this.service.get_mut().poll_ready(cx)) {
-                        let mut result = Err(error);
-                        let config = this.service.config();
-                        if let Some(shared) = config.shared.as_deref() {
-                            shared.record(Event::Final);
-                        }
-                        config
-                            .policy
-                            .finish(&mut result, *this.attempts, *this.slept);
-                        return Poll::Ready(result);
-                    }
-                    let request = this
-                        .request
-                        .take()
-                        .expect("an attempt is only scheduled while the request is held");
-                    let config = this.service.config();
-                    *this.request = config.policy.clone_request(&request);
-                    *this.attempts += 1;
-                    if let Some(shared) = config.shared.as_deref() {
-                        shared.on_send(*this.attempts);
-                        if let Some(pacing) = &shared.pacing {
-                            *this.paced = pacing.now().1;
-                        }
-                    }
-                    let future = this.service.get_mut().call(request);
-                    this.state.set(State::Called { future });
+                StateProj::Readying { retry } => {
+                    // Zero-delay retries against a ready service would never
+                    // yield: spend tokio's task budget like any I/O would.
+                    let progress = ready!(tokio::task::coop::poll_proceed(cx));
+                    let readiness = ready!(this.service.poll_ready_to_send(cx));
+                    progress.made_progress();
+                    let retry = take(retry);
+                    this.send(readiness, retry)
                 }
+            };
+            match step {
+                Step::Next(state) => this.state.set(state),
+                Step::Return(outcome) => return Poll::Ready(outcome),
             }
         }
     }
 }
 
-/// The state that sends the next attempt after `delay`: a sleep of the delay
-/// plus, while the shared pacing interval is above zero, a randomized pause,
-/// in one timer. With neither, straight to readiness: no timer, no clock
-/// (tokio's timer would round a zero sleep up to its 1 ms tick).
-fn send_next<F, P, Sch>(
-    config: &Config<P, Sch>,
-    delay: Duration,
-    rng: &mut Option<Rng>,
-) -> State<F> {
-    let mut sleep = delay;
-    if let Some(pacing) = config.shared.as_ref().and_then(|s| s.pacing.as_ref()) {
-        let (interval, _) = pacing.now();
-        if interval != 0 {
-            let pause = pacing.pause(interval, rng.get_or_insert_with(|| new_rng(config)));
-            pacing.record_pause(pause);
-            sleep = sleep.saturating_add(pause);
-        }
-    }
-    if sleep.is_zero() {
-        State::Retrying
-    } else {
-        State::Waiting {
-            sleep: tokio::time::sleep(sleep),
-        }
-    }
+fn take<O>(retry: &mut Option<Retry<O>>) -> Retry<O> {
+    retry
+        .take()
+        .expect("a retry is held until its state is left")
 }
 
-/// The sleep before the next attempt, or how the request ends instead. The budget is
-/// asked last, so it is charged only for a retry that will really go out.
-fn next_delay<P, Sch: Schedule>(
-    config: &Config<P, Sch>,
-    after: Option<Duration>,
-    cause: Cause,
-    attempts: u32,
-    previous: Duration,
-    started: Option<Instant>,
-    rng: &mut Option<Rng>,
-) -> Result<Duration, Event> {
-    if attempts >= config.max_attempts {
-        return Err(Event::OutOfAttempts);
-    }
-    let schedule = &config.schedule;
-    // A server's delay is capped, but it still says when the server expects to
-    // be ready: if that is past the time limit, a retry before it is wasted.
-    let (delay, wanted) = match after {
-        Some(asked) => (asked.min(schedule.cap()), asked),
-        None => {
-            let rng = rng.get_or_insert_with(|| new_rng(config));
-            let delay = config.jitter.delay(schedule, attempts, previous, rng);
-            (delay, delay)
+type Outcome<S, Req> = Result<<S as Service<Req>>::Response, <S as Service<Req>>::Error>;
+type StepOf<S, Req> = Step<<S as Service<Req>>::Future, Outcome<S, Req>>;
+
+impl<S, P, Sch, Req> ResponseFutureProj<'_, S, P, Sch, Req>
+where
+    S: Service<Req> + Clone,
+    P: Policy<Req, S::Response, S::Error>,
+    Sch: Schedule,
+{
+    /// An attempt's outcome arrived: return it, or keep it and schedule a
+    /// retry.
+    fn on_outcome(&mut self, outcome: Outcome<S, Req>) -> StepOf<S, Req> {
+        let config = self.service.config();
+        let Some(request) = self.request.as_ref() else {
+            // Not copyable: it went out once, its outcome goes back as is.
+            return self.finish(outcome, Event::NotClonable);
+        };
+        let decision = config.policy.classify(request, &outcome);
+        if let Some(pacing) = config.pacing() {
+            pacing.observe(&decision, *self.stamp);
         }
-    };
-    if let (Some(limit), Some(started)) = (config.max_elapsed, started) {
-        if started.elapsed().saturating_add(wanted) > limit {
-            return Err(Event::OutOfTime);
+        let (after, cause) = match decision {
+            Decision::Success => {
+                if let Some(budget) = config.budget() {
+                    budget.on_success(*self.last_retry);
+                }
+                return self.finish(outcome, Event::Success);
+            }
+            Decision::Fail => return self.finish(outcome, Event::Final),
+            Decision::Retry { after, cause } => (after, cause),
+        };
+        match self.schedule(after, cause) {
+            Ok((delay, transparent)) => {
+                *self.previous_delay = delay;
+                Step::Next(wait(Retry {
+                    outcome,
+                    cause,
+                    delay,
+                    transparent,
+                }))
+            }
+            Err(ending) => self.finish(outcome, ending),
         }
     }
-    if let Some(budget) = config.shared.as_ref().and_then(|s| s.budget.as_ref()) {
-        if !budget.try_retry(cause) {
+
+    /// The delay before a retry for `cause` and whether it is the transparent
+    /// one, or how the request ends instead. Charges nothing: the budget pays
+    /// when the retry is sent.
+    fn schedule(
+        &mut self,
+        after: Option<Duration>,
+        cause: Cause,
+    ) -> Result<(Duration, bool), Event> {
+        let config = self.service.config();
+        let transparent = cause == Cause::NotSent && !*self.transparent_used;
+        let counted = *self.attempts - u32::from(*self.transparent_used);
+        if counted >= config.max_attempts {
+            // `max_attempts(1)` turns every retry off, transparent ones too.
+            if !transparent || config.max_attempts == 1 {
+                return Err(Event::OutOfAttempts);
+            }
+        }
+        // A server's delay is capped, but it still says when the server expects
+        // to be ready: if that is past the time limit, a retry before it is
+        // wasted.
+        let (delay, wanted) = match (transparent, after) {
+            (true, _) => (Duration::ZERO, Duration::ZERO),
+            (false, Some(asked)) => (asked.min(config.schedule.cap()), asked),
+            (false, None) => {
+                let rng = self.rng.get_or_insert_with(|| config.new_rng());
+                let delay =
+                    config
+                        .jitter
+                        .delay(&config.schedule, counted, *self.previous_delay, rng);
+                (delay, delay)
+            }
+        };
+        if let (Some(limit), Some(started)) = (config.max_elapsed, *self.started) {
+            if started.elapsed().saturating_add(wanted) > limit {
+                return Err(Event::OutOfTime);
+            }
+        }
+        if !transparent && config.budget().is_some_and(|b| !b.would_allow(cause)) {
+            budget_refused(*self.attempts, cause);
             return Err(Event::BudgetRefused);
         }
+        Ok((delay, transparent))
     }
-    Ok(delay)
+
+    /// The sleep before a retry is over.
+    fn on_wake(&mut self, retry: Retry<Outcome<S, Req>>) -> StepOf<S, Req> {
+        *self.slept = self.slept.saturating_add(retry.delay);
+        if let Some(stats) = self
+            .service
+            .config()
+            .shared
+            .as_ref()
+            .and_then(|s| s.stats.as_ref())
+        {
+            stats.record_sleep(retry.delay);
+        }
+        Step::Next(State::Readying { retry: Some(retry) })
+    }
+
+    /// The service answered readiness for a retry: commit it and send it, or
+    /// return the outcome it would have replaced.
+    fn send(
+        &mut self,
+        readiness: Result<(), S::Error>,
+        retry: Retry<Outcome<S, Req>>,
+    ) -> StepOf<S, Req> {
+        if readiness.is_err() {
+            // The readiness error says nothing about the request; the kept
+            // outcome does.
+            return self.finish(retry.outcome, Event::Final);
+        }
+        let config = self.service.config();
+        if let (Some(limit), Some(started)) = (config.max_elapsed, *self.started) {
+            if started.elapsed() > limit {
+                return self.finish(retry.outcome, Event::OutOfTime);
+            }
+        }
+        let request = self
+            .request
+            .as_ref()
+            .expect("a retry is scheduled only for a kept request");
+        // Copied now, not when the last attempt went out: a streaming body may
+        // have outgrown its replay limit since.
+        let Some(mut copy) = config.policy.clone_request(request) else {
+            return self.finish(retry.outcome, Event::NotClonable);
+        };
+        if !retry.transparent && config.budget().is_some_and(|b| !b.try_retry(retry.cause)) {
+            budget_refused(*self.attempts, retry.cause);
+            return self.finish(retry.outcome, Event::BudgetRefused);
+        }
+        // Committed: from here on the retry is sent.
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            attempt = *self.attempts,
+            delay = ?retry.delay,
+            reason = ?retry.cause,
+            "retrying"
+        );
+        config
+            .policy
+            .on_retry(request, *self.attempts, retry.delay, &retry.outcome);
+        config.policy.discard(retry.outcome);
+        *self.attempts += 1;
+        *self.transparent_used |= retry.transparent;
+        *self.last_retry = Some(retry.cause);
+        config.policy.prepare_retry(&mut copy, *self.attempts);
+        let (future, stamp) = self.service.send(copy, *self.attempts);
+        *self.stamp = stamp;
+        Step::Next(State::Called { future })
+    }
+
+    /// Ends the request with `outcome`.
+    fn finish(&mut self, mut outcome: Outcome<S, Req>, ending: Event) -> StepOf<S, Req> {
+        let config = self.service.config();
+        config.record(ending);
+        config
+            .policy
+            .finish(&mut outcome, *self.attempts, *self.slept);
+        Step::Return(outcome)
+    }
 }
 
-fn new_rng<P, Sch>(config: &Config<P, Sch>) -> Rng {
-    match config.shared.as_deref() {
-        Some(shared) => match shared.seed {
-            Some(seed) => Rng::stream(seed, shared.streams.fetch_add(1, Ordering::Relaxed)),
-            None => Rng::from_entropy(),
-        },
-        None => Rng::from_entropy(),
+/// The state that waits `delay` before readiness for a retry; a zero delay
+/// goes straight to readiness, with no timer and no clock (tokio's timer would
+/// round a zero sleep up to its 1 ms tick).
+fn wait<F, O>(retry: Retry<O>) -> State<F, O> {
+    if retry.delay.is_zero() {
+        State::Readying { retry: Some(retry) }
+    } else {
+        State::Waiting {
+            sleep: tokio::time::sleep(retry.delay),
+            retry: Some(retry),
+        }
     }
+}
+
+#[inline]
+fn budget_refused(attempt: u32, cause: Cause) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        attempt,
+        reason = ?cause,
+        "retry budget exhausted; returning the last outcome"
+    );
+    let _ = (attempt, cause);
 }
 
 impl<S, P, Sch, Req> fmt::Debug for ResponseFuture<S, P, Sch, Req>

@@ -9,14 +9,15 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
-use crate::budget::Budget;
+use crate::budget::{self, Budget};
+use crate::config::{Config, Shared};
 use crate::error::ConfigError;
 use crate::jitter::Jitter;
 use crate::limits::Limits;
 use crate::policy::{OnRetry, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
 use crate::service::Backoff;
-use crate::stats::{Event, Stats};
+use crate::stats::Stats;
 
 pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 
@@ -24,7 +25,12 @@ pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 /// exponential, jittered sleeps.
 ///
 /// Defaults: [`RetryOnError`], 3 attempts, [`Exponential`] from 100 ms doubling
-/// up to 20 s, [`Jitter::Full`], no time limit, no budget, no pacing, no stats.
+/// up to 20 s, [`Jitter::Full`], no time limit, no pacing, no stats, and a
+/// retry [budget](crate::budget) shared by every service the layer wraps and
+/// all their clones, so that retries cannot multiply the load of an outage.
+/// Each layer value has its own budget: build the layer once and use it for
+/// every client of one server (or pass the same `Arc` budget to several
+/// layers); [`no_budget`](BackoffBuilder::no_budget) opts out.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -67,16 +73,9 @@ impl BackoffLayer {
 
 impl Default for BackoffLayer {
     fn default() -> Self {
-        Self {
-            config: Config {
-                policy: RetryOnError,
-                schedule: Exponential::default(),
-                jitter: Jitter::Full,
-                max_attempts: DEFAULT_MAX_ATTEMPTS,
-                max_elapsed: None,
-                shared: None,
-            },
-        }
+        BackoffBuilder::default()
+            .build()
+            .expect("the default settings are valid")
     }
 }
 
@@ -130,9 +129,18 @@ pub struct BackoffBuilder<P = RetryOnError, S = Exponential> {
 #[derive(Default)]
 struct Settings {
     limits: Limits,
-    budget: Option<Box<dyn Budget>>,
+    budget: BudgetChoice,
     pacing: Option<AdaptivePacing>,
     stats: Option<Stats>,
+}
+
+/// Which budget a layer gets: unless told otherwise, a new default one.
+#[derive(Default)]
+enum BudgetChoice {
+    #[default]
+    Default,
+    Given(Box<dyn Budget>),
+    None,
 }
 
 impl Default for BackoffBuilder {
@@ -193,10 +201,22 @@ impl<P, S> BackoffBuilder<P, S> {
         self
     }
 
-    /// Caps retries with a budget shared by every clone of the service. Pass an
-    /// `Arc` to share one budget between several layers too.
+    /// Caps retries with `budget` instead of the default one; it is shared by
+    /// every service the layer wraps and all their clones. Pass an `Arc` to
+    /// share one budget between several layers too.
     pub fn budget(mut self, budget: impl Budget + 'static) -> Self {
-        self.settings.budget = Some(Box::new(budget));
+        self.settings.budget = BudgetChoice::Given(Box::new(budget));
+        self
+    }
+
+    /// Retries with no budget: only the attempt and time limits bound them.
+    ///
+    /// In a full outage every request then makes all its attempts, multiplying
+    /// the load on the server by `max_attempts`. Opt out only where that
+    /// cannot hurt: a single client of a server nobody else uses, a test, or a
+    /// service that is already budgeted further out.
+    pub fn no_budget(mut self) -> Self {
+        self.settings.budget = BudgetChoice::None;
         self
     }
 
@@ -262,6 +282,11 @@ impl<P, S> BackoffBuilder<P, S> {
             stats,
         } = self.settings;
         limits.validate(&self.schedule)?;
+        let budget = match budget {
+            BudgetChoice::Default => Some(budget::default_budget()),
+            BudgetChoice::Given(budget) => Some(budget),
+            BudgetChoice::None => None,
+        };
         let shares_something =
             budget.is_some() || limits.seed.is_some() || pacing.is_some() || stats.is_some();
         let shared = shares_something.then(|| {
@@ -291,64 +316,16 @@ impl<P, S: fmt::Debug> fmt::Debug for BackoffBuilder<P, S> {
         f.debug_struct("BackoffBuilder")
             .field("schedule", &self.schedule)
             .field("limits", &self.settings.limits)
-            .field("budget", &self.settings.budget.is_some())
+            .field(
+                "budget",
+                &match self.settings.budget {
+                    BudgetChoice::Default => "default",
+                    BudgetChoice::Given(_) => "given",
+                    BudgetChoice::None => "none",
+                },
+            )
             .field("pacing", &self.settings.pacing)
             .field("stats", &self.settings.stats.is_some())
             .finish()
-    }
-}
-
-/// Everything a [`Backoff`] service and its response futures read: plain data,
-/// copied into each clone, plus one optional `Arc` for what clones share.
-#[derive(Clone)]
-pub(crate) struct Config<P, S> {
-    pub(crate) policy: P,
-    pub(crate) schedule: S,
-    pub(crate) jitter: Jitter,
-    pub(crate) max_attempts: u32,
-    pub(crate) max_elapsed: Option<Duration>,
-    /// `None` unless something shared was configured, so the plain layer's
-    /// happy path touches no atomics.
-    pub(crate) shared: Option<Arc<Shared>>,
-}
-
-impl<P, S: fmt::Debug> fmt::Debug for Config<P, S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("schedule", &self.schedule)
-            .field("jitter", &self.jitter)
-            .field("max_attempts", &self.max_attempts)
-            .field("max_elapsed", &self.max_elapsed)
-            .finish_non_exhaustive()
-    }
-}
-
-/// State shared by every clone of one layer's services.
-pub(crate) struct Shared {
-    pub(crate) budget: Option<Box<dyn Budget>>,
-    pub(crate) pacing: Option<AdaptivePacing>,
-    pub(crate) stats: Option<Stats>,
-    pub(crate) seed: Option<u64>,
-    /// Hands each retrying request its own jitter stream of a seeded family.
-    pub(crate) streams: AtomicU64,
-}
-
-impl Shared {
-    /// Attempt number `attempt` (from 1) is about to go out.
-    #[inline]
-    pub(crate) fn on_send(&self, attempt: u32) {
-        if attempt == 1 {
-            if let Some(budget) = &self.budget {
-                budget.on_first_attempt();
-            }
-        }
-        self.record(Event::Attempt { retry: attempt > 1 });
-    }
-
-    #[inline]
-    pub(crate) fn record(&self, event: Event) {
-        if let Some(stats) = &self.stats {
-            stats.record(event);
-        }
     }
 }

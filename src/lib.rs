@@ -60,6 +60,7 @@
 
 pub mod adaptive;
 pub mod budget;
+mod config;
 mod error;
 pub mod future;
 #[cfg(feature = "http")]

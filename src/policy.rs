@@ -78,6 +78,13 @@ pub enum Cause {
     /// The server said it is overloaded (429, 503). Adaptive pacing slows every
     /// request down when it sees this.
     Throttled,
+    /// The attempt provably never reached the server (the connection was
+    /// refused, an HTTP/2 stream was refused before the request was written).
+    /// Once per request such a retry is *transparent*, as gRPC's retry design
+    /// calls it: it goes out at once, does not count against the attempt
+    /// limit and costs no budget, since the server saw nothing. A second one
+    /// counts as an ordinary retry.
+    NotSent,
 }
 
 /// Classifies outcomes and copies requests for the [`Backoff`](crate::Backoff)
@@ -130,14 +137,25 @@ pub trait Policy<Req, Res, E> {
         let _ = (result, attempts, slept);
     }
 
-    /// Called once for each retry that will go out, before its sleep: the
-    /// request, the number of the attempt that failed (1 for the first, which
-    /// is also the number of this retry), the delay before the retry, and the
-    /// outcome that caused it. The default does nothing; wrap any policy with
+    /// Called once for each retry as it goes out (after its sleep and the
+    /// service's readiness, once the budget paid for it), never for a retry
+    /// that was stopped: the request, the number of the attempt that failed (1
+    /// for the first, which is also the number of this retry), the delay slept
+    /// before the retry, and the outcome it replaces. The default does nothing;
+    /// wrap any policy with
     /// [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry) to hook a
     /// closure here.
     fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
         let _ = (request, attempt, delay, result);
+    }
+
+    /// Called on the copy of the request that is about to go out as attempt
+    /// number `attempt` (2 for the first retry), just before it is sent: the
+    /// place to stamp the attempt number into a header (gRPC's
+    /// `grpc-previous-rpc-attempts`). Copies for later retries are made from
+    /// the unstamped request. The default does nothing.
+    fn prepare_retry(&self, request: &mut Req, attempt: u32) {
+        let _ = (request, attempt);
     }
 }
 
@@ -159,6 +177,9 @@ where
     }
     fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
         (**self).on_retry(request, attempt, delay, result)
+    }
+    fn prepare_retry(&self, request: &mut Req, attempt: u32) {
+        (**self).prepare_retry(request, attempt)
     }
 }
 
@@ -332,5 +353,8 @@ where
     fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
         self.policy.on_retry(request, attempt, delay, result);
         (self.hook)(request, attempt, delay, result);
+    }
+    fn prepare_retry(&self, request: &mut Req, attempt: u32) {
+        self.policy.prepare_retry(request, attempt)
     }
 }

@@ -1,12 +1,14 @@
 //! [`Backoff`], the tower `Service` that retries its inner service.
 
 use std::fmt;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use tower_service::Service;
 
+use crate::adaptive::Gate;
+use crate::config::Config;
 use crate::future::ResponseFuture;
-use crate::layer::{BackoffLayer, Config};
+use crate::layer::BackoffLayer;
 use crate::policy::{Policy, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
 use crate::stats::Event;
@@ -17,7 +19,12 @@ use crate::stats::Event;
 /// Built by [`BackoffLayer`]. Cloning it clones the inner service and copies the
 /// configuration; clones share the layer's budget, pacing and stats. Each
 /// response future holds its own clone, on which it calls `poll_ready` before
-/// every retry, and before a first attempt that waited for pacing.
+/// every retry.
+///
+/// With [pacing](crate::AdaptivePacing) on, `poll_ready` waits for this
+/// clone's turn to send before it asks the inner service, so pacing is
+/// backpressure: the service the caller readied sends the first attempt, and
+/// nothing is reserved from the inner service while pacing waits.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -34,6 +41,7 @@ use crate::stats::Event;
 pub struct Backoff<S, P = RetryOnError, Sch = Exponential> {
     inner: S,
     config: Config<P, Sch>,
+    gate: Gate,
 }
 
 impl<S, P: Clone, Sch: Clone> Backoff<S, P, Sch> {
@@ -45,11 +53,51 @@ impl<S, P: Clone, Sch: Clone> Backoff<S, P, Sch> {
 
 impl<S, P, Sch> Backoff<S, P, Sch> {
     pub(crate) fn from_config(inner: S, config: Config<P, Sch>) -> Self {
-        Self { inner, config }
+        Self {
+            inner,
+            config,
+            gate: Gate::default(),
+        }
     }
 
     pub(crate) fn config(&self) -> &Config<P, Sch> {
         &self.config
+    }
+
+    /// Readiness to send an attempt, first or retry: this clone's turn under
+    /// pacing, then the inner service's readiness.
+    #[inline]
+    pub(crate) fn poll_ready_to_send<Req>(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), S::Error>>
+    where
+        S: Service<Req>,
+    {
+        // Pacing first: waiting for a send slot while holding whatever the
+        // inner service reserved (a concurrency permit) could starve it.
+        if let Some(pacing) = self.config.pacing() {
+            let config = &self.config;
+            ready!(pacing.poll_send(&mut self.gate, cx, || config.new_rng()));
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    /// Sends attempt number `attempt` through the inner service, which
+    /// `poll_ready` readied; returns its future and its pacing stamp.
+    #[inline]
+    pub(crate) fn send<Req>(&mut self, request: Req, attempt: u32) -> (S::Future, u16)
+    where
+        S: Service<Req>,
+    {
+        let mut stamp = 0;
+        if let Some(shared) = self.config.shared.as_deref() {
+            shared.on_send(attempt);
+            if let Some(pacing) = &shared.pacing {
+                stamp = pacing.sent(&mut self.gate);
+            }
+        }
+        (self.inner.call(request), stamp)
     }
 
     /// The wrapped service.
@@ -79,24 +127,14 @@ where
     type Future = ResponseFuture<S, P, Sch, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.poll_ready_to_send(cx)
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        if let Some(shared) = self.config.shared.as_deref() {
-            shared.record(Event::Request);
-            if shared.pacing.as_ref().is_some_and(|p| p.now().0 != 0) {
-                // The first attempt waits for pacing, then goes out through the
-                // future's clone, readied after the pause.
-                return ResponseFuture::paced(request, self.clone());
-            }
-            shared.on_send(1);
-        }
+        self.config.record(Event::Request);
         let spare = self.config.policy.clone_request(&request);
-        // `inner` was readied by our `poll_ready`; the future's clone is readied
-        // again before each retry.
-        let future = self.inner.call(request);
-        ResponseFuture::new(future, spare, self.clone())
+        let (future, stamp) = self.send(request, 1);
+        ResponseFuture::new(future, stamp, spare, self.clone())
     }
 }
 

@@ -506,9 +506,11 @@ async fn without_retry_info_responses_carry_none() {
     assert!(response.extensions().get::<RetryInfo>().is_none());
 }
 
+/// Two requests one after the other, each answered 503 with a small body,
+/// then 200: how many connections the client opened.
 async fn connections_used(policy: HttpPolicy) -> usize {
     let server = Server::start(|n, _| {
-        if n == 0 {
+        if n % 2 == 0 {
             with_chunked_body(status(503), 8)
         } else {
             status(200)
@@ -516,16 +518,23 @@ async fn connections_used(policy: HttpPolicy) -> usize {
     })
     .await;
     let svc = ServiceBuilder::new().layer(layer(policy)).service(client());
-    let response = svc.oneshot(get(&server)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    for _ in 0..2 {
+        let response = svc.clone().oneshot(get(&server)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(info(&response).attempts, 2);
+    }
     server.connections()
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_retried_away_small_body_is_drained_so_the_retry_reuses_its_connection() {
-    assert_eq!(connections_used(HttpPolicy::new()).await, 1);
-    // Control: dropping the body unread costs the connection.
-    assert_eq!(connections_used(HttpPolicy::new().drain_limit(0)).await, 2);
+async fn a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained() {
+    // The 503 is kept (it is what the caller gets if the retry is stopped), so
+    // its HTTP/1 connection is busy while the retry sleeps and the retry opens
+    // a second one. Once the retry is sent, the 503's small body is drained
+    // and its connection goes back to the pool: the next request reuses both.
+    assert_eq!(connections_used(HttpPolicy::new()).await, 2);
+    // Control: dropping the body unread costs the connection each time.
+    assert_eq!(connections_used(HttpPolicy::new().drain_limit(0)).await, 3);
 }
 
 // --- composition -------------------------------------------------------------

@@ -276,6 +276,7 @@ fn without_a_budget_every_request_makes_every_attempt_in_a_full_outage() {
     let layer = BackoffLayer::builder()
         .max_attempts(3)
         .seed(1)
+        .no_budget()
         .build()
         .unwrap();
     let report = Amplification::new()

@@ -24,19 +24,35 @@ pub use token_bucket::{TokenBucket, TokenBucketBuilder};
 /// lock-free: it is consulted on every request.
 ///
 /// The layer calls it in this order for each request: [`on_first_attempt`]
-/// once, then [`try_retry`] before every retry (a refusal returns the last
-/// outcome to the caller at once), then [`on_success`] if an attempt succeeded.
-/// Nothing is withdrawn for a retry that does not happen, so dropping a request
-/// midway keeps the accounting exact.
+/// once; when an attempt's outcome asks for a retry, [`would_allow`] (which
+/// charges nothing) so that a request the budget would refuse ends at once
+/// instead of after its sleep; [`try_retry`] when the retry actually goes out,
+/// after the sleep and the service's readiness; then [`on_success`] if an
+/// attempt succeeded.
+///
+/// So the budget is **charged at send**: a request dropped during its sleep,
+/// or whose retry is stopped by anything else, spends nothing, and a refusal
+/// at send returns the last attempt's outcome to the caller.
 ///
 /// [`on_first_attempt`]: Budget::on_first_attempt
+/// [`would_allow`]: Budget::would_allow
 /// [`try_retry`]: Budget::try_retry
 /// [`on_success`]: Budget::on_success
 pub trait Budget: Send + Sync {
     /// A request is about to make its first attempt.
     fn on_first_attempt(&self) {}
 
-    /// A retry, for a failure of this `cause`, wants to go out. `true` spends
+    /// Whether a retry for a failure of this `cause` would be allowed now,
+    /// without spending anything. Asked when the retry is decided; `false`
+    /// returns the outcome at once. A `true` is no promise: the retry still
+    /// pays through [`try_retry`](Budget::try_retry) when it goes out. The
+    /// default says `true`.
+    fn would_allow(&self, cause: Cause) -> bool {
+        let _ = cause;
+        true
+    }
+
+    /// A retry, for a failure of this `cause`, is going out now. `true` spends
     /// what it costs; `false` refuses it.
     fn try_retry(&self, cause: Cause) -> bool;
 
@@ -51,6 +67,9 @@ impl<B: Budget + ?Sized> Budget for Arc<B> {
     fn on_first_attempt(&self) {
         (**self).on_first_attempt()
     }
+    fn would_allow(&self, cause: Cause) -> bool {
+        (**self).would_allow(cause)
+    }
     fn try_retry(&self, cause: Cause) -> bool {
         (**self).try_retry(cause)
     }
@@ -63,10 +82,19 @@ impl<B: Budget + ?Sized> Budget for &'static B {
     fn on_first_attempt(&self) {
         (**self).on_first_attempt()
     }
+    fn would_allow(&self, cause: Cause) -> bool {
+        (**self).would_allow(cause)
+    }
     fn try_retry(&self, cause: Cause) -> bool {
         (**self).try_retry(cause)
     }
     fn on_success(&self, last_retry: Option<Cause>) {
         (**self).on_success(last_retry)
     }
+}
+
+/// The budget a layer gets when it is given none: a [`TokenBucket`] with its
+/// defaults. Chosen by the storm measurements (see the `sim` module).
+pub(crate) fn default_budget() -> Box<dyn Budget> {
+    Box::new(TokenBucket::default())
 }

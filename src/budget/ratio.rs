@@ -264,6 +264,10 @@ impl Budget for RatioBudget {
         }
     }
 
+    fn would_allow(&self, _cause: Cause) -> bool {
+        self.available() > 0
+    }
+
     fn try_retry(&self, _cause: Cause) -> bool {
         self.withdraw_at(self.epoch())
     }

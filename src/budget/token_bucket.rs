@@ -92,6 +92,9 @@ impl TokenBucket {
             Cause::Transient => self.retry_cost,
             Cause::Timeout => self.timeout_cost,
             Cause::Throttled => self.throttled_cost,
+            // The layer charges nothing for a transparent retry; a second one
+            // is an ordinary failure to connect.
+            Cause::NotSent => self.retry_cost,
         }
     }
 
@@ -159,6 +162,11 @@ impl Default for TokenBucket {
 }
 
 impl Budget for TokenBucket {
+    fn would_allow(&self, cause: Cause) -> bool {
+        self.refill_now();
+        self.tokens.load(Ordering::Relaxed) >= self.cost(cause)
+    }
+
     fn try_retry(&self, cause: Cause) -> bool {
         self.refill_now();
         self.withdraw(self.cost(cause))

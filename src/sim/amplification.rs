@@ -58,7 +58,7 @@ impl BudgetSharing {
 /// use tower_backoff::sim::Amplification;
 /// use tower_backoff::BackoffLayer;
 ///
-/// let layer = BackoffLayer::builder().max_attempts(3).seed(1).build()?;
+/// let layer = BackoffLayer::builder().max_attempts(3).seed(1).no_budget().build()?;
 /// let report = Amplification::new()
 ///     .clones(10)
 ///     .run(|connection| tower_layer::Layer::layer(&layer, connection))?;
@@ -189,7 +189,7 @@ impl Amplification {
             let builder = BackoffLayer::builder().seed(seed);
             match budget {
                 true => builder.budget(storm_budget()?).build(),
-                false => builder.build(),
+                false => builder.no_budget().build(),
             }
         };
         match sharing {

@@ -138,6 +138,7 @@ impl Contention {
             .jitter(jitter)
             .max_attempts(u32::MAX)
             .seed(self.seed)
+            .no_budget()
             .build()?;
         self.run_with(|record| tower_layer::Layer::layer(&layer, record))
     }

@@ -113,11 +113,21 @@ impl Strategy {
             .seed(seed);
         match self {
             Strategy::NoRetries => builder.schedule(exponential).max_attempts(1).build(),
-            Strategy::FixedInterval => builder.schedule(fixed).jitter(Jitter::None).build(),
-            Strategy::Exponential => builder.schedule(exponential).jitter(Jitter::None).build(),
-            Strategy::ExponentialJitter => {
-                builder.schedule(exponential).jitter(Jitter::Full).build()
-            }
+            Strategy::FixedInterval => builder
+                .schedule(fixed)
+                .jitter(Jitter::None)
+                .no_budget()
+                .build(),
+            Strategy::Exponential => builder
+                .schedule(exponential)
+                .jitter(Jitter::None)
+                .no_budget()
+                .build(),
+            Strategy::ExponentialJitter => builder
+                .schedule(exponential)
+                .jitter(Jitter::Full)
+                .no_budget()
+                .build(),
             Strategy::Budgeted => builder
                 .schedule(exponential)
                 .jitter(Jitter::Full)

@@ -1,0 +1,102 @@
+//! The settings a [`Backoff`](crate::Backoff) service and its response
+//! futures share: plain data copied into each clone, plus one `Arc` for what
+//! every clone of one layer shares (budget, pacing, stats, jitter seed).
+//!
+//! One module, so the layer writes it, the service and the future read it, and
+//! none of the three imports another for it.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::adaptive::AdaptivePacing;
+use crate::budget::Budget;
+use crate::jitter::{Jitter, Rng};
+use crate::stats::{Event, Stats};
+
+/// Everything a [`Backoff`](crate::Backoff) service and its response futures read: plain data,
+/// copied into each clone, plus one optional `Arc` for what clones share.
+#[derive(Clone)]
+pub(crate) struct Config<P, S> {
+    pub(crate) policy: P,
+    pub(crate) schedule: S,
+    pub(crate) jitter: Jitter,
+    pub(crate) max_attempts: u32,
+    pub(crate) max_elapsed: Option<Duration>,
+    /// `None` unless something shared was configured, so the plain layer's
+    /// happy path touches no atomics.
+    pub(crate) shared: Option<Arc<Shared>>,
+}
+
+impl<P, S> Config<P, S> {
+    pub(crate) fn budget(&self) -> Option<&dyn Budget> {
+        self.shared.as_deref()?.budget.as_deref()
+    }
+
+    pub(crate) fn pacing(&self) -> Option<&AdaptivePacing> {
+        self.shared.as_deref()?.pacing.as_ref()
+    }
+
+    /// Counts `event` if stats were configured.
+    #[inline]
+    pub(crate) fn record(&self, event: Event) {
+        if let Some(shared) = self.shared.as_deref() {
+            shared.record(event);
+        }
+    }
+
+    /// A new jitter stream for one request: from the seeded family when a seed
+    /// was given, so runs are reproducible, else from entropy.
+    pub(crate) fn new_rng(&self) -> Rng {
+        match self.shared.as_deref() {
+            Some(Shared {
+                seed: Some(seed),
+                streams,
+                ..
+            }) => Rng::stream(*seed, streams.fetch_add(1, Ordering::Relaxed)),
+            _ => Rng::from_entropy(),
+        }
+    }
+}
+
+impl<P, S: fmt::Debug> fmt::Debug for Config<P, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("schedule", &self.schedule)
+            .field("jitter", &self.jitter)
+            .field("max_attempts", &self.max_attempts)
+            .field("max_elapsed", &self.max_elapsed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// State shared by every clone of one layer's services.
+pub(crate) struct Shared {
+    pub(crate) budget: Option<Box<dyn Budget>>,
+    pub(crate) pacing: Option<AdaptivePacing>,
+    pub(crate) stats: Option<Stats>,
+    pub(crate) seed: Option<u64>,
+    /// Hands each retrying request its own jitter stream of a seeded family.
+    pub(crate) streams: AtomicU64,
+}
+
+impl Shared {
+    /// Attempt number `attempt` (from 1) is about to go out.
+    #[inline]
+    pub(crate) fn on_send(&self, attempt: u32) {
+        if attempt == 1 {
+            if let Some(budget) = &self.budget {
+                budget.on_first_attempt();
+            }
+        }
+        self.record(Event::Attempt { retry: attempt > 1 });
+    }
+
+    #[inline]
+    pub(crate) fn record(&self, event: Event) {
+        if let Some(stats) = &self.stats {
+            stats.record(event);
+        }
+    }
+}
