@@ -28,7 +28,11 @@ pub enum Decision {
     /// The attempt failed transiently: retry if the limits and budget allow.
     Retry {
         /// A delay the server asked for (`Retry-After`), used instead of the
-        /// schedule's, capped by the schedule's [`cap`](crate::Schedule::cap).
+        /// schedule's and as is: never shortened, since a retry before the
+        /// server asked is wasted. The policy decides how long a delay it
+        /// accepts (the HTTP policy's `max_server_delay`) and returns
+        /// [`Decision::Fail`] past that. A delay that would end past the
+        /// layer's time limit ends the request at once.
         after: Option<Duration>,
         /// Why it failed; budgets and adaptive pacing weigh causes differently.
         cause: Cause,
