@@ -9,8 +9,22 @@
 //! optionally within a [`Budget`] shared by every clone of the client.
 //!
 //! The three concerns stay apart: the policy says *what* to retry, the schedule
-//! *when*, the budget *how much*. The caller always gets the last real response
-//! or error, with the inner service's own error type.
+//! *when*, the budget *how much*.
+//!
+//! # The last real outcome
+//! The caller always gets the last real response or error, with the inner
+//! service's own error type: the outcome of attempt *n* is returned unless
+//! attempt *n + 1* actually goes out. A retry is decided when an outcome
+//! arrives but committed only when it is sent, after its sleep and the
+//! service's readiness; whatever stops it in between (the future is dropped,
+//! the service fails to become ready, the time limit passes, the budget
+//! refuses, a streaming body can no longer be replayed) returns the kept
+//! outcome. The budget is charged, and `on_retry` and the [`Stats`] hear of a
+//! retry, only when it is sent.
+//!
+//! A layer built with no options has a retry [budget] shared by every service
+//! it wraps, so that retries cannot multiply the load of an outage;
+//! [`BackoffBuilder::no_budget`] opts out.
 //!
 //! # Quick start
 //! ```
@@ -46,8 +60,8 @@
 //! # }
 //! ```
 //!
-//! Shared by every clone of a service, optionally: a retry [budget]
-//! ([`TokenBucket`], [`RatioBudget`]) that caps the extra load retries add,
+//! Shared by every clone of a service: a retry [budget] ([`TokenBucket`],
+//! [`RatioBudget`]) that caps the extra load retries add and, optionally,
 //! [`AdaptivePacing`] that slows every request down while the server throttles,
 //! and [`Stats`] counters; [`BackoffBuilder::on_retry`] hooks a closure on each
 //! retry.
