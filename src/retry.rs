@@ -4,15 +4,18 @@
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
+use crate::budget::{self, Budget};
 use crate::error::ConfigError;
 use crate::jitter::{Jitter, Rng};
 use crate::limits::Limits;
+use crate::policy::Cause;
 use crate::schedule::{Exponential, Schedule};
 
 /// Calls `operation` until it succeeds, retrying errors after exponential,
@@ -35,8 +38,8 @@ use crate::schedule::{Exponential, Schedule};
 /// })
 /// .max_attempts(5)
 /// .schedule(Exponential::new(Duration::from_millis(10)))
-/// .when(|e: &String| e.contains("failed"))
-/// .notify(|e: &String, delay| println!("{e}; retrying in {delay:?}"))
+/// .when(|e| e.contains("failed"))
+/// .notify(|e, delay| println!("{e}; retrying in {delay:?}"))
 /// .await;
 /// assert_eq!(value, Ok(3));
 /// # }
@@ -46,9 +49,20 @@ pub fn retry<F>(operation: F) -> Retrying<F> {
         operation,
         schedule: Exponential::default(),
         limits: Limits::default(),
+        budget: BudgetChoice::Default,
         when: AnyError,
         notify: NoNotify,
     }
+}
+
+/// The budget of a [`Retrying`]: unless told otherwise, a new default one,
+/// made at its first retry so an operation that succeeds at once allocates
+/// nothing.
+#[derive(Clone)]
+enum BudgetChoice {
+    Default,
+    Given(Arc<dyn Budget>),
+    None,
 }
 
 /// A retried operation, not started yet: `.await` it to run it. Made by
@@ -58,6 +72,7 @@ pub struct Retrying<F, S = Exponential, W = AnyError, N = NoNotify> {
     operation: F,
     schedule: S,
     limits: Limits,
+    budget: BudgetChoice,
     when: W,
     notify: N,
 }
@@ -94,6 +109,7 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
             operation: self.operation,
             schedule,
             limits: self.limits,
+            budget: self.budget,
             when: self.when,
             notify: self.notify,
         }
@@ -101,25 +117,52 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
 
     /// Retries only the errors for which `predicate` is true; others are
     /// returned at once.
-    pub fn when<W2>(self, predicate: W2) -> Retrying<F, S, W2, N> {
+    pub fn when<W2, Fut, T, E>(self, predicate: W2) -> Retrying<F, S, W2, N>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        W2: Fn(&E) -> bool,
+    {
         Retrying {
             operation: self.operation,
             schedule: self.schedule,
             limits: self.limits,
+            budget: self.budget,
             when: predicate,
             notify: self.notify,
         }
     }
 
     /// Calls `notify(&error, delay)` before each sleep, to log or count retries.
-    pub fn notify<N2>(self, notify: N2) -> Retrying<F, S, W, N2> {
+    pub fn notify<N2, Fut, T, E>(self, notify: N2) -> Retrying<F, S, W, N2>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        N2: FnMut(&E, Duration),
+    {
         Retrying {
             operation: self.operation,
             schedule: self.schedule,
             limits: self.limits,
+            budget: self.budget,
             when: self.when,
             notify,
         }
+    }
+
+    /// Caps retries with `budget` instead of a new default one. Pass the same
+    /// `Arc` to every `retry(..)` that talks to one server, so that together
+    /// they cannot multiply the load of an outage: a budget of one operation
+    /// alone only bounds that operation.
+    pub fn budget(mut self, budget: Arc<dyn Budget>) -> Self {
+        self.budget = BudgetChoice::Given(budget);
+        self
+    }
+
+    /// Retries with no budget: only the attempt and time limits bound them.
+    pub fn no_budget(mut self) -> Self {
+        self.budget = BudgetChoice::None;
+        self
     }
 
     /// Checks the settings the way [`BackoffBuilder::build`] does. Awaiting an
@@ -206,10 +249,18 @@ where
             Some(seed) => Rng::seeded(seed),
             None => Rng::from_entropy(),
         };
+        let budget = match &self.budget {
+            BudgetChoice::Given(budget) => {
+                budget.on_first_attempt();
+                Some(budget.clone())
+            }
+            BudgetChoice::Default | BudgetChoice::None => None,
+        };
         let attempt = (self.operation)();
         RetryFuture {
             state: RetryState::Running { attempt },
             settings: self,
+            budget,
             attempts: 1,
             previous_delay: Duration::ZERO,
             started,
@@ -221,13 +272,22 @@ where
 pin_project! {
     /// The future of an awaited [`Retrying`].
     ///
+    /// A retry is paid for (its budget charged) only when it starts, after
+    /// its sleep; a budget that refuses then returns the error of the attempt
+    /// before, as does anything else that ends the operation early.
+    ///
     /// # Cancel safety
     /// Dropping it drops the attempt in flight or the pending sleep; no further
-    /// attempt is made.
-    pub struct RetryFuture<F, Fut, S, W, N> {
+    /// attempt is made, and nothing is charged for it.
+    pub struct RetryFuture<F, Fut, S, W, N>
+    where
+        Fut: Future,
+    {
         #[pin]
-        state: RetryState<Fut>,
+        state: RetryState<Fut, Fut::Output>,
         settings: Retrying<F, S, W, N>,
+        // Made at the first retry when the default budget applies.
+        budget: Option<Arc<dyn Budget>>,
         attempts: u32,
         previous_delay: Duration,
         started: Option<Instant>,
@@ -237,9 +297,12 @@ pin_project! {
 
 pin_project! {
     #[project = RetryStateProj]
-    enum RetryState<Fut> {
+    enum RetryState<Fut, O> {
         Running { #[pin] attempt: Fut },
-        Waiting { #[pin] sleep: Sleep },
+        // Sleeping before a retry, keeping the error it would replace.
+        Waiting { #[pin] sleep: Sleep, kept: Option<O> },
+        // About to start a retry, once the budget pays for it.
+        Starting { kept: Option<O> },
     }
 }
 
@@ -259,7 +322,13 @@ where
             match this.state.as_mut().project() {
                 RetryStateProj::Running { attempt } => {
                     let error = match ready!(attempt.poll(cx)) {
-                        Ok(value) => return Poll::Ready(Ok(value)),
+                        Ok(value) => {
+                            if let Some(budget) = this.budget {
+                                let last = (*this.attempts > 1).then_some(Cause::Transient);
+                                budget.on_success(last);
+                            }
+                            return Poll::Ready(Ok(value));
+                        }
                         Err(error) => error,
                     };
                     let settings = &mut *this.settings;
@@ -281,20 +350,50 @@ where
                             return Poll::Ready(Err(error));
                         }
                     }
+                    if matches!(settings.budget, BudgetChoice::Default) && this.budget.is_none() {
+                        let budget: Arc<dyn Budget> = Arc::from(budget::default_budget());
+                        budget.on_first_attempt();
+                        *this.budget = Some(budget);
+                    }
+                    if this
+                        .budget
+                        .as_ref()
+                        .is_some_and(|b| !b.would_allow(Cause::Transient))
+                    {
+                        return Poll::Ready(Err(error));
+                    }
                     settings.notify.notify(&error, delay);
                     *this.previous_delay = delay;
-                    *this.attempts += 1;
-                    if delay.is_zero() {
-                        let attempt = (settings.operation)();
-                        this.state.set(RetryState::Running { attempt });
+                    let kept = Some(Err(error));
+                    // A zero delay skips the timer, which would round it up
+                    // to its 1 ms tick.
+                    this.state.set(if delay.is_zero() {
+                        RetryState::Starting { kept }
                     } else {
-                        this.state.set(RetryState::Waiting {
+                        RetryState::Waiting {
                             sleep: tokio::time::sleep(delay),
-                        });
-                    }
+                            kept,
+                        }
+                    });
                 }
-                RetryStateProj::Waiting { sleep } => {
+                RetryStateProj::Waiting { sleep, kept } => {
                     ready!(sleep.poll(cx));
+                    let kept = kept.take();
+                    this.state.set(RetryState::Starting { kept });
+                }
+                RetryStateProj::Starting { kept } => {
+                    // Back-to-back zero-delay retries must still give way.
+                    ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                    let kept = kept.take().expect("kept until the retry starts");
+                    if this
+                        .budget
+                        .as_ref()
+                        .is_some_and(|b| !b.try_retry(Cause::Transient))
+                    {
+                        return Poll::Ready(kept);
+                    }
+                    drop(kept);
+                    *this.attempts += 1;
                     let attempt = (this.settings.operation)();
                     this.state.set(RetryState::Running { attempt });
                 }
@@ -303,7 +402,7 @@ where
     }
 }
 
-impl<F, Fut, S: fmt::Debug, W, N> fmt::Debug for RetryFuture<F, Fut, S, W, N> {
+impl<F, Fut: Future, S: fmt::Debug, W, N> fmt::Debug for RetryFuture<F, Fut, S, W, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryFuture")
             .field("settings", &self.settings)

@@ -1,10 +1,12 @@
 //! The `retry` helper for plain async closures.
 
 use std::cell::Cell;
+use std::future::IntoFuture;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_backoff::{retry, Constant, Exponential, Jitter};
+use tower_backoff::{retry, Constant, Exponential, Jitter, TokenBucket};
 
 #[tokio::test(start_paused = true)]
 async fn works_with_no_settings_and_returns_the_success() {
@@ -98,4 +100,95 @@ fn validate_names_the_bad_field() {
             .field(),
         "factor"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_budget_bounds_an_operation_with_no_attempt_limit() {
+    let calls = Cell::new(0u32);
+    let result: Result<(), ()> = retry(|| {
+        calls.set(calls.get() + 1);
+        async { Err(()) }
+    })
+    .schedule(Constant::new(Duration::ZERO))
+    .max_attempts(u32::MAX)
+    .await;
+    assert!(result.is_err());
+    // Whatever the default budget is, it ends an endless failure long before
+    // u32::MAX attempts, and allows more than the default three.
+    assert!(calls.get() > 3 && calls.get() < 10_000, "{}", calls.get());
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_budget_only_the_attempt_limit_bounds_it() {
+    let calls = Cell::new(0u32);
+    let result: Result<(), ()> = retry(|| {
+        calls.set(calls.get() + 1);
+        async { Err(()) }
+    })
+    .schedule(Constant::new(Duration::ZERO))
+    .max_attempts(20_000)
+    .no_budget()
+    .await;
+    assert!(result.is_err());
+    assert_eq!(calls.get(), 20_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn operations_given_one_budget_share_it_and_pay_only_for_retries_that_start() {
+    let bucket = Arc::new(
+        TokenBucket::builder()
+            .capacity(10)
+            .retry_cost(5)
+            .build()
+            .unwrap(),
+    );
+    let calls = Cell::new(0u32);
+    let failing = || {
+        calls.set(calls.get() + 1);
+        async { Err::<(), ()>(()) }
+    };
+    // Dropped during its 1 s sleep: its retry never starts and costs nothing.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(500),
+        retry(failing)
+            .schedule(Constant::new(Duration::from_secs(1)))
+            .budget(bucket.clone())
+            .into_future(),
+    )
+    .await;
+    assert!(dropped.is_err());
+    assert_eq!(bucket.available(), 10);
+    // Two retries of the first operation empty the bucket...
+    let first = retry(failing)
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(5)
+        .budget(bucket.clone())
+        .await;
+    assert!(first.is_err());
+    assert_eq!(calls.get(), 1 + 3);
+    // ...so the second gets none.
+    let second = retry(failing)
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(5)
+        .budget(bucket.clone())
+        .await;
+    assert!(second.is_err());
+    assert_eq!(calls.get(), 1 + 3 + 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn when_and_notify_infer_their_argument_types() {
+    let notified = Cell::new(0);
+    let result = retry(|| async { Err::<(), _>(std::io::Error::other("busy")) })
+        .schedule(Constant::new(Duration::ZERO))
+        .when(|e| e.kind() == std::io::ErrorKind::Other)
+        .notify(|e, delay| {
+            assert_eq!(e.to_string(), "busy");
+            assert_eq!(delay, Duration::ZERO);
+            notified.set(notified.get() + 1);
+        })
+        .no_budget()
+        .await;
+    assert!(result.is_err());
+    assert_eq!(notified.get(), 2);
 }
