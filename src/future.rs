@@ -35,6 +35,19 @@ pin_project! {
     /// stopped before it is sent never replaces the outcome it would have
     /// replaced.
     ///
+    /// # Holding the outcome during the sleep
+    /// The kept outcome is held as it is. For an HTTP/1 response that means
+    /// its connection stays busy until the retry is sent (the response body is
+    /// not read yet); the retry then goes out on another connection, and once
+    /// it is sent the policy's `discard` drains the kept body so its
+    /// connection goes back to the pool. Measured in `tests/http.rs`
+    /// (`a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained`):
+    /// two requests retried once each open 2 connections, against 1 when the
+    /// outcome was dropped before the sleep. That is the price of being able
+    /// to return the real response when the retry is stopped; a client that
+    /// sleeps many retries at once holds that many extra connections (HTTP/2
+    /// holds streams, not connections).
+    ///
     /// # Cancel safety
     /// Dropping it at any point stops the request: an attempt in flight is
     /// dropped with it, a pending sleep is cancelled, and no further attempt is
