@@ -24,6 +24,7 @@ pub(crate) struct Config<P, S> {
     pub(crate) jitter: Jitter,
     pub(crate) max_attempts: u32,
     pub(crate) max_elapsed: Option<Duration>,
+    pub(crate) stop_at_cap: bool,
     /// `None` unless something shared was configured, so the plain layer's
     /// happy path touches no atomics.
     pub(crate) shared: Option<Arc<Shared>>,
@@ -67,6 +68,7 @@ impl<P, S: fmt::Debug> fmt::Debug for Config<P, S> {
             .field("jitter", &self.jitter)
             .field("max_attempts", &self.max_attempts)
             .field("max_elapsed", &self.max_elapsed)
+            .field("stop_at_cap", &self.stop_at_cap)
             .finish_non_exhaustive()
     }
 }

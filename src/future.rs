@@ -20,6 +20,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::jitter::Rng;
+use crate::limits::reached_cap;
 use crate::policy::{Cause, Decision, Policy};
 use crate::schedule::Schedule;
 use crate::service::Backoff;
@@ -241,23 +242,23 @@ where
                 return Err(Event::OutOfAttempts);
             }
         }
-        // A server's delay is capped, but it still says when the server expects
-        // to be ready: if that is past the time limit, a retry before it is
-        // wasted.
-        let (delay, wanted) = match (transparent, after) {
-            (true, _) => (Duration::ZERO, Duration::ZERO),
-            (false, Some(asked)) => (asked.min(config.schedule.cap()), asked),
+        let capped = config.stop_at_cap && reached_cap(&config.schedule, counted);
+        if capped && !transparent && after.is_none() {
+            return Err(Event::OutOfAttempts);
+        }
+        let delay = match (transparent, after) {
+            (true, _) => Duration::ZERO,
+            // Never before the server asked: its policy bounds what it accepts.
+            (false, Some(asked)) => asked,
             (false, None) => {
                 let rng = self.rng.get_or_insert_with(|| config.new_rng());
-                let delay =
-                    config
-                        .jitter
-                        .delay(&config.schedule, counted, *self.previous_delay, rng);
-                (delay, delay)
+                config
+                    .jitter
+                    .delay(&config.schedule, counted, *self.previous_delay, rng)
             }
         };
         if let (Some(limit), Some(started)) = (config.max_elapsed, *self.started) {
-            if started.elapsed().saturating_add(wanted) > limit {
+            if started.elapsed().saturating_add(delay) > limit {
                 return Err(Event::OutOfTime);
             }
         }

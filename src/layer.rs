@@ -13,7 +13,7 @@ use crate::budget::{self, Budget};
 use crate::config::{Config, Shared};
 use crate::error::ConfigError;
 use crate::jitter::Jitter;
-use crate::limits::Limits;
+use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::{OnRetry, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
 use crate::service::Backoff;
@@ -185,6 +185,56 @@ impl<P, S> BackoffBuilder<P, S> {
         self
     }
 
+    /// No limit on attempts: retries go on until the time limit
+    /// ([`max_elapsed`](Self::max_elapsed)), the budget, or the policy ends
+    /// them. With neither a time limit nor a budget nothing would,
+    /// so [`build`](Self::build) refuses that combination.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// // Bounded by the default budget and one minute per request.
+    /// let layer = BackoffLayer::builder()
+    ///     .unlimited_attempts()
+    ///     .max_elapsed(Duration::from_secs(60))
+    ///     .build()?;
+    /// # drop(layer);
+    /// let endless = BackoffLayer::builder().unlimited_attempts().no_budget().build();
+    /// assert_eq!(endless.unwrap_err().field(), "max_attempts");
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn unlimited_attempts(mut self) -> Self {
+        self.settings.limits.max_attempts = UNLIMITED_ATTEMPTS;
+        self
+    }
+
+    /// Retries while the schedule's delay is below its cap, then stops: the
+    /// attempt after the last delay below the cap is the last one, and its
+    /// outcome is returned. The rule of "retry while the delay is below the
+    /// maximum, then try once more and let the error propagate": from 1 s
+    /// doubling to a 10 s cap, the sleeps are 1, 2, 4 and 8 s, and the fifth
+    /// attempt is the last. The attempt limit still applies; combine with
+    /// [`unlimited_attempts`](Self::unlimited_attempts) to let the cap alone
+    /// decide. Delays a server asks for are not affected.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backoff::{BackoffLayer, Exponential};
+    ///
+    /// let layer = BackoffLayer::builder()
+    ///     .schedule(Exponential::new(Duration::from_secs(1)).max_delay(Duration::from_secs(10)))
+    ///     .unlimited_attempts()
+    ///     .stop_at_cap()
+    ///     .build()?;
+    /// # drop(layer);
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn stop_at_cap(mut self) -> Self {
+        self.settings.limits.stop_at_cap = true;
+        self
+    }
+
     /// Time limit for a whole request, from its first attempt: no retry starts
     /// whose sleep would end past it. Attempts themselves are not cut short; put
     /// a `tower::timeout` outside the layer for that.
@@ -282,6 +332,7 @@ impl<P, S> BackoffBuilder<P, S> {
             stats,
         } = self.settings;
         limits.validate(&self.schedule)?;
+        limits.check_bounded(!matches!(budget, BudgetChoice::None))?;
         let budget = match budget {
             BudgetChoice::Default => Some(budget::default_budget()),
             BudgetChoice::Given(budget) => Some(budget),
@@ -305,6 +356,7 @@ impl<P, S> BackoffBuilder<P, S> {
                 jitter: limits.jitter,
                 max_attempts: limits.max_attempts,
                 max_elapsed: limits.max_elapsed,
+                stop_at_cap: limits.stop_at_cap,
                 shared,
             },
         })

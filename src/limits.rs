@@ -18,7 +18,13 @@ pub(crate) struct Limits {
     pub(crate) max_attempts: u32,
     pub(crate) max_elapsed: Option<Duration>,
     pub(crate) seed: Option<u64>,
+    /// Stop once the schedule's delay reaches its cap (after one last try).
+    pub(crate) stop_at_cap: bool,
 }
+
+/// `max_attempts` meaning "no limit": a time limit or a budget bounds the
+/// request instead.
+pub(crate) const UNLIMITED_ATTEMPTS: u32 = u32::MAX;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -27,6 +33,7 @@ impl Default for Limits {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_elapsed: None,
             seed: None,
+            stop_at_cap: false,
         }
     }
 }
@@ -50,4 +57,28 @@ impl Limits {
         self.jitter.validate()?;
         schedule.validate()
     }
+}
+
+impl Limits {
+    /// Refuses unlimited attempts that nothing else would end: no time limit,
+    /// no stop at the cap, and (`budgeted` false) no budget.
+    pub(crate) fn check_bounded(&self, budgeted: bool) -> Result<(), ConfigError> {
+        let endless = self.max_attempts == UNLIMITED_ATTEMPTS
+            && self.max_elapsed.is_none()
+            && !self.stop_at_cap
+            && !budgeted;
+        if endless {
+            return Err(ConfigError::new(
+                "max_attempts",
+                "unlimited attempts with no time limit, no budget and no stop at the cap would retry forever",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether the schedule's delay before retry number `retry` has reached its
+/// cap: where "stop at the cap" ends the request.
+pub(crate) fn reached_cap<S: Schedule + ?Sized>(schedule: &S, retry: u32) -> bool {
+    schedule.delay(retry) >= schedule.cap()
 }

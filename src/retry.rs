@@ -14,7 +14,7 @@ use tokio::time::{Instant, Sleep};
 use crate::budget::{self, Budget};
 use crate::error::ConfigError;
 use crate::jitter::{Jitter, Rng};
-use crate::limits::Limits;
+use crate::limits::{reached_cap, Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::Cause;
 use crate::schedule::{Exponential, Schedule};
 
@@ -81,6 +81,24 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
     /// Attempts in all, the first included (default 3). Zero counts as one.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.limits.max_attempts = attempts;
+        self
+    }
+
+    /// No limit on attempts: the time limit, the budget or the
+    /// [`when`](Self::when) predicate end the retries. Awaiting it with no
+    /// time limit and [`no_budget`](Self::no_budget) retries until success;
+    /// [`validate`](Self::validate) reports that.
+    pub fn unlimited_attempts(mut self) -> Self {
+        self.limits.max_attempts = UNLIMITED_ATTEMPTS;
+        self
+    }
+
+    /// Retries while the schedule's delay is below its cap, then stops after
+    /// one last try, as [`BackoffBuilder::stop_at_cap`] does.
+    ///
+    /// [`BackoffBuilder::stop_at_cap`]: crate::BackoffBuilder::stop_at_cap
+    pub fn stop_at_cap(mut self) -> Self {
+        self.limits.stop_at_cap = true;
         self
     }
 
@@ -174,7 +192,9 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
     where
         S: Schedule,
     {
-        self.limits.validate(&self.schedule)
+        self.limits.validate(&self.schedule)?;
+        self.limits
+            .check_bounded(!matches!(self.budget, BudgetChoice::None))
     }
 }
 
@@ -334,6 +354,8 @@ where
                     let settings = &mut *this.settings;
                     if *this.attempts >= settings.limits.max_attempts.max(1)
                         || !settings.when.should_retry(&error)
+                        || (settings.limits.stop_at_cap
+                            && reached_cap(&settings.schedule, *this.attempts))
                     {
                         return Poll::Ready(Err(error));
                     }

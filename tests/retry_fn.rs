@@ -152,6 +152,7 @@ async fn operations_given_one_budget_share_it_and_pay_only_for_retries_that_star
         Duration::from_millis(500),
         retry(failing)
             .schedule(Constant::new(Duration::from_secs(1)))
+            .jitter(Jitter::None)
             .budget(bucket.clone())
             .into_future(),
     )

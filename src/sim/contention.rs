@@ -136,7 +136,8 @@ impl Contention {
         let layer = BackoffLayer::builder()
             .schedule(Exponential::new(CONTENTION_FIRST_DELAY).max_delay(CONTENTION_MAX_DELAY))
             .jitter(jitter)
-            .max_attempts(u32::MAX)
+            .unlimited_attempts()
+            .max_elapsed(self.horizon)
             .seed(self.seed)
             .no_budget()
             .build()?;
