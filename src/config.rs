@@ -31,6 +31,19 @@ pub(crate) struct Config<P, S> {
 }
 
 impl<P, S> Config<P, S> {
+    /// The same settings with the policy `change` makes of this one.
+    pub(crate) fn map_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Config<P2, S> {
+        Config {
+            policy: change(self.policy),
+            schedule: self.schedule,
+            jitter: self.jitter,
+            max_attempts: self.max_attempts,
+            max_elapsed: self.max_elapsed,
+            stop_at_cap: self.stop_at_cap,
+            shared: self.shared,
+        }
+    }
+
     pub(crate) fn budget(&self) -> Option<&dyn Budget> {
         self.shared.as_deref()?.budget.as_deref()
     }

@@ -286,13 +286,15 @@ impl<P, S> BackoffBuilder<P, S> {
         self
     }
 
-    /// Calls `hook(&request, attempt, delay, &outcome)` for each retry that
-    /// will go out, before its sleep: `attempt` is the number of the attempt
-    /// that failed, `delay` the sleep before the retry. It wraps the policy set
+    /// Calls `hook(&request, attempt, delay, &outcome)` for each retry as it
+    /// goes out (never for a retry that was stopped): `attempt` is the number
+    /// of the attempt that failed, `delay` the sleep before the retry,
+    /// `outcome` the outcome the retry replaces. It wraps the policy set
     /// so far (see [`OnRetry`]), so call it after [`policy`](Self::policy).
     ///
     /// Like [`retry_if`](crate::retry_if), the closure needs its argument
-    /// types written out:
+    /// types written out here; [`Backoff::on_retry`] on a wrapped service
+    /// infers them instead:
     ///
     /// ```
     /// use std::time::Duration;

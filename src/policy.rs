@@ -211,8 +211,10 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
 /// Retries when `predicate(&result)` is true; otherwise a response is a success
 /// and an error is final.
 ///
-/// The closure's argument needs its type written out, because the layer learns
-/// the service's response and error types only later:
+/// Given to the builder, the closure's argument needs its type written out,
+/// because the layer learns the service's response and error types only
+/// later; [`Backoff::retry_if`](crate::Backoff::retry_if) on a wrapped service
+/// infers it instead:
 ///
 /// ```
 /// use tower_backoff::{retry_if, BackoffLayer};
@@ -262,6 +264,8 @@ where
 
 /// A policy from a closure that sees the request and the outcome and returns the
 /// whole [`Decision`] (a delay the server asked for, a cause).
+/// [`Backoff::classify`](crate::Backoff::classify) on a wrapped service does
+/// the same with the argument types inferred.
 ///
 /// ```
 /// use std::time::Duration;

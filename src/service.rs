@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use tower_service::Service;
 
@@ -9,7 +10,7 @@ use crate::adaptive::Gate;
 use crate::config::Config;
 use crate::future::ResponseFuture;
 use crate::layer::BackoffLayer;
-use crate::policy::{Policy, RetryOnError};
+use crate::policy::{ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
 use crate::stats::Event;
 
@@ -98,6 +99,98 @@ impl<S, P, Sch> Backoff<S, P, Sch> {
             }
         }
         (self.inner.call(request), stamp)
+    }
+
+    /// Retries when `predicate(&outcome)` is true, as [`retry_if`](crate::retry_if)
+    /// does, with the closure's argument type learnt from the service: no
+    /// annotation needed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_backoff::{Backoff, BackoffLayer};
+    ///
+    /// let flaky = service_fn(|path: &'static str| async move {
+    ///     Err::<String, _>(std::io::Error::new(std::io::ErrorKind::TimedOut, path))
+    /// });
+    /// let svc = Backoff::new(flaky, &BackoffLayer::new())
+    ///     .retry_if(|outcome| matches!(outcome, Err(e) if e.kind() == std::io::ErrorKind::TimedOut));
+    /// assert!(svc.oneshot("/status").await.is_err());
+    /// # }
+    /// ```
+    pub fn retry_if<Req, F>(self, predicate: F) -> Backoff<S, RetryIf<F>, Sch>
+    where
+        S: Service<Req>,
+        F: Fn(&Result<S::Response, S::Error>) -> bool,
+    {
+        self.with_policy(|_| crate::retry_if(predicate))
+    }
+
+    /// Decides each outcome with `classify(&request, &outcome)`, as
+    /// [`classify_fn`](crate::classify_fn) does, with the argument types learnt
+    /// from the service.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_backoff::{Backoff, BackoffLayer, Cause, Decision};
+    ///
+    /// let store = service_fn(|key: u32| async move { Ok::<u16, std::io::Error>(200 + key as u16) });
+    /// let svc = Backoff::new(store, &BackoffLayer::new()).classify(|key, outcome| match outcome {
+    ///     Ok(429) => Decision::retry_after(Duration::from_secs(1)).because(Cause::Throttled),
+    ///     Ok(_) => Decision::Success,
+    ///     Err(e) if *key == 0 && e.kind() == std::io::ErrorKind::ConnectionRefused => {
+    ///         Decision::retry()
+    ///     }
+    ///     Err(_) => Decision::Fail,
+    /// });
+    /// assert_eq!(svc.oneshot(1).await.unwrap(), 201);
+    /// # }
+    /// ```
+    pub fn classify<Req, F>(self, classify: F) -> Backoff<S, ClassifyFn<F>, Sch>
+    where
+        S: Service<Req>,
+        F: Fn(&Req, &Result<S::Response, S::Error>) -> Decision,
+    {
+        self.with_policy(|_| crate::classify_fn(classify))
+    }
+
+    /// Calls `hook(&request, attempt, delay, &outcome)` for each retry as it
+    /// goes out, as [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry)
+    /// does, with the argument types learnt from the service.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_backoff::{Backoff, BackoffLayer};
+    ///
+    /// let down = service_fn(|name: String| async move { Err::<(), _>(std::io::Error::other(name)) });
+    /// let svc = Backoff::new(down, &BackoffLayer::new()).on_retry(|request, attempt, delay, outcome| {
+    ///     if let Err(e) = outcome {
+    ///         eprintln!("{request}: attempt {attempt} failed ({}), retrying in {delay:?}", e.kind());
+    ///     }
+    /// });
+    /// assert!(svc.oneshot("db".to_string()).await.is_err());
+    /// # }
+    /// ```
+    pub fn on_retry<Req, F>(self, hook: F) -> Backoff<S, OnRetry<P, F>, Sch>
+    where
+        S: Service<Req>,
+        F: Fn(&Req, u32, Duration, &Result<S::Response, S::Error>),
+    {
+        self.with_policy(|policy| OnRetry::new(policy, hook))
+    }
+
+    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, Sch> {
+        Backoff {
+            inner: self.inner,
+            config: self.config.map_policy(change),
+            gate: self.gate,
+        }
     }
 
     /// The wrapped service.
