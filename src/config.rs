@@ -12,27 +12,30 @@ use std::time::Duration;
 
 use crate::adaptive::AdaptivePacing;
 use crate::budget::Budget;
+use crate::deadline::NoTimeout;
 use crate::jitter::{Jitter, Rng};
 use crate::stats::{Event, Stats};
 
 /// Everything a [`Backoff`](crate::Backoff) service and its response futures read: plain data,
 /// copied into each clone, plus one optional `Arc` for what clones share.
 #[derive(Clone)]
-pub(crate) struct Config<P, S> {
+pub(crate) struct Config<P, S, T = NoTimeout> {
     pub(crate) policy: P,
     pub(crate) schedule: S,
     pub(crate) jitter: Jitter,
     pub(crate) max_attempts: u32,
     pub(crate) max_elapsed: Option<Duration>,
     pub(crate) stop_at_cap: bool,
+    /// How long each attempt may take.
+    pub(crate) timeouts: T,
     /// `None` unless something shared was configured, so the plain layer's
     /// happy path touches no atomics.
     pub(crate) shared: Option<Arc<Shared>>,
 }
 
-impl<P, S> Config<P, S> {
+impl<P, S, T> Config<P, S, T> {
     /// The same settings with the policy `change` makes of this one.
-    pub(crate) fn map_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Config<P2, S> {
+    pub(crate) fn map_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Config<P2, S, T> {
         Config {
             policy: change(self.policy),
             schedule: self.schedule,
@@ -40,6 +43,7 @@ impl<P, S> Config<P, S> {
             max_attempts: self.max_attempts,
             max_elapsed: self.max_elapsed,
             stop_at_cap: self.stop_at_cap,
+            timeouts: self.timeouts,
             shared: self.shared,
         }
     }
@@ -74,7 +78,7 @@ impl<P, S> Config<P, S> {
     }
 }
 
-impl<P, S: fmt::Debug> fmt::Debug for Config<P, S> {
+impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for Config<P, S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("schedule", &self.schedule)
@@ -82,6 +86,7 @@ impl<P, S: fmt::Debug> fmt::Debug for Config<P, S> {
             .field("max_attempts", &self.max_attempts)
             .field("max_elapsed", &self.max_elapsed)
             .field("stop_at_cap", &self.stop_at_cap)
+            .field("timeouts", &self.timeouts)
             .finish_non_exhaustive()
     }
 }

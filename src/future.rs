@@ -19,6 +19,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::jitter::Rng;
 use crate::limits::reached_cap;
 use crate::policy::{Cause, Decision, Policy};
@@ -54,26 +55,29 @@ pin_project! {
     /// dropped with it, a pending sleep is cancelled, and no further attempt is
     /// made. No task is left behind, and since a retry is paid for only when
     /// it is sent, the budget is charged for nothing that did not go out.
-    pub struct ResponseFuture<S, P, Sch, Req>
+    pub struct ResponseFuture<S, P, Sch, Req, T = NoTimeout>
     where
         S: Service<Req>,
+        T: AttemptTimer<S::Error>,
     {
         #[pin]
-        state: State<S::Future, Result<S::Response, S::Error>>,
-        service: Backoff<S, P, Sch>,
+        state: State<S::Future, T::Timer, Result<S::Response, T::Error>>,
+        service: Backoff<S, P, Sch, T>,
         // The request, kept to classify outcomes and to copy for each retry;
         // `None` when the policy would not copy it.
         request: Option<Req>,
         // Attempts sent so far.
         attempts: u32,
+        // This request's limit: the layer's, or the caller's override.
+        max_attempts: u32,
         // Whether the one transparent retry (`Cause::NotSent`) was used.
         transparent_used: bool,
         // What the pacing gave the attempt in flight when it went out.
         stamp: u16,
         previous_delay: Duration,
         slept: Duration,
-        // Read only when a time limit is configured.
-        started: Option<Instant>,
+        // When the request must end: from `max_elapsed` or the caller.
+        deadline: Option<Instant>,
         last_retry: Option<Cause>,
         // Created at the first retry, so the happy path never draws.
         rng: Option<Rng>,
@@ -82,9 +86,9 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, O> {
-        // An attempt is in flight.
-        Called { #[pin] future: F },
+    enum State<F, Tm, O> {
+        // An attempt is in flight, racing its timer.
+        Called { #[pin] future: F, #[pin] timer: Tm },
         // Sleeping before a retry, keeping the outcome it would replace.
         Waiting { #[pin] sleep: Sleep, retry: Option<Retry<O>> },
         // Waiting for the service to be ready to send a retry.
@@ -101,54 +105,71 @@ struct Retry<O> {
     transparent: bool,
 }
 
+/// An attempt that went out: its future, the timer it races and its pacing
+/// stamp.
+pub(crate) struct Attempt<F, Tm> {
+    pub(crate) future: F,
+    pub(crate) timer: Tm,
+    pub(crate) stamp: u16,
+}
+
 /// What the future does after a transition.
-enum Step<F, O> {
-    Next(State<F, O>),
+enum Step<F, Tm, O> {
+    Next(State<F, Tm, O>),
     Return(O),
 }
 
-impl<S, P, Sch, Req> ResponseFuture<S, P, Sch, Req>
+impl<S, P, Sch, Req, T> ResponseFuture<S, P, Sch, Req, T>
 where
     S: Service<Req>,
+    T: AttemptTimer<S::Error>,
 {
     #[inline(always)]
     pub(crate) fn new(
-        future: S::Future,
-        stamp: u16,
+        first: Attempt<S::Future, T::Timer>,
         request: Option<Req>,
-        service: Backoff<S, P, Sch>,
+        max_attempts: u32,
+        deadline: Option<Instant>,
+        service: Backoff<S, P, Sch, T>,
     ) -> Self {
-        let started = service.config().max_elapsed.map(|_| Instant::now());
         Self {
-            state: State::Called { future },
+            state: State::Called {
+                future: first.future,
+                timer: first.timer,
+            },
             service,
             request,
             attempts: 1,
+            max_attempts,
             transparent_used: false,
-            stamp,
+            stamp: first.stamp,
             previous_delay: Duration::ZERO,
             slept: Duration::ZERO,
-            started,
+            deadline,
             last_retry: None,
             rng: None,
         }
     }
 }
 
-impl<S, P, Sch, Req> Future for ResponseFuture<S, P, Sch, Req>
+impl<S, P, Sch, Req, T> Future for ResponseFuture<S, P, Sch, Req, T>
 where
     S: Service<Req> + Clone,
-    P: Policy<Req, S::Response, S::Error>,
+    T: AttemptTimer<S::Error>,
+    P: Policy<Req, S::Response, T::Error>,
     Sch: Schedule,
 {
-    type Output = Result<S::Response, S::Error>;
+    type Output = Result<S::Response, T::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
             let step = match this.state.as_mut().project() {
-                StateProj::Called { future } => {
-                    let outcome = ready!(future.poll(cx));
+                StateProj::Called { future, timer } => {
+                    let outcome = match future.poll(cx) {
+                        Poll::Ready(outcome) => outcome.map_err(T::inner),
+                        Poll::Pending => Err(ready!(timer.poll(cx))),
+                    };
                     this.on_outcome(outcome)
                 }
                 StateProj::Waiting { sleep, retry } => {
@@ -180,18 +201,24 @@ fn take<O>(retry: &mut Option<Retry<O>>) -> Retry<O> {
         .expect("a retry is held until its state is left")
 }
 
-type Outcome<S, Req> = Result<<S as Service<Req>>::Response, <S as Service<Req>>::Error>;
-type StepOf<S, Req> = Step<<S as Service<Req>>::Future, Outcome<S, Req>>;
+type Outcome<S, Req, T> =
+    Result<<S as Service<Req>>::Response, <T as AttemptTimer<<S as Service<Req>>::Error>>::Error>;
+type StepOf<S, Req, T> = Step<
+    <S as Service<Req>>::Future,
+    <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
+    Outcome<S, Req, T>,
+>;
 
-impl<S, P, Sch, Req> ResponseFutureProj<'_, S, P, Sch, Req>
+impl<S, P, Sch, Req, T> ResponseFutureProj<'_, S, P, Sch, Req, T>
 where
     S: Service<Req> + Clone,
-    P: Policy<Req, S::Response, S::Error>,
+    T: AttemptTimer<S::Error>,
+    P: Policy<Req, S::Response, T::Error>,
     Sch: Schedule,
 {
     /// An attempt's outcome arrived: return it, or keep it and schedule a
     /// retry.
-    fn on_outcome(&mut self, outcome: Outcome<S, Req>) -> StepOf<S, Req> {
+    fn on_outcome(&mut self, outcome: Outcome<S, Req, T>) -> StepOf<S, Req, T> {
         let config = self.service.config();
         let Some(request) = self.request.as_ref() else {
             // Not copyable: it went out once, its outcome goes back as is.
@@ -236,9 +263,9 @@ where
         let config = self.service.config();
         let transparent = cause == Cause::NotSent && !*self.transparent_used;
         let counted = *self.attempts - u32::from(*self.transparent_used);
-        if counted >= config.max_attempts {
+        if counted >= *self.max_attempts {
             // `max_attempts(1)` turns every retry off, transparent ones too.
-            if !transparent || config.max_attempts == 1 {
+            if !transparent || *self.max_attempts == 1 {
                 return Err(Event::OutOfAttempts);
             }
         }
@@ -257,8 +284,11 @@ where
                     .delay(&config.schedule, counted, *self.previous_delay, rng)
             }
         };
-        if let (Some(limit), Some(started)) = (config.max_elapsed, *self.started) {
-            if started.elapsed().saturating_add(delay) > limit {
+        if let Some(deadline) = *self.deadline {
+            if Instant::now()
+                .checked_add(delay)
+                .is_none_or(|at| at > deadline)
+            {
                 return Err(Event::OutOfTime);
             }
         }
@@ -270,7 +300,7 @@ where
     }
 
     /// The sleep before a retry is over.
-    fn on_wake(&mut self, retry: Retry<Outcome<S, Req>>) -> StepOf<S, Req> {
+    fn on_wake(&mut self, retry: Retry<Outcome<S, Req, T>>) -> StepOf<S, Req, T> {
         *self.slept = self.slept.saturating_add(retry.delay);
         if let Some(stats) = self
             .service
@@ -289,18 +319,19 @@ where
     fn send(
         &mut self,
         readiness: Result<(), S::Error>,
-        retry: Retry<Outcome<S, Req>>,
-    ) -> StepOf<S, Req> {
+        retry: Retry<Outcome<S, Req, T>>,
+    ) -> StepOf<S, Req, T> {
         if readiness.is_err() {
             // The readiness error says nothing about the request; the kept
             // outcome does.
             return self.finish(retry.outcome, Event::Final);
         }
         let config = self.service.config();
-        if let (Some(limit), Some(started)) = (config.max_elapsed, *self.started) {
-            if started.elapsed() > limit {
-                return self.finish(retry.outcome, Event::OutOfTime);
-            }
+        // No attempt starts once the deadline has passed. A sleep allowed to
+        // end at the deadline wakes up to one timer tick after it.
+        let late = |deadline: Instant| Instant::now() > deadline + TIMER_RESOLUTION;
+        if self.deadline.is_some_and(late) {
+            return self.finish(retry.outcome, Event::OutOfTime);
         }
         let request = self
             .request
@@ -331,13 +362,14 @@ where
         *self.transparent_used |= retry.transparent;
         *self.last_retry = Some(retry.cause);
         config.policy.prepare_retry(&mut copy, *self.attempts);
+        let timer = config.timeouts.timer(*self.deadline);
         let (future, stamp) = self.service.send(copy, *self.attempts);
         *self.stamp = stamp;
-        Step::Next(State::Called { future })
+        Step::Next(State::Called { future, timer })
     }
 
     /// Ends the request with `outcome`.
-    fn finish(&mut self, mut outcome: Outcome<S, Req>, ending: Event) -> StepOf<S, Req> {
+    fn finish(&mut self, mut outcome: Outcome<S, Req, T>, ending: Event) -> StepOf<S, Req, T> {
         let config = self.service.config();
         config.record(ending);
         config
@@ -347,10 +379,14 @@ where
     }
 }
 
+/// How late tokio's timer may wake a sleep: it rounds deadlines up to the
+/// millisecond.
+const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
+
 /// The state that waits `delay` before readiness for a retry; a zero delay
 /// goes straight to readiness, with no timer and no clock (tokio's timer would
 /// round a zero sleep up to its 1 ms tick).
-fn wait<F, O>(retry: Retry<O>) -> State<F, O> {
+fn wait<F, Tm, O>(retry: Retry<O>) -> State<F, Tm, O> {
     if retry.delay.is_zero() {
         State::Readying { retry: Some(retry) }
     } else {
@@ -372,9 +408,10 @@ fn budget_refused(attempt: u32, cause: Cause) {
     let _ = (attempt, cause);
 }
 
-impl<S, P, Sch, Req> fmt::Debug for ResponseFuture<S, P, Sch, Req>
+impl<S, P, Sch, Req, T> fmt::Debug for ResponseFuture<S, P, Sch, Req, T>
 where
     S: Service<Req>,
+    T: AttemptTimer<S::Error>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")

@@ -11,7 +11,8 @@ use tower_layer::Layer;
 use crate::adaptive::AdaptivePacing;
 use crate::budget::{self, Budget};
 use crate::config::{Config, Shared};
-use crate::error::ConfigError;
+use crate::deadline::{AttemptTimeout, NoTimeout};
+use crate::error::{check_duration, ConfigError};
 use crate::jitter::Jitter;
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::{OnRetry, RetryOnError};
@@ -55,8 +56,8 @@ pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct BackoffLayer<P = RetryOnError, S = Exponential> {
-    config: Config<P, S>,
+pub struct BackoffLayer<P = RetryOnError, S = Exponential, T = NoTimeout> {
+    config: Config<P, S, T>,
 }
 
 impl BackoffLayer {
@@ -79,7 +80,7 @@ impl Default for BackoffLayer {
     }
 }
 
-impl<P, S> BackoffLayer<P, S> {
+impl<P, S, T> BackoffLayer<P, S, T> {
     /// The policy this layer gives its services.
     pub fn policy(&self) -> &P {
         &self.config.policy
@@ -101,15 +102,15 @@ impl<P, S> BackoffLayer<P, S> {
     }
 }
 
-impl<Svc, P: Clone, S: Clone> Layer<Svc> for BackoffLayer<P, S> {
-    type Service = Backoff<Svc, P, S>;
+impl<Svc, P: Clone, S: Clone, T: Clone> Layer<Svc> for BackoffLayer<P, S, T> {
+    type Service = Backoff<Svc, P, S, T>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
         Backoff::from_config(inner, self.config.clone())
     }
 }
 
-impl<P, S: fmt::Debug> fmt::Debug for BackoffLayer<P, S> {
+impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for BackoffLayer<P, S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackoffLayer")
             .field("config", &self.config)
@@ -119,9 +120,10 @@ impl<P, S: fmt::Debug> fmt::Debug for BackoffLayer<P, S> {
 
 /// Builds a [`BackoffLayer`]; every setting is checked by [`build`](Self::build).
 #[must_use]
-pub struct BackoffBuilder<P = RetryOnError, S = Exponential> {
+pub struct BackoffBuilder<P = RetryOnError, S = Exponential, T = NoTimeout> {
     policy: P,
     schedule: S,
+    timeouts: T,
     settings: Settings,
 }
 
@@ -129,6 +131,7 @@ pub struct BackoffBuilder<P = RetryOnError, S = Exponential> {
 #[derive(Default)]
 struct Settings {
     limits: Limits,
+    attempt_timeout: Option<Duration>,
     budget: BudgetChoice,
     pacing: Option<AdaptivePacing>,
     stats: Option<Stats>,
@@ -148,28 +151,75 @@ impl Default for BackoffBuilder {
         Self {
             policy: RetryOnError,
             schedule: Exponential::default(),
+            timeouts: NoTimeout,
             settings: Settings::default(),
         }
     }
 }
 
-impl<P, S> BackoffBuilder<P, S> {
+impl<P, S, T> BackoffBuilder<P, S, T> {
     /// Decides which outcomes are retried (default [`RetryOnError`]).
-    pub fn policy<P2>(self, policy: P2) -> BackoffBuilder<P2, S> {
+    pub fn policy<P2>(self, policy: P2) -> BackoffBuilder<P2, S, T> {
         BackoffBuilder {
             policy,
             schedule: self.schedule,
+            timeouts: self.timeouts,
             settings: self.settings,
         }
     }
 
     /// Decides how long to wait before each retry (default [`Exponential`] from
     /// 100 ms, doubling, capped at 20 s).
-    pub fn schedule<S2: Schedule>(self, schedule: S2) -> BackoffBuilder<P, S2> {
+    pub fn schedule<S2: Schedule>(self, schedule: S2) -> BackoffBuilder<P, S2, T> {
         BackoffBuilder {
             policy: self.policy,
             schedule,
+            timeouts: self.timeouts,
             settings: self.settings,
+        }
+    }
+
+    /// Gives every attempt at most `limit`, and no more than the time left
+    /// before the request's deadline (its [`max_elapsed`](Self::max_elapsed)
+    /// or a per-request [`RetryLimits`](crate::RetryLimits) deadline): a hung
+    /// attempt is cut short and, if the policy says so, retried. The layer's
+    /// error becomes [`deadline::Error`](crate::deadline::Error), which holds
+    /// the inner service's error as is or the time-out (see [`deadline`](crate::deadline)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// let calls = std::sync::atomic::AtomicU32::new(0);
+    /// let hangs_once = service_fn(|()| {
+    ///     let first = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+    ///     async move {
+    ///         if first {
+    ///             std::future::pending::<()>().await;
+    ///         }
+    ///         Ok::<_, std::io::Error>("done")
+    ///     }
+    /// });
+    /// let layer = BackoffLayer::builder()
+    ///     .attempt_timeout(Duration::from_secs(1))
+    ///     .max_elapsed(Duration::from_secs(10))
+    ///     .build()?;
+    /// let svc = tower::Layer::layer(&layer, hangs_once);
+    /// assert_eq!(svc.oneshot(()).await?, "done");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn attempt_timeout(self, limit: Duration) -> BackoffBuilder<P, S, AttemptTimeout> {
+        let mut settings = self.settings;
+        settings.attempt_timeout = Some(limit);
+        BackoffBuilder {
+            policy: self.policy,
+            schedule: self.schedule,
+            timeouts: AttemptTimeout { limit },
+            settings,
         }
     }
 
@@ -308,10 +358,11 @@ impl<P, S> BackoffBuilder<P, S> {
     /// # drop(layer);
     /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
-    pub fn on_retry<F>(self, hook: F) -> BackoffBuilder<OnRetry<P, F>, S> {
+    pub fn on_retry<F>(self, hook: F) -> BackoffBuilder<OnRetry<P, F>, S, T> {
         BackoffBuilder {
             policy: OnRetry::new(self.policy, hook),
             schedule: self.schedule,
+            timeouts: self.timeouts,
             settings: self.settings,
         }
     }
@@ -323,17 +374,27 @@ impl<P, S> BackoffBuilder<P, S> {
     /// attempts, a zero or absurd (over a year) time limit, a proportional jitter
     /// outside `[0, 1]`, or whatever the schedule's own
     /// [`validate`](Schedule::validate) rejects.
-    pub fn build(self) -> Result<BackoffLayer<P, S>, ConfigError>
+    pub fn build(self) -> Result<BackoffLayer<P, S, T>, ConfigError>
     where
         S: Schedule,
     {
         let Settings {
             limits,
+            attempt_timeout,
             budget,
             pacing,
             stats,
         } = self.settings;
         limits.validate(&self.schedule)?;
+        if let Some(limit) = attempt_timeout {
+            if limit.is_zero() {
+                return Err(ConfigError::new(
+                    "attempt_timeout",
+                    "must be longer than zero",
+                ));
+            }
+            check_duration("attempt_timeout", limit)?;
+        }
         limits.check_bounded(!matches!(budget, BudgetChoice::None))?;
         let budget = match budget {
             BudgetChoice::Default => Some(budget::default_budget()),
@@ -359,17 +420,19 @@ impl<P, S> BackoffBuilder<P, S> {
                 max_attempts: limits.max_attempts,
                 max_elapsed: limits.max_elapsed,
                 stop_at_cap: limits.stop_at_cap,
+                timeouts: self.timeouts,
                 shared,
             },
         })
     }
 }
 
-impl<P, S: fmt::Debug> fmt::Debug for BackoffBuilder<P, S> {
+impl<P, S: fmt::Debug, T> fmt::Debug for BackoffBuilder<P, S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackoffBuilder")
             .field("schedule", &self.schedule)
             .field("limits", &self.settings.limits)
+            .field("attempt_timeout", &self.settings.attempt_timeout)
             .field(
                 "budget",
                 &match self.settings.budget {

@@ -75,6 +75,7 @@
 pub mod adaptive;
 pub mod budget;
 mod config;
+pub mod deadline;
 mod error;
 pub mod future;
 #[cfg(feature = "http")]
@@ -101,7 +102,8 @@ pub use future::ResponseFuture;
 pub use jitter::{Jitter, Rng};
 pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};
 pub use policy::{
-    classify_fn, retry_if, Cause, ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError,
+    classify_fn, retry_if, Cause, ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryLimits,
+    RetryOnError,
 };
 pub use poll::Poller;
 pub use retry::{retry, Retrying};

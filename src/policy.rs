@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 /// What one attempt's outcome means.
 ///
 /// ```
@@ -91,6 +93,66 @@ pub enum Cause {
     NotSent,
 }
 
+/// Limits for one request that override the layer's: fewer or more attempts,
+/// no retries at all, or a deadline. A policy hands them to the layer through
+/// [`Policy::limits`]; the HTTP policy reads them from an `http::Request`'s
+/// extensions, so a caller sets them per request with no other layer.
+/// (`reqwest::Request` keeps its extensions private, so over reqwest a
+/// per-request override needs a policy of your own that reads it elsewhere.)
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backoff::RetryLimits;
+///
+/// let mut request = http::Request::get("http://example.test/").body(()).unwrap();
+/// request
+///     .extensions_mut()
+///     .insert(RetryLimits::new().max_attempts(5).timeout(Duration::from_secs(2)));
+/// # let _ = request;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetryLimits {
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl RetryLimits {
+    /// No overrides: the layer's limits apply.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One attempt, no retries, whatever the layer says.
+    pub fn no_retries() -> Self {
+        Self::new().max_attempts(1)
+    }
+
+    /// Attempts for this request, the first included (zero counts as one).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts.max(1));
+        self
+    }
+
+    /// The request must end by `deadline`: no retry starts whose sleep would
+    /// end after it, and with
+    /// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout) no attempt
+    /// runs past it. The layer's `max_elapsed`, if sooner, still applies.
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// The request must end within `timeout` from now (see
+    /// [`deadline`](Self::deadline)).
+    pub fn timeout(self, timeout: Duration) -> Self {
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or(now + crate::error::MAX_DURATION);
+        self.deadline(deadline)
+    }
+}
+
 /// Classifies outcomes and copies requests for the [`Backoff`](crate::Backoff)
 /// service.
 ///
@@ -161,6 +223,14 @@ pub trait Policy<Req, Res, E> {
     fn prepare_retry(&self, request: &mut Req, attempt: u32) {
         let _ = (request, attempt);
     }
+
+    /// Limits for this one request that override the layer's, read once
+    /// when it is called. The default has none; the HTTP policy reads a
+    /// [`RetryLimits`] from the request's extensions.
+    fn limits(&self, request: &Req) -> Option<RetryLimits> {
+        let _ = request;
+        None
+    }
 }
 
 impl<P, Req, Res, E> Policy<Req, Res, E> for Arc<P>
@@ -184,6 +254,9 @@ where
     }
     fn prepare_retry(&self, request: &mut Req, attempt: u32) {
         (**self).prepare_retry(request, attempt)
+    }
+    fn limits(&self, request: &Req) -> Option<RetryLimits> {
+        (**self).limits(request)
     }
 }
 
@@ -364,5 +437,8 @@ where
     }
     fn prepare_retry(&self, request: &mut Req, attempt: u32) {
         self.policy.prepare_retry(request, attempt)
+    }
+    fn limits(&self, request: &Req) -> Option<RetryLimits> {
+        self.policy.limits(request)
     }
 }

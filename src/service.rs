@@ -4,11 +4,14 @@ use std::fmt;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use tower_service::Service;
 
 use crate::adaptive::Gate;
 use crate::config::Config;
-use crate::future::ResponseFuture;
+use crate::deadline::{AttemptTimer, NoTimeout};
+use crate::future::{Attempt, ResponseFuture};
 use crate::layer::BackoffLayer;
 use crate::policy::{ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
@@ -38,22 +41,27 @@ use crate::stats::Event;
 /// assert_eq!(svc.oneshot("hi".to_string()).await.unwrap(), "hi");
 /// # }
 /// ```
+///
+/// `T` says how long an attempt may take: [`NoTimeout`] (the default; the
+/// error is the inner service's) or, with
+/// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout), a limit per
+/// attempt (the error is [`deadline::Error`](crate::deadline::Error)).
 #[derive(Clone)]
-pub struct Backoff<S, P = RetryOnError, Sch = Exponential> {
+pub struct Backoff<S, P = RetryOnError, Sch = Exponential, T = NoTimeout> {
     inner: S,
-    config: Config<P, Sch>,
+    config: Config<P, Sch, T>,
     gate: Gate,
 }
 
-impl<S, P: Clone, Sch: Clone> Backoff<S, P, Sch> {
+impl<S, P: Clone, Sch: Clone, T: Clone> Backoff<S, P, Sch, T> {
     /// Wraps `inner` with `layer`'s configuration.
-    pub fn new(inner: S, layer: &BackoffLayer<P, Sch>) -> Self {
+    pub fn new(inner: S, layer: &BackoffLayer<P, Sch, T>) -> Self {
         tower_layer::Layer::layer(layer, inner)
     }
 }
 
-impl<S, P, Sch> Backoff<S, P, Sch> {
-    pub(crate) fn from_config(inner: S, config: Config<P, Sch>) -> Self {
+impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
+    pub(crate) fn from_config(inner: S, config: Config<P, Sch, T>) -> Self {
         Self {
             inner,
             config,
@@ -61,7 +69,7 @@ impl<S, P, Sch> Backoff<S, P, Sch> {
         }
     }
 
-    pub(crate) fn config(&self) -> &Config<P, Sch> {
+    pub(crate) fn config(&self) -> &Config<P, Sch, T> {
         &self.config
     }
 
@@ -119,10 +127,11 @@ impl<S, P, Sch> Backoff<S, P, Sch> {
     /// assert!(svc.oneshot("/status").await.is_err());
     /// # }
     /// ```
-    pub fn retry_if<Req, F>(self, predicate: F) -> Backoff<S, RetryIf<F>, Sch>
+    pub fn retry_if<Req, F>(self, predicate: F) -> Backoff<S, RetryIf<F>, Sch, T>
     where
         S: Service<Req>,
-        F: Fn(&Result<S::Response, S::Error>) -> bool,
+        T: AttemptTimer<S::Error>,
+        F: Fn(&Result<S::Response, T::Error>) -> bool,
     {
         self.with_policy(|_| crate::retry_if(predicate))
     }
@@ -150,10 +159,11 @@ impl<S, P, Sch> Backoff<S, P, Sch> {
     /// assert_eq!(svc.oneshot(1).await.unwrap(), 201);
     /// # }
     /// ```
-    pub fn classify<Req, F>(self, classify: F) -> Backoff<S, ClassifyFn<F>, Sch>
+    pub fn classify<Req, F>(self, classify: F) -> Backoff<S, ClassifyFn<F>, Sch, T>
     where
         S: Service<Req>,
-        F: Fn(&Req, &Result<S::Response, S::Error>) -> Decision,
+        T: AttemptTimer<S::Error>,
+        F: Fn(&Req, &Result<S::Response, T::Error>) -> Decision,
     {
         self.with_policy(|_| crate::classify_fn(classify))
     }
@@ -177,15 +187,16 @@ impl<S, P, Sch> Backoff<S, P, Sch> {
     /// assert!(svc.oneshot("db".to_string()).await.is_err());
     /// # }
     /// ```
-    pub fn on_retry<Req, F>(self, hook: F) -> Backoff<S, OnRetry<P, F>, Sch>
+    pub fn on_retry<Req, F>(self, hook: F) -> Backoff<S, OnRetry<P, F>, Sch, T>
     where
         S: Service<Req>,
-        F: Fn(&Req, u32, Duration, &Result<S::Response, S::Error>),
+        T: AttemptTimer<S::Error>,
+        F: Fn(&Req, u32, Duration, &Result<S::Response, T::Error>),
     {
         self.with_policy(|policy| OnRetry::new(policy, hook))
     }
 
-    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, Sch> {
+    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, Sch, T> {
         Backoff {
             inner: self.inner,
             config: self.config.map_policy(change),
@@ -209,29 +220,52 @@ impl<S, P, Sch> Backoff<S, P, Sch> {
     }
 }
 
-impl<S, P, Sch, Req> Service<Req> for Backoff<S, P, Sch>
+impl<S, P, Sch, T, Req> Service<Req> for Backoff<S, P, Sch, T>
 where
     S: Service<Req> + Clone,
-    P: Policy<Req, S::Response, S::Error> + Clone,
+    T: AttemptTimer<S::Error>,
+    P: Policy<Req, S::Response, T::Error> + Clone,
     Sch: Schedule + Clone,
 {
     type Response = S::Response;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, P, Sch, Req>;
+    type Error = T::Error;
+    type Future = ResponseFuture<S, P, Sch, Req, T>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.poll_ready_to_send(cx)
+        self.poll_ready_to_send(cx).map_err(T::inner)
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        self.config.record(Event::Request);
-        let spare = self.config.policy.clone_request(&request);
+        let config = &self.config;
+        config.record(Event::Request);
+        let limits = config.policy.limits(&request).unwrap_or_default();
+        let max_attempts = limits.max_attempts.unwrap_or(config.max_attempts);
+        let deadline = deadline(config.max_elapsed, limits.deadline);
+        let spare = config.policy.clone_request(&request);
+        let timer = config.timeouts.timer(deadline);
         let (future, stamp) = self.send(request, 1);
-        ResponseFuture::new(future, stamp, spare, self.clone())
+        let attempt = Attempt {
+            future,
+            timer,
+            stamp,
+        };
+        ResponseFuture::new(attempt, spare, max_attempts, deadline, self.clone())
     }
 }
 
-impl<S: fmt::Debug, P, Sch: fmt::Debug> fmt::Debug for Backoff<S, P, Sch> {
+/// When a request called now must end: `max_elapsed` from now, or the
+/// caller's own deadline, whichever is sooner. Reads the clock only when a
+/// time limit is configured.
+#[inline]
+fn deadline(max_elapsed: Option<Duration>, requested: Option<Instant>) -> Option<Instant> {
+    let own = max_elapsed.and_then(|limit| Instant::now().checked_add(limit));
+    match (own, requested) {
+        (Some(own), Some(requested)) => Some(own.min(requested)),
+        (own, requested) => own.or(requested),
+    }
+}
+
+impl<S: fmt::Debug, P, Sch: fmt::Debug, T: fmt::Debug> fmt::Debug for Backoff<S, P, Sch, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Backoff")
             .field("inner", &self.inner)

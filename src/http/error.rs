@@ -53,7 +53,10 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
 }
 
 fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
-    if error.is::<tower::timeout::error::Elapsed>() || error.is::<tokio::time::error::Elapsed>() {
+    if error.is::<tower::timeout::error::Elapsed>()
+        || error.is::<tokio::time::error::Elapsed>()
+        || error.is::<crate::deadline::TimedOut>()
+    {
         return Some(Cause::Timeout);
     }
     if let Some(error) = error.downcast_ref::<hyper_util::client::legacy::Error>() {

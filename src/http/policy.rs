@@ -15,7 +15,7 @@ use super::info::RetryInfo;
 use super::method::MethodSet;
 use super::retry_after::parse_retry_after;
 use super::status::StatusSet;
-use crate::policy::{Cause, Decision, Policy};
+use crate::policy::{Cause, Decision, Policy, RetryLimits};
 
 /// The header that makes a non-idempotent request safe to retry, from the IETF
 /// draft "The Idempotency-Key HTTP Header Field" (used by Stripe, PayPal, ...).
@@ -314,6 +314,12 @@ where
             return Decision::Fail;
         }
         decision
+    }
+
+    /// A [`RetryLimits`] in the request's extensions overrides the layer's
+    /// limits for that request.
+    fn limits(&self, request: &Request<ReqBody>) -> Option<RetryLimits> {
+        request.extensions().get::<RetryLimits>().copied()
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {

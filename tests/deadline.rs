@@ -1,0 +1,233 @@
+//! Deadlines: each attempt gets at most `min(attempt timeout, time left)`, a
+//! hung attempt is cut short and retried, and callers set limits per request.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::{service_fn, Service, ServiceExt};
+use tower_backoff::deadline::Error;
+use tower_backoff::{BackoffLayer, Constant, Jitter};
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Hangs on the calls `hang` says, else fails with `Err(call number)` until
+/// call `succeed_at`, recording when each call came in.
+fn scripted(
+    hang: fn(u32) -> bool,
+    succeed_at: u32,
+    calls: Arc<Mutex<Vec<Instant>>>,
+) -> impl Service<(), Response = u32, Error = u32, Future = impl Send> + Clone {
+    service_fn(move |()| {
+        let n = {
+            let mut calls = calls.lock().unwrap();
+            calls.push(Instant::now());
+            calls.len() as u32
+        };
+        async move {
+            if hang(n) {
+                std::future::pending::<()>().await;
+            }
+            if n >= succeed_at {
+                Ok(n)
+            } else {
+                Err(n)
+            }
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_attempt_is_cut_short_at_the_attempt_timeout_and_retried() {
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .attempt_timeout(secs(1))
+        .build()
+        .unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let svc = tower::Layer::layer(&layer, scripted(|n| n == 1, 2, calls.clone()));
+    let started = Instant::now();
+    assert_eq!(svc.oneshot(()).await.unwrap(), 2);
+    assert_eq!(started.elapsed(), secs(1) + Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_attempt_gets_only_the_time_left_before_the_deadline() {
+    // Attempts hang. 1: 0..1 s (its own 1 s limit); sleep 1 s; 2: 2..2.5 s,
+    // cut at the 2.5 s deadline, though its own limit is 1 s.
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(secs(1)))
+        .jitter(Jitter::None)
+        .max_attempts(5)
+        .attempt_timeout(secs(1))
+        .max_elapsed(Duration::from_millis(2_500))
+        .build()
+        .unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let svc = tower::Layer::layer(&layer, scripted(|_| true, u32::MAX, calls.clone()));
+    let started = Instant::now();
+    let error = svc.oneshot(()).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_millis(2_500));
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        2,
+        "no attempt starts without time left"
+    );
+    match error {
+        Error::TimedOut(timed_out) => assert_eq!(timed_out.after(), Duration::from_millis(500)),
+        Error::Inner(n) => panic!("expected a time-out, got Err({n})"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn inner_errors_pass_through_untouched_with_attempt_timeouts() {
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::ZERO))
+        .attempt_timeout(secs(1))
+        .build()
+        .unwrap();
+    let svc = tower::Layer::layer(&layer, scripted(|_| false, u32::MAX, Arc::default()));
+    let error = svc.oneshot(()).await.unwrap_err();
+    assert!(!error.is_timeout());
+    assert_eq!(error.into_inner(), Some(3));
+}
+
+#[test]
+fn a_zero_attempt_timeout_is_refused_naming_the_field() {
+    let error = BackoffLayer::builder()
+        .attempt_timeout(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(error.field(), "attempt_timeout");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_attempt_timeouts_the_error_type_is_the_inner_services() {
+    let layer = BackoffLayer::builder().max_attempts(2).build().unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let svc = tower::Layer::layer(
+        &layer,
+        service_fn(move |()| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), std::io::Error>(std::io::Error::other("down")) }
+        }),
+    );
+    // The type annotation is the test: no wrapper.
+    let error: std::io::Error = svc.oneshot(()).await.unwrap_err();
+    assert_eq!(error.to_string(), "down");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[cfg(feature = "http")]
+mod http_server;
+
+#[cfg(feature = "http")]
+mod over_http {
+    use super::*;
+    use ::http::{Request, StatusCode};
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower_backoff::http::{HttpPolicy, RetryInfo};
+    use tower_backoff::RetryLimits;
+
+    use super::http_server::{status, Reply, Server};
+
+    fn get(server: &Server, limits: Option<RetryLimits>) -> Request<Full<Bytes>> {
+        let mut request = Request::get(server.url("/"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        if let Some(limits) = limits {
+            request.extensions_mut().insert(limits);
+        }
+        request
+    }
+
+    fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+        Client::builder(TokioExecutor::new()).build_http()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_second_attempt_is_cut_short_by_the_deadline_over_hyper() {
+        // 503, then the server hangs: the retry is cut at the 2 s deadline
+        // and the caller learns it timed out.
+        let server = Server::start(|n, _| if n == 0 { status(503) } else { Reply::Hang }).await;
+        let layer = BackoffLayer::builder()
+            .policy(HttpPolicy::new())
+            .schedule(Constant::new(Duration::from_millis(500)))
+            .jitter(Jitter::None)
+            .attempt_timeout(secs(30))
+            .max_elapsed(secs(2))
+            .build()
+            .unwrap();
+        let svc = tower::Layer::layer(&layer, client());
+        let started = Instant::now();
+        let error = svc.oneshot(get(&server, None)).await.unwrap_err();
+        assert!(error.is_timeout(), "{error}");
+        assert_eq!(server.requests(), 2);
+        let waited = started.elapsed();
+        assert!(
+            waited >= secs(2) && waited < secs(2) + Duration::from_millis(50),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_attempt_is_retried_as_a_timeout_and_the_retry_answers() {
+        let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+        let layer = BackoffLayer::builder()
+            .policy(HttpPolicy::new())
+            .schedule(Constant::new(Duration::from_millis(100)))
+            .jitter(Jitter::None)
+            .attempt_timeout(secs(1))
+            .build()
+            .unwrap();
+        let svc = tower::Layer::layer(&layer, client());
+        let response = svc.oneshot(get(&server, None)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let info = response.extensions().get::<RetryInfo>().copied().unwrap();
+        assert_eq!(info.attempts, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn per_request_limits_override_the_layers_for_that_request_only() {
+        let server = Server::start(|_, _| status(503)).await;
+        let layer = BackoffLayer::builder()
+            .policy(HttpPolicy::new())
+            .schedule(Constant::new(Duration::from_millis(100)))
+            .jitter(Jitter::None)
+            .max_attempts(3)
+            .no_budget()
+            .build()
+            .unwrap();
+        let svc = tower::Layer::layer(&layer, client());
+        let attempts = |response: &::http::Response<hyper::body::Incoming>| {
+            response.extensions().get::<RetryInfo>().unwrap().attempts
+        };
+
+        let once = svc
+            .clone()
+            .oneshot(get(&server, Some(RetryLimits::no_retries())));
+        assert_eq!(attempts(&once.await.unwrap()), 1);
+        let more = svc
+            .clone()
+            .oneshot(get(&server, Some(RetryLimits::new().max_attempts(5))));
+        assert_eq!(attempts(&more.await.unwrap()), 5);
+        let plain = svc.clone().oneshot(get(&server, None));
+        assert_eq!(attempts(&plain.await.unwrap()), 3);
+        // 250 ms: attempts at 0, 100 and 200 ms; a retry at 300 ms would
+        // end past it.
+        let limits = RetryLimits::new()
+            .max_attempts(10)
+            .timeout(Duration::from_millis(250));
+        let hurried = svc.clone().oneshot(get(&server, Some(limits)));
+        assert_eq!(attempts(&hurried.await.unwrap()), 3);
+        assert_eq!(server.requests(), 1 + 5 + 3 + 3);
+    }
+}
