@@ -56,6 +56,44 @@ use crate::schedule::{Exponential, Schedule};
 /// }
 /// assert_eq!(delays.count(), 3);
 /// ```
+///
+/// The loop of a client that keeps a connection open: back off while the
+/// server is gone, start again from the first delay when told it is back, stop
+/// when done (`examples/reconnect.rs` runs it against a real server).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use tokio::sync::watch;
+/// use tower_backoff::{Delays, Exponential};
+///
+/// # let mut refusals = 3;
+/// # let mut connect = || {
+/// #     let refused = refusals > 0;
+/// #     refusals -= u32::from(refused);
+/// #     async move { if refused { Err("refused") } else { Ok("connection") } }
+/// # };
+/// let (_server_back, mut back) = watch::channel(());
+/// let (_stop, mut done) = watch::channel(false);
+/// let mut delays = Delays::new(Exponential::new(Duration::from_millis(100)));
+/// let connection = loop {
+///     match connect().await {
+///         Ok(connection) => break Some(connection),
+///         Err(_) => {
+///             let delay = delays.next().expect("no limit was set");
+///             tokio::select! {
+///                 _ = tokio::time::sleep(delay) => {}
+///                 Ok(()) = back.changed() => delays.reset(),
+///                 _ = done.wait_for(|done| *done) => break None,
+///             }
+///         }
+///     }
+/// };
+/// assert_eq!(connection, Some("connection"));
+/// assert_eq!(delays.retries(), 3);
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Delays<S = Exponential> {
     schedule: S,
