@@ -67,7 +67,8 @@
 //! retry.
 //!
 //! For plain async closures outside tower, [`retry()`] offers the same
-//! schedules and limits.
+//! schedules and limits; for loops written by hand (a client that keeps a
+//! connection open), [`Delays`] hands out a schedule's delays one by one.
 //!
 //! [tower]: https://docs.rs/tower
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -76,6 +77,7 @@ pub mod adaptive;
 pub mod budget;
 mod config;
 pub mod deadline;
+mod delays;
 mod error;
 pub mod future;
 #[cfg(feature = "http")]
@@ -97,6 +99,7 @@ mod sync;
 
 pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
 pub use budget::{Budget, RatioBudget, TokenBucket};
+pub use delays::Delays;
 pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use jitter::{Jitter, Rng};
@@ -110,3 +113,9 @@ pub use retry::{retry, Retrying};
 pub use schedule::{Constant, Exponential, Linear, Schedule, Table};
 pub use service::Backoff;
 pub use stats::{Stats, StatsSnapshot};
+
+// Every Rust snippet in the README is compiled and run by `cargo test`, so the
+// README cannot drift from the API. Not part of the public docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

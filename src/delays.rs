@@ -1,0 +1,234 @@
+//! [`Delays`]: the delays of a schedule, one after another, for loops written
+//! by hand.
+//!
+//! A [`Schedule`] and a [`Jitter`] are stateless so that one value serves every
+//! request; the state of one sequence (which retry comes next, what was slept
+//! before, the random stream) is what `Delays` carries, so a reconnect loop
+//! does not have to.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::jitter::{Jitter, Rng};
+use crate::schedule::{Exponential, Schedule};
+
+/// The jittered delays of a [`Schedule`], one per call: an iterator that
+/// remembers the retry number and the previous delay, with
+/// [`reset`](Delays::reset) to start again from the first delay.
+///
+/// Built for loops that own their retries, such as a client that keeps a
+/// connection open: sleep `next()` after each failure, `reset()` once
+/// connected (or when told the server is back). No limit unless
+/// [`max_attempts`](Delays::max_attempts) sets one; it never allocates and
+/// never panics, however long it runs: the delays saturate at the schedule's
+/// [`cap`](Schedule::cap).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backoff::{Delays, Exponential, Jitter};
+///
+/// let schedule = Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_millis(500));
+/// let mut delays = Delays::new(schedule).jitter(Jitter::None);
+/// let first: Vec<_> = delays.by_ref().take(4).collect();
+/// assert_eq!(first, [100, 200, 400, 500].map(Duration::from_millis));
+///
+/// // Connected again: the next outage starts from the first delay.
+/// delays.reset();
+/// assert_eq!(delays.next(), Some(Duration::from_millis(100)));
+/// ```
+///
+/// With a limit, the iterator ends when the attempts are spent, as
+/// [`BackoffBuilder::max_attempts`](crate::BackoffBuilder::max_attempts) does:
+/// `max_attempts(n)` yields `n − 1` delays, one before each retry.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backoff::{Delays, Exponential, Jitter};
+///
+/// let delays = Delays::new(Exponential::new(Duration::from_secs(1)))
+///     .jitter(Jitter::Decorrelated)
+///     .seed(7)
+///     .max_attempts(4);
+/// for delay in delays.clone() {
+///     // Decorrelated jitter: between the first delay and three times the last.
+///     assert!(delay >= Duration::from_secs(1));
+/// }
+/// assert_eq!(delays.count(), 3);
+/// ```
+///
+/// The loop of a client that keeps a connection open: back off while the
+/// server is gone, start again from the first delay when told it is back, stop
+/// when done (`examples/reconnect.rs` runs it against a real server).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use tokio::sync::watch;
+/// use tower_backoff::{Delays, Exponential};
+///
+/// # let mut refusals = 3;
+/// # let mut connect = || {
+/// #     let refused = refusals > 0;
+/// #     refusals -= u32::from(refused);
+/// #     async move { if refused { Err("refused") } else { Ok("connection") } }
+/// # };
+/// let (_server_back, mut back) = watch::channel(());
+/// let (_stop, mut done) = watch::channel(false);
+/// let mut delays = Delays::new(Exponential::new(Duration::from_millis(100)));
+/// let connection = loop {
+///     match connect().await {
+///         Ok(connection) => break Some(connection),
+///         Err(_) => {
+///             let delay = delays.next().expect("no limit was set");
+///             tokio::select! {
+///                 _ = tokio::time::sleep(delay) => {}
+///                 Ok(()) = back.changed() => delays.reset(),
+///                 _ = done.wait_for(|done| *done) => break None,
+///             }
+///         }
+///     }
+/// };
+/// assert_eq!(connection, Some("connection"));
+/// assert_eq!(delays.retries(), 3);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Delays<S = Exponential> {
+    schedule: S,
+    jitter: Jitter,
+    rng: Rng,
+    /// Delays handed out since the last reset.
+    retries: u32,
+    /// The last delay handed out: decorrelated jitter grows from it.
+    previous: Duration,
+    /// At most this many delays; `None` for no limit.
+    max_retries: Option<u32>,
+}
+
+impl<S: Schedule> Delays<S> {
+    /// The delays of `schedule`, with [`Jitter::Full`] (the layer's default),
+    /// a random stream seeded from entropy, and no limit.
+    pub fn new(schedule: S) -> Self {
+        Self {
+            schedule,
+            jitter: Jitter::default(),
+            rng: Rng::from_entropy(),
+            retries: 0,
+            previous: Duration::ZERO,
+            max_retries: None,
+        }
+    }
+
+    /// Randomizes each delay with `jitter`.
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Makes every draw reproducible: the same seed gives the same delays.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.rng = Rng::seeded(seed);
+        self
+    }
+
+    /// Draws from `rng`, for example one [`Rng::stream`] of a seeded family per
+    /// connection.
+    pub fn rng(mut self, rng: Rng) -> Self {
+        self.rng = rng;
+        self
+    }
+
+    /// Ends after `attempts − 1` delays, so that a loop which tries, then asks
+    /// for a delay, makes at most `attempts` attempts (the first included).
+    /// `0` and `1` both mean a single attempt: no delay at all.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_retries = Some(attempts.saturating_sub(1));
+        self
+    }
+
+    /// No limit on the number of delays (the default): the loop itself decides
+    /// when to stop, for example on a done signal.
+    pub fn unlimited(mut self) -> Self {
+        self.max_retries = None;
+        self
+    }
+
+    /// The delay before the next retry, or `None` once the attempts set by
+    /// [`max_attempts`](Delays::max_attempts) are spent.
+    pub fn next_delay(&mut self) -> Option<Duration> {
+        if self.max_retries.is_some_and(|max| self.retries >= max) {
+            return None;
+        }
+        let retry = self.retries.saturating_add(1);
+        let delay = self
+            .jitter
+            .delay(&self.schedule, retry, self.previous, &mut self.rng);
+        self.retries = retry;
+        self.previous = delay;
+        Some(delay)
+    }
+
+    /// Starts again from the first delay, with the whole limit of attempts
+    /// available; the random stream continues, so jittered delays after a
+    /// reset are fresh draws, not a replay.
+    pub fn reset(&mut self) {
+        self.retries = 0;
+        self.previous = Duration::ZERO;
+    }
+
+    /// How many delays were handed out since the last reset: the number of the
+    /// retry the last delay was for.
+    pub fn retries(&self) -> u32 {
+        self.retries
+    }
+
+    /// The last delay handed out, or `None` if none since the last reset.
+    pub fn previous(&self) -> Option<Duration> {
+        (self.retries > 0).then_some(self.previous)
+    }
+
+    /// The schedule the delays come from.
+    pub fn schedule(&self) -> &S {
+        &self.schedule
+    }
+
+    /// Checks the schedule and the jitter, as the layer's builder does; the
+    /// delays never panic either way, but a wrong setting gives delays nobody
+    /// meant.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.schedule.validate()?;
+        self.jitter.validate()
+    }
+}
+
+impl<S: Schedule> Iterator for Delays<S> {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.next_delay()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self.max_retries {
+            Some(max) => {
+                let left = max.saturating_sub(self.retries) as usize;
+                (left, Some(left))
+            }
+            None => (usize::MAX, None),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Delays<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delays")
+            .field("schedule", &self.schedule)
+            .field("jitter", &self.jitter)
+            .field("retries", &self.retries)
+            .field("previous", &self.previous)
+            .field("max_retries", &self.max_retries)
+            .finish_non_exhaustive()
+    }
+}
