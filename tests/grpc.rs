@@ -124,7 +124,11 @@ where
         let script = self.script.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
             script.log.lock().unwrap().push(Seen {
                 path: parts.uri.path().to_owned(),
                 previous_attempts: parts
@@ -187,7 +191,13 @@ impl Service<http::Request<Body>> for Upload {
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         Box::pin(async move {
             let path = request.uri().path().to_owned();
-            let read = request.into_body().collect().await.unwrap().to_bytes().len();
+            let read = request
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .len();
             let mut trailers = http::HeaderMap::new();
             let message = if path.ends_with("/Watch") {
                 trailers.insert("grpc-status", "14".parse().unwrap());
@@ -269,14 +279,25 @@ async fn unavailable_is_retried_then_ok_with_attempts_marked() {
     let layer = GrpcRetryLayer::new(&retry_config(4, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
     let mut client = HealthClient::new(layer.layer(channel(addr).await));
 
-    let response = client.check(health_check()).await.expect("the third attempt succeeds");
+    let response = client
+        .check(health_check())
+        .await
+        .expect("the third attempt succeeds");
 
     assert_eq!(response.get_ref().status, 1, "SERVING");
-    assert_eq!(response.extensions().get::<RetryInfo>().unwrap().attempts, 3);
+    assert_eq!(
+        response.extensions().get::<RetryInfo>().unwrap().attempts,
+        3
+    );
     let seen = script.seen();
     assert_eq!(seen.len(), 3);
-    assert!(seen.iter().all(|s| s.path == "/grpc.health.v1.Health/Check"));
-    let marks: Vec<_> = seen.iter().map(|s| s.previous_attempts.as_deref()).collect();
+    assert!(seen
+        .iter()
+        .all(|s| s.path == "/grpc.health.v1.Health/Check"));
+    let marks: Vec<_> = seen
+        .iter()
+        .map(|s| s.previous_attempts.as_deref())
+        .collect();
     assert_eq!(marks, [None, Some("1"), Some("2")]);
     assert!(seen.windows(2).all(|w| w[0].body == w[1].body));
 }
@@ -475,9 +496,17 @@ async fn body_over_the_replay_limit_commits_the_call() {
     let status = upload(&layer, addr, messages(3, 1000)).await.unwrap_err();
 
     assert_eq!(status.code(), Code::Unavailable);
-    assert_eq!(script.seen().len(), 1, "past the limit, nothing is replayed");
+    assert_eq!(
+        script.seen().len(),
+        1,
+        "past the limit, nothing is replayed"
+    );
     // Within the limit, the same call is retried.
-    script.plan.lock().unwrap().push_back(reply(Code::Unavailable));
+    script
+        .plan
+        .lock()
+        .unwrap()
+        .push_back(reply(Code::Unavailable));
     upload(&layer, addr, messages(1, 500)).await.unwrap();
     assert_eq!(script.seen().len(), 3);
 }
@@ -581,7 +610,11 @@ fn service_config_reads_every_retry_field() {
         [Code::DeadlineExceeded, Code::Aborted, Code::Unavailable]
     );
     assert_eq!(config.retry_policy("/pkg.Other/Any"), Some(get));
-    assert_eq!(config.retry_policy("/pkg.Svc/Put"), None, "configured without retries");
+    assert_eq!(
+        config.retry_policy("/pkg.Svc/Put"),
+        None,
+        "configured without retries"
+    );
     assert_eq!(config.retry_policy("/elsewhere.Svc/Get"), None);
     let throttling = config.retry_throttling().unwrap();
     assert_eq!(throttling.max_tokens(), 100.0);
@@ -595,7 +628,10 @@ fn service_config_accepts_snake_case_and_an_empty_document() {
             "max_attempts": 2, "initial_backoff": "1s", "max_backoff": "1s",
             "backoff_multiplier": 1, "retryable_status_codes": [14]}}]}"#,
     );
-    assert_eq!(config.retry_policy("/any.Svc/Any").unwrap().max_attempts(), 2);
+    assert_eq!(
+        config.retry_policy("/any.Svc/Any").unwrap().max_attempts(),
+        2
+    );
     let empty = ServiceConfig::from_json("{}").unwrap();
     assert!(empty.retry_policy("/any.Svc/Any").is_none());
     assert!(empty.retry_throttling().is_none());
@@ -604,7 +640,9 @@ fn service_config_accepts_snake_case_and_an_empty_document() {
 #[test]
 fn invalid_service_configs_name_the_field() {
     let policy = |fields: &str| {
-        format!(r#"{{"methodConfig": [{{"name": [{{"service": "s"}}], "retryPolicy": {{{fields}}}}}]}}"#)
+        format!(
+            r#"{{"methodConfig": [{{"name": [{{"service": "s"}}], "retryPolicy": {{{fields}}}}}]}}"#
+        )
     };
     let valid = r#""maxAttempts": 3, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]"#;
     assert!(ServiceConfig::from_json(&policy(valid)).is_ok());
@@ -612,20 +650,59 @@ fn invalid_service_configs_name_the_field() {
         ("not json".into(), "serviceConfig"),
         ("[]".into(), "serviceConfig"),
         (r#"{"methodConfig": {}}"#.into(), "methodConfig"),
-        (policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": 1"#)), "maxAttempts"),
-        (policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": 2.5"#)), "maxAttempts"),
-        (policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": "3""#)), "maxAttempts"),
-        (policy(&valid.replace(r#""maxAttempts": 3, "#, "")), "maxAttempts"),
-        (policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": "0s""#)), "initialBackoff"),
-        (policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": "100ms""#)), "initialBackoff"),
-        (policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": 1"#)), "initialBackoff"),
-        (policy(&valid.replace(r#""maxBackoff": "1s""#, r#""maxBackoff": "-1s""#)), "maxBackoff"),
-        (policy(&valid.replace(r#""maxBackoff": "1s""#, r#""maxBackoff": "99999999999s""#)), "maxBackoff"),
-        (policy(&valid.replace(r#""backoffMultiplier": 2"#, r#""backoffMultiplier": 0"#)), "backoffMultiplier"),
-        (policy(&valid.replace(r#""backoffMultiplier": 2"#, r#""backoffMultiplier": "2""#)), "backoffMultiplier"),
+        (
+            policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": 1"#)),
+            "maxAttempts",
+        ),
+        (
+            policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": 2.5"#)),
+            "maxAttempts",
+        ),
+        (
+            policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": "3""#)),
+            "maxAttempts",
+        ),
+        (
+            policy(&valid.replace(r#""maxAttempts": 3, "#, "")),
+            "maxAttempts",
+        ),
+        (
+            policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": "0s""#)),
+            "initialBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": "100ms""#)),
+            "initialBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": 1"#)),
+            "initialBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""maxBackoff": "1s""#, r#""maxBackoff": "-1s""#)),
+            "maxBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""maxBackoff": "1s""#, r#""maxBackoff": "99999999999s""#)),
+            "maxBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""backoffMultiplier": 2"#, r#""backoffMultiplier": 0"#)),
+            "backoffMultiplier",
+        ),
+        (
+            policy(&valid.replace(r#""backoffMultiplier": 2"#, r#""backoffMultiplier": "2""#)),
+            "backoffMultiplier",
+        ),
         (policy(&valid.replace("[14]", "[]")), "retryableStatusCodes"),
-        (policy(&valid.replace("[14]", "[17]")), "retryableStatusCodes"),
-        (policy(&valid.replace("[14]", r#"["NOT_A_CODE"]"#)), "retryableStatusCodes"),
+        (
+            policy(&valid.replace("[14]", "[17]")),
+            "retryableStatusCodes",
+        ),
+        (
+            policy(&valid.replace("[14]", r#"["NOT_A_CODE"]"#)),
+            "retryableStatusCodes",
+        ),
         (policy(&valid.replace("[14]", "14")), "retryableStatusCodes"),
         (
             format!(
@@ -634,17 +711,39 @@ fn invalid_service_configs_name_the_field() {
             ),
             "hedgingPolicy",
         ),
-        (r#"{"methodConfig": [{"name": [{"method": "M"}]}]}"#.into(), "method"),
-        (r#"{"methodConfig": [{"name": [{"service": 5}]}]}"#.into(), "service"),
         (
-            r#"{"methodConfig": [{"name": [{"service": "s"}]}, {"name": [{"service": "s"}]}]}"#.into(),
+            r#"{"methodConfig": [{"name": [{"method": "M"}]}]}"#.into(),
+            "method",
+        ),
+        (
+            r#"{"methodConfig": [{"name": [{"service": 5}]}]}"#.into(),
+            "service",
+        ),
+        (
+            r#"{"methodConfig": [{"name": [{"service": "s"}]}, {"name": [{"service": "s"}]}]}"#
+                .into(),
             "name",
         ),
-        (r#"{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}"#.into(), "maxTokens"),
-        (r#"{"retryThrottling": {"maxTokens": 1001, "tokenRatio": 0.1}}"#.into(), "maxTokens"),
-        (r#"{"retryThrottling": {"tokenRatio": 0.1}}"#.into(), "maxTokens"),
-        (r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": 0}}"#.into(), "tokenRatio"),
-        (r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": "0.1"}}"#.into(), "tokenRatio"),
+        (
+            r#"{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}"#.into(),
+            "maxTokens",
+        ),
+        (
+            r#"{"retryThrottling": {"maxTokens": 1001, "tokenRatio": 0.1}}"#.into(),
+            "maxTokens",
+        ),
+        (
+            r#"{"retryThrottling": {"tokenRatio": 0.1}}"#.into(),
+            "maxTokens",
+        ),
+        (
+            r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": 0}}"#.into(),
+            "tokenRatio",
+        ),
+        (
+            r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": "0.1"}}"#.into(),
+            "tokenRatio",
+        ),
     ];
     for (json, field) in cases {
         let error = ServiceConfig::from_json(&json).expect_err(&json);

@@ -153,7 +153,10 @@ mod tests {
     #[test]
     fn a_set_holds_what_was_added() {
         let set: CodeSet = [Code::Aborted, Code::Internal].into_iter().collect();
-        assert_eq!(set.iter().collect::<Vec<_>>(), [Code::Aborted, Code::Internal]);
+        assert_eq!(
+            set.iter().collect::<Vec<_>>(),
+            [Code::Aborted, Code::Internal]
+        );
         assert!(set.without(Code::Aborted).contains(Code::Internal));
         assert!(!set.without(Code::Aborted).contains(Code::Aborted));
         assert_eq!(format!("{set:?}"), r#"{"ABORTED", "INTERNAL"}"#);

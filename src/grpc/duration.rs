@@ -71,8 +71,21 @@ mod tests {
     #[test]
     fn anything_else_is_rejected() {
         for text in [
-            "", "s", "1", "1ms", "1.s", ".s", "-s", "1.0000000001s", "+1s", " 1s", "1 s", "1e3s",
-            "0x10s", "99999999999999999999999s", "1.5sec",
+            "",
+            "s",
+            "1",
+            "1ms",
+            "1.s",
+            ".s",
+            "-s",
+            "1.0000000001s",
+            "+1s",
+            " 1s",
+            "1 s",
+            "1e3s",
+            "0x10s",
+            "99999999999999999999999s",
+            "1.5sec",
         ] {
             assert_eq!(parse_duration(text), None, "{text:?}");
         }

@@ -119,7 +119,10 @@ mod tests {
     #[test]
     fn a_refused_stream_never_left() {
         let refused = Wrapped(Box::new(h2::Error::from(h2::Reason::REFUSED_STREAM)));
-        assert_eq!(classify_transport_error(&refused), TransportFailure::NotSent);
+        assert_eq!(
+            classify_transport_error(&refused),
+            TransportFailure::NotSent
+        );
         let cancelled = Wrapped(Box::new(h2::Error::from(h2::Reason::INTERNAL_ERROR)));
         assert_eq!(
             classify_transport_error(&cancelled),

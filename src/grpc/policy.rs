@@ -359,9 +359,9 @@ mod tests {
         let policy = GrpcPolicy::new();
         let request = Request::post("http://example.com/pkg.Svc/Call")
             .header("te", "trailers")
-            .body(ReplayBody::new(http_body_util::Full::new(bytes::Bytes::from(
-                "msg",
-            ))))
+            .body(ReplayBody::new(http_body_util::Full::new(
+                bytes::Bytes::from("msg"),
+            )))
             .unwrap();
         let copy = Policy::<_, Response<()>, std::io::Error>::clone_request(&policy, &request)
             .expect("a POST with a replayable body is copied");

@@ -90,7 +90,10 @@ mod tests {
     #[test]
     fn valid_values_are_delays() {
         assert_eq!(pushback(&[b"0"]), Pushback::After(Duration::ZERO));
-        assert_eq!(pushback(&[b"1500"]), Pushback::After(Duration::from_millis(1500)));
+        assert_eq!(
+            pushback(&[b"1500"]),
+            Pushback::After(Duration::from_millis(1500))
+        );
         assert_eq!(
             pushback(&[b"2147483647"]),
             Pushback::After(Duration::from_millis(i32::MAX as u64))

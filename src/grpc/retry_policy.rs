@@ -221,11 +221,26 @@ mod tests {
         let ms = Duration::from_millis;
         let codes = CodeSet::DEFAULT;
         let cases = [
-            (RetryPolicy::new(3, Duration::ZERO, ms(1), 2.0, codes), "initialBackoff"),
-            (RetryPolicy::new(3, ms(1), Duration::ZERO, 2.0, codes), "maxBackoff"),
-            (RetryPolicy::new(3, ms(1), ms(1), 0.0, codes), "backoffMultiplier"),
-            (RetryPolicy::new(3, ms(1), ms(1), f64::NAN, codes), "backoffMultiplier"),
-            (RetryPolicy::new(3, ms(1), ms(1), 2.0, CodeSet::EMPTY), "retryableStatusCodes"),
+            (
+                RetryPolicy::new(3, Duration::ZERO, ms(1), 2.0, codes),
+                "initialBackoff",
+            ),
+            (
+                RetryPolicy::new(3, ms(1), Duration::ZERO, 2.0, codes),
+                "maxBackoff",
+            ),
+            (
+                RetryPolicy::new(3, ms(1), ms(1), 0.0, codes),
+                "backoffMultiplier",
+            ),
+            (
+                RetryPolicy::new(3, ms(1), ms(1), f64::NAN, codes),
+                "backoffMultiplier",
+            ),
+            (
+                RetryPolicy::new(3, ms(1), ms(1), 2.0, CodeSet::EMPTY),
+                "retryableStatusCodes",
+            ),
             (
                 RetryPolicy::new(3, ms(1), Duration::from_secs(400 * 86_400), 2.0, codes),
                 "maxBackoff",

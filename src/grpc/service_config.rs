@@ -240,15 +240,18 @@ fn required<'a>(
     snake: &str,
     at: &str,
 ) -> Result<&'a Value, ConfigError> {
-    field(object, camel, snake)
-        .ok_or_else(|| ConfigError::new(camel, format!("{at}: is required")))
+    field(object, camel, snake).ok_or_else(|| ConfigError::new(camel, format!("{at}: is required")))
 }
 
 fn parse_retry_policy(value: &Value, at: &str) -> Result<RetryPolicy, ConfigError> {
     let Value::Object(policy) = value else {
-        return Err(ConfigError::new("retryPolicy", format!("{at}: must be an object")));
+        return Err(ConfigError::new(
+            "retryPolicy",
+            format!("{at}: must be an object"),
+        ));
     };
-    let max_attempts = parse_max_attempts(required(policy, "maxAttempts", "max_attempts", at)?, at)?;
+    let max_attempts =
+        parse_max_attempts(required(policy, "maxAttempts", "max_attempts", at)?, at)?;
     let initial = parse_backoff(policy, "initialBackoff", "initial_backoff", at)?;
     let max = parse_backoff(policy, "maxBackoff", "max_backoff", at)?;
     let multiplier = match required(policy, "backoffMultiplier", "backoff_multiplier", at)? {
