@@ -547,6 +547,44 @@ async fn throttling_stops_retries_once_tokens_fall_to_half() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn throttling_counts_every_retryable_failure_and_pushback_stop() {
+    let mut invalid = with_pushback(reply(Code::InvalidArgument), "-1");
+    let plan = vec![
+        reply(Code::Unavailable),
+        reply(Code::Unavailable),
+        invalid.clone(),
+        {
+            invalid.pushback = None;
+            invalid
+        },
+    ];
+    let (addr, script) = serve(plan).await;
+    let config = config(
+        r#"{"methodConfig": [{"name": [{}], "retryPolicy": {
+              "maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s",
+              "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+            "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#,
+    );
+    let layer = GrpcRetryLayer::new(&config).unwrap();
+    let throttle = Arc::clone(layer.throttle().unwrap());
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    // Both attempts fail, the last one included: 2 tokens.
+    client.check(health_check()).await.unwrap_err();
+    assert_eq!(script.seen().len(), 2);
+    assert_eq!(throttle.tokens(), 8.0);
+    // A pushback saying not to retry counts, whatever the code.
+    client.check(health_check()).await.unwrap_err();
+    assert_eq!(throttle.tokens(), 7.0);
+    // A final status without pushback is the caller's mistake, not the
+    // server's failure: not counted.
+    client.check(health_check()).await.unwrap_err();
+    assert_eq!(throttle.tokens(), 7.0);
+    client.check(health_check()).await.unwrap();
+    assert_eq!(throttle.tokens(), 7.1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn refused_connection_is_retried_transparently_without_counting() {
     // A port nobody listens on.
     let addr = TcpListener::bind("127.0.0.1:0")

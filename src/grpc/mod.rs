@@ -47,10 +47,12 @@
 //! # Where this differs from gRPC's own clients
 //! - The backoff does not restart from `initialBackoff` after a server
 //!   pushback; it goes on growing with the attempt number.
-//! - A [`RetryThrottle`] used as the layer's budget counts the failures the
-//!   layer asks it about: those that could still be retried. A retryable
-//!   failure of a call's last allowed attempt, and a pushback that says not
-//!   to retry, are not counted (gRPC counts both).
+//! - A6's throttling is exact when the policy counts it
+//!   ([`GrpcPolicy::throttle`], which [`GrpcRetryLayer`] uses). A
+//!   [`RetryThrottle`] given to any layer as its budget counts only the
+//!   failures the layer asks it about, those that could still be retried: a
+//!   retryable failure of a call's last allowed attempt, and a pushback that
+//!   says not to retry, are not counted there (gRPC counts both).
 //! - A committed call (headers received) counts as a success for the budget,
 //!   whatever status its trailers bring later.
 //! - Hedging is not implemented: a method with a `hedgingPolicy` is not

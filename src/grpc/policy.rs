@@ -1,6 +1,7 @@
 //! [`GrpcPolicy`]: retries gRPC calls the way gRFC A6 specifies.
 
 use std::error::Error;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -10,6 +11,7 @@ use tonic::Code;
 use super::code::CodeSet;
 use super::error::{classify_transport_error, TransportFailure};
 use super::pushback::{parse_pushback, Pushback};
+use super::throttle::RetryThrottle;
 use crate::http::{AsStdError, CloneBody, RetryInfo};
 use crate::policy::{Cause, Decision, Policy};
 
@@ -84,11 +86,22 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 /// # drop(layer);
 /// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct GrpcPolicy {
     codes: CodeSet,
     max_pushback: Duration,
     record_info: bool,
+    throttle: Option<Arc<RetryThrottle>>,
+}
+
+/// How an outcome counts for gRFC A6's retry throttling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    Success,
+    /// A retryable status, or a pushback that says not to retry.
+    Failure,
+    /// A final status, or a call that never reached the server.
+    Neither,
 }
 
 impl GrpcPolicy {
@@ -98,11 +111,12 @@ impl GrpcPolicy {
             codes: CodeSet::DEFAULT,
             max_pushback: DEFAULT_MAX_PUSHBACK,
             record_info: true,
+            throttle: None,
         }
     }
 
     /// Also retries `code`.
-    pub const fn retry_code(mut self, code: Code) -> Self {
+    pub fn retry_code(mut self, code: Code) -> Self {
         self.codes = self.codes.with(code);
         self
     }
@@ -110,7 +124,7 @@ impl GrpcPolicy {
     /// Retries exactly `codes` (a service config's `retryableStatusCodes`).
     /// [`CodeSet::EMPTY`] leaves only the transparent retry of calls that
     /// never left.
-    pub const fn codes(mut self, codes: CodeSet) -> Self {
+    pub fn codes(mut self, codes: CodeSet) -> Self {
         self.codes = codes;
         self
     }
@@ -123,60 +137,93 @@ impl GrpcPolicy {
     /// Longest `grpc-retry-pushback-ms` waited for (default
     /// [`DEFAULT_MAX_PUSHBACK`]); a longer one ends the call with its status,
     /// as a negative one does.
-    pub const fn max_pushback(mut self, max: Duration) -> Self {
+    pub fn max_pushback(mut self, max: Duration) -> Self {
         self.max_pushback = max;
         self
     }
 
     /// Stops adding [`RetryInfo`] to responses (it costs one small
     /// allocation per call).
-    pub const fn without_retry_info(mut self) -> Self {
+    pub fn without_retry_info(mut self) -> Self {
         self.record_info = false;
+        self
+    }
+
+    /// Applies gRFC A6's retry throttling in the policy itself: every
+    /// outcome it classifies is counted (a retryable status or a pushback
+    /// saying not to retry takes a token, a success adds `tokenRatio`), and
+    /// a failure that leaves the count at or below half is returned instead
+    /// of retried. Unlike a [`RetryThrottle`] given to the layer as its
+    /// budget, this sees every attempt, the last one included: it is A6's
+    /// accounting exactly. Give the layer no other budget for the same
+    /// throttle, or failures count twice.
+    /// [`GrpcRetryLayer`](super::GrpcRetryLayer) does this with a service
+    /// config's `retryThrottling`.
+    pub fn throttle(mut self, throttle: Arc<RetryThrottle>) -> Self {
+        self.throttle = Some(throttle);
         self
     }
 
     /// What a response with this HTTP status and these headers means.
     pub fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
+        self.judge_response(status, headers).0
+    }
+
+    /// What an error with no response means.
+    pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Decision {
+        self.judge_error(error).0
+    }
+
+    fn judge_response(&self, status: StatusCode, headers: &HeaderMap) -> (Decision, Counted) {
         let code = match headers.get(GRPC_STATUS) {
             Some(value) => Code::from_bytes(value.as_bytes()),
             // Headers without a status: the server started answering, and
             // the call is committed (A6).
-            None if status == StatusCode::OK => return Decision::Success,
+            None if status == StatusCode::OK => return (Decision::Success, Counted::Success),
             None => code_of_http_status(status),
         };
         if code == Code::Ok {
-            return Decision::Success;
+            return (Decision::Success, Counted::Success);
+        }
+        // As gRPC-Go reads A6: a pushback saying not to retry counts as a
+        // failure whatever the code.
+        let pushback = match parse_pushback(headers) {
+            Pushback::After(delay) if delay > self.max_pushback => Pushback::Stop,
+            pushback => pushback,
+        };
+        if pushback == Pushback::Stop {
+            return (Decision::Fail, Counted::Failure);
         }
         if !self.codes.contains(code) {
-            return Decision::Fail;
+            return (Decision::Fail, Counted::Neither);
         }
         let cause = match code {
             Code::Unavailable | Code::ResourceExhausted => Cause::Throttled,
             Code::DeadlineExceeded => Cause::Timeout,
             _ => Cause::Transient,
         };
-        match parse_pushback(headers) {
-            Pushback::Absent => Decision::retry().because(cause),
-            Pushback::After(delay) if delay <= self.max_pushback => {
-                Decision::retry_after(delay).because(cause)
-            }
-            Pushback::After(_) | Pushback::Stop => Decision::Fail,
-        }
+        let decision = match pushback {
+            Pushback::After(delay) => Decision::retry_after(delay),
+            _ => Decision::retry(),
+        };
+        (decision.because(cause), Counted::Failure)
     }
 
-    /// What an error with no response means.
-    pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Decision {
+    fn judge_error(&self, error: &(dyn Error + 'static)) -> (Decision, Counted) {
         match classify_transport_error(error) {
-            TransportFailure::NotSent => Decision::retry().because(Cause::NotSent),
+            // A6: transparent retries do not count for throttling.
+            TransportFailure::NotSent => {
+                (Decision::retry().because(Cause::NotSent), Counted::Neither)
+            }
             TransportFailure::Status(code) if self.codes.contains(code) => {
                 let cause = if code == Code::DeadlineExceeded {
                     Cause::Timeout
                 } else {
                     Cause::Transient
                 };
-                Decision::retry().because(cause)
+                (Decision::retry().because(cause), Counted::Failure)
             }
-            TransportFailure::Status(_) => Decision::Fail,
+            TransportFailure::Status(_) => (Decision::Fail, Counted::Neither),
         }
     }
 }
@@ -213,10 +260,17 @@ where
         request: &Request<ReqBody>,
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
-        let decision = match result {
-            Ok(response) => self.classify_response(response.status(), response.headers()),
-            Err(error) => self.classify_error(error.as_std_error()),
+        let (decision, counted) = match result {
+            Ok(response) => self.judge_response(response.status(), response.headers()),
+            Err(error) => self.judge_error(error.as_std_error()),
         };
+        if let Some(throttle) = &self.throttle {
+            match counted {
+                Counted::Success => throttle.record_success(),
+                Counted::Failure if !throttle.record_failure() => return Decision::Fail,
+                Counted::Failure | Counted::Neither => {}
+            }
+        }
         // Past the replay limit the call is committed (A6): nothing whole
         // is left to send again.
         if decision.is_retry() && !request.body().is_replayable() {
@@ -342,6 +396,35 @@ mod tests {
             policy.classify_response(StatusCode::OK, &trailers_only("3", Some("10"))),
             Decision::Fail
         );
+    }
+
+    fn classify(policy: &GrpcPolicy, headers: HeaderMap) -> Decision {
+        let request = Request::new(String::new());
+        let mut response = Response::new(());
+        *response.headers_mut() = headers;
+        Policy::<_, _, std::io::Error>::classify(policy, &request, &Ok(response))
+    }
+
+    #[test]
+    fn a_throttled_policy_counts_outcomes_and_stops_at_half() {
+        let throttle = Arc::new(RetryThrottle::new(4.0, 0.5).unwrap());
+        let policy = GrpcPolicy::new().throttle(Arc::clone(&throttle));
+        assert!(classify(&policy, trailers_only("14", None)).is_retry());
+        assert_eq!(throttle.tokens(), 3.0);
+        // Not counted: a final code without pushback.
+        assert_eq!(classify(&policy, trailers_only("3", None)), Decision::Fail);
+        assert_eq!(throttle.tokens(), 3.0);
+        // Counted: a pushback that says stop, on any code.
+        assert_eq!(
+            classify(&policy, trailers_only("3", Some("-5"))),
+            Decision::Fail
+        );
+        assert_eq!(throttle.tokens(), 2.0);
+        // At half, a retryable status is returned.
+        assert_eq!(classify(&policy, trailers_only("14", None)), Decision::Fail);
+        assert_eq!(throttle.tokens(), 1.0);
+        assert_eq!(classify(&policy, HeaderMap::new()), Decision::Success);
+        assert_eq!(throttle.tokens(), 1.5);
     }
 
     #[test]

@@ -35,9 +35,10 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// codes) with a [`GrpcPolicy`]. Methods the config gives no retry policy
 /// are not retried, except for A6's transparent retry of a call that never
 /// left the client. Every method of the channel shares one budget: the
-/// config's `retryThrottling` as a [`RetryThrottle`] if it has one, else the
+/// config's `retryThrottling` as a [`RetryThrottle`] if it has one (counted
+/// by each method's policy, so every attempt counts, as A6 says), else the
 /// crate's default [`TokenBucket`]; [`budget`](GrpcRetryBuilder::budget)
-/// replaces it. Request bodies are recorded up to
+/// replaces either. Request bodies are recorded up to
 /// [`replay_limit`](GrpcRetryBuilder::replay_limit) bytes per call; a call
 /// that sends more is committed and not retried.
 ///
@@ -169,13 +170,23 @@ impl GrpcRetryBuilder {
             (None, Some(throttling)) => Some(Arc::new(throttling.throttle())),
             _ => None,
         };
-        let budget: Arc<dyn Budget> = match (self.budget, &throttle) {
-            (Some(budget), _) => budget,
-            (None, Some(throttle)) => throttle.clone(),
-            (None, None) => Arc::new(TokenBucket::default()),
+        // A6's throttling is counted by the policy, which sees every
+        // attempt; then the layer needs no other budget.
+        let budget: Option<Arc<dyn Budget>> = match (self.budget, &throttle) {
+            (Some(budget), _) => Some(budget),
+            (None, Some(_)) => None,
+            (None, None) => Some(Arc::new(TokenBucket::default())),
         };
-        let build = |policy: &RetryPolicy| {
-            let mut builder = policy.layer().budget(Arc::clone(&budget));
+        let build = |retry: &RetryPolicy| {
+            let mut policy = retry.policy();
+            if let Some(throttle) = &throttle {
+                policy = policy.throttle(Arc::clone(throttle));
+            }
+            let mut builder = retry.layer().policy(policy);
+            builder = match &budget {
+                Some(budget) => builder.budget(Arc::clone(budget)),
+                None => builder.no_budget(),
+            };
             if let Some(stats) = &self.stats {
                 builder = builder.stats(stats.clone());
             }

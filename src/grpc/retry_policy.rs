@@ -145,7 +145,7 @@ impl RetryPolicy {
     }
 
     /// The [`GrpcPolicy`] for these codes.
-    pub const fn policy(&self) -> GrpcPolicy {
+    pub fn policy(&self) -> GrpcPolicy {
         GrpcPolicy::new().codes(self.codes)
     }
 

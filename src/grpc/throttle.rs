@@ -34,6 +34,11 @@ const MAX_TOKENS: f64 = 1000.0;
 ///   neither counted nor checked, as A6 says;
 /// - every success adds `tokenRatio`.
 ///
+/// The layer does not ask a budget about a failure it cannot retry anyway
+/// (the call's last allowed attempt, a pushback saying not to retry), so
+/// those are not counted this way. For A6's accounting exactly, let the
+/// policy count instead: [`GrpcPolicy::throttle`](super::GrpcPolicy::throttle).
+///
 /// Lock-free: each call is one atomic read or one compare-and-swap loop on
 /// one word.
 ///
