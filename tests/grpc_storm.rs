@@ -55,7 +55,7 @@ impl Policy<Request, (), AttemptError> for CountedByPolicy {
     }
 
     fn clone_request(&self, request: &Request) -> Option<Request> {
-        Some(request.clone())
+        Some(*request)
     }
 }
 
