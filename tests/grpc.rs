@@ -355,6 +355,31 @@ async fn retries_stop_at_max_attempts_with_the_last_status() {
     assert_eq!(script.seen().len(), 3);
 }
 
+#[tokio::test(start_paused = true)]
+async fn max_elapsed_bounds_the_whole_call() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable); 10]).await;
+    // Backoffs of 0.8 to 1.2 s: a second retry would end past 1.5 s.
+    let config = retry_config(5, "1s", r#"["UNAVAILABLE"]"#);
+    let layer = GrpcRetryLayer::builder(&config)
+        .max_elapsed(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let status = client.check(health_check()).await.unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(script.seen().len(), 2);
+    assert_eq!(
+        GrpcRetryLayer::builder(&config)
+            .max_elapsed(Duration::ZERO)
+            .build()
+            .unwrap_err()
+            .field(),
+        "max_elapsed"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Pushback
 // ---------------------------------------------------------------------------

@@ -61,6 +61,8 @@
 mod code;
 mod duration;
 mod error;
+#[cfg(all(test, tower_backoff_loom))]
+mod loom;
 mod policy;
 mod pushback;
 mod replay;

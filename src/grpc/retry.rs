@@ -5,6 +5,7 @@ use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use ::http::{Request, Response};
 use bytes::Bytes;
@@ -98,6 +99,7 @@ impl GrpcRetryLayer {
             replay_limit: DEFAULT_REPLAY_LIMIT,
             budget: None,
             stats: None,
+            max_elapsed: None,
         }
     }
 
@@ -136,9 +138,19 @@ pub struct GrpcRetryBuilder {
     replay_limit: usize,
     budget: Option<Arc<dyn Budget>>,
     stats: Option<Stats>,
+    max_elapsed: Option<Duration>,
 }
 
 impl GrpcRetryBuilder {
+    /// Time limit for a whole call, from its first attempt: no retry starts
+    /// whose sleep would end past it. gRPC's deadline spans every attempt;
+    /// tonic's per-call timeout (`grpc-timeout`) applies to each attempt
+    /// alone, so set the call's overall limit here.
+    pub fn max_elapsed(mut self, limit: Duration) -> Self {
+        self.max_elapsed = Some(limit);
+        self
+    }
+
     /// Most request-body bytes recorded per call (default
     /// [`DEFAULT_REPLAY_LIMIT`]): A6's per-call buffer limit, the client's
     /// choice rather than the service config's. A call that sends more is
@@ -164,7 +176,8 @@ impl GrpcRetryBuilder {
     /// Builds one [`Backoff`] layer per method config, sharing the budget.
     ///
     /// # Errors
-    /// A [`ConfigError`] if a method's layer cannot be built.
+    /// A [`ConfigError`] naming `max_elapsed` when it is zero or longer than
+    /// a year.
     pub fn build(self) -> Result<GrpcRetryLayer, ConfigError> {
         let throttle = match (&self.budget, self.config.retry_throttling()) {
             (None, Some(throttling)) => Some(Arc::new(throttling.throttle())),
@@ -189,6 +202,9 @@ impl GrpcRetryBuilder {
             };
             if let Some(stats) = &self.stats {
                 builder = builder.stats(stats.clone());
+            }
+            if let Some(limit) = self.max_elapsed {
+                builder = builder.max_elapsed(limit);
             }
             builder.build()
         };
