@@ -827,3 +827,12 @@ fn errors_say_where_the_field_is() {
         "{error}"
     );
 }
+
+#[test]
+fn a_retrying_channel_and_its_futures_can_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<tower_backoff::grpc::GrpcRetry<Channel>>();
+    send::<tower_backoff::grpc::GrpcResponseFuture<Channel, Body>>();
+    send_sync::<GrpcRetryLayer>();
+}
