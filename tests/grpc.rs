@@ -642,6 +642,62 @@ async fn refused_connection_is_retried_transparently_without_counting() {
     );
 }
 
+/// A bare HTTP/2 server (h2, no gRPC library) that refuses the first stream
+/// with `REFUSED_STREAM`, then answers every health check `SERVING`.
+async fn refusing_server() -> (SocketAddr, Arc<Mutex<u32>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let streams = Arc::new(Mutex::new(0));
+    let counted = Arc::clone(&streams);
+    tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut connection = h2::server::handshake(socket).await.unwrap();
+        while let Some(Ok((_request, mut respond))) = connection.accept().await {
+            let n = {
+                let mut streams = counted.lock().unwrap();
+                *streams += 1;
+                *streams
+            };
+            if n == 1 {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+                continue;
+            }
+            let head = http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(())
+                .unwrap();
+            let mut send = respond.send_response(head, false).unwrap();
+            // HealthCheckResponse { status: SERVING }, framed.
+            let message = [0u8, 0, 0, 0, 2, 0x08, 0x01];
+            send.send_data(Bytes::copy_from_slice(&message), false)
+                .unwrap();
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            send.send_trailers(trailers).unwrap();
+        }
+    });
+    (addr, streams)
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_stream_is_retried_transparently_even_unconfigured() {
+    let (addr, streams) = refusing_server().await;
+    let stats = Stats::default();
+    // No retry policy at all for the health service.
+    let layer = GrpcRetryLayer::builder(&ServiceConfig::default())
+        .stats(stats.clone())
+        .build()
+        .unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let response = client.check(health_check()).await.unwrap();
+
+    assert_eq!(response.get_ref().status, 1);
+    assert_eq!(*streams.lock().unwrap(), 2);
+    let counts = stats.snapshot();
+    assert_eq!((counts.attempts, counts.slept), (2, Duration::ZERO));
+}
+
 // ---------------------------------------------------------------------------
 // Service config
 // ---------------------------------------------------------------------------
