@@ -1,0 +1,894 @@
+//! gRPC retries against a real tonic server on 127.0.0.1, through a real
+//! tonic `Channel` and tonic's own clients, on tokio's paused clock.
+#![cfg(feature = "grpc")]
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::uri::PathAndQuery;
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tonic::body::Body;
+use tonic::metadata::MetadataMap;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_prost::ProstCodec;
+use tower::{Layer, Service, ServiceBuilder};
+use tower_backoff::grpc::{
+    GrpcPolicy, GrpcRetryLayer, ReplayLayer, ServiceConfig, TonicBodyLayer, PREVIOUS_RPC_ATTEMPTS,
+    RETRY_PUSHBACK_MS,
+};
+use tower_backoff::http::RetryInfo;
+use tower_backoff::{BackoffLayer, Constant, Stats};
+
+// ---------------------------------------------------------------------------
+// The server: tonic's health service and a hand-written upload service, behind
+// a tower layer that answers as the test's script says.
+// ---------------------------------------------------------------------------
+
+/// What the server saw of one call.
+#[derive(Debug, Clone)]
+struct Seen {
+    path: String,
+    previous_attempts: Option<String>,
+    body: Bytes,
+    at: Instant,
+}
+
+/// A scripted answer: a trailers-only status, given instead of the service's.
+#[derive(Clone)]
+struct Reply {
+    code: Code,
+    message: &'static str,
+    metadata: Vec<(&'static str, &'static str)>,
+    pushback: Option<&'static str>,
+}
+
+fn reply(code: Code) -> Reply {
+    Reply {
+        code,
+        message: "scripted",
+        metadata: Vec::new(),
+        pushback: None,
+    }
+}
+
+fn with_pushback(mut reply: Reply, pushback: &'static str) -> Reply {
+    reply.pushback = Some(pushback);
+    reply
+}
+
+#[derive(Clone, Default)]
+struct Script {
+    log: Arc<Mutex<Vec<Seen>>>,
+    plan: Arc<Mutex<VecDeque<Reply>>>,
+}
+
+impl Script {
+    fn seen(&self) -> Vec<Seen> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl<S> Layer<S> for Script {
+    type Service = Scripted<S>;
+
+    fn layer(&self, inner: S) -> Scripted<S> {
+        Scripted {
+            inner,
+            script: self.clone(),
+        }
+    }
+}
+
+/// Reads each call's whole body, logs it, then answers with the next
+/// scripted status or passes the call on.
+#[derive(Clone)]
+struct Scripted<S> {
+    inner: S,
+    script: Script,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> Service<http::Request<Body>> for Scripted<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let mut inner = self.inner.clone();
+        let script = self.script.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            script.log.lock().unwrap().push(Seen {
+                path: parts.uri.path().to_owned(),
+                previous_attempts: parts
+                    .headers
+                    .get(PREVIOUS_RPC_ATTEMPTS)
+                    .map(|v| v.to_str().unwrap().to_owned()),
+                body: body.clone(),
+                at: Instant::now(),
+            });
+            let next = script.plan.lock().unwrap().pop_front();
+            if let Some(reply) = next {
+                let mut metadata = MetadataMap::new();
+                for (key, value) in reply.metadata {
+                    metadata.insert(key, value.parse().unwrap());
+                }
+                let status = Status::with_metadata(reply.code, reply.message, metadata);
+                let mut response = status.into_http::<Body>();
+                if let Some(pushback) = reply.pushback {
+                    response
+                        .headers_mut()
+                        .insert(RETRY_PUSHBACK_MS, pushback.parse().unwrap());
+                }
+                return Ok(response);
+            }
+            let request = http::Request::from_parts(parts, Body::new(Full::new(body)));
+            inner.call(request).await
+        })
+    }
+}
+
+/// A gRPC message frame: uncompressed flag, length, the protobuf bytes.
+fn frame(message: &str) -> Bytes {
+    let encoded = message.to_owned().encode_to_vec();
+    let mut framed = BytesMut::with_capacity(5 + encoded.len());
+    framed.put_u8(0);
+    framed.put_u32(encoded.len() as u32);
+    framed.put_slice(&encoded);
+    framed.freeze()
+}
+
+/// `test.Upload`, written by hand (no codegen): `Send` is client-streaming and
+/// answers how many bytes it read; `Watch` is server-streaming and fails
+/// after its first message, with the response headers long sent.
+#[derive(Clone)]
+struct Upload;
+
+impl tonic::server::NamedService for Upload {
+    const NAME: &'static str = "test.Upload";
+}
+
+impl Service<http::Request<Body>> for Upload {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        Box::pin(async move {
+            let path = request.uri().path().to_owned();
+            let read = request
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .len();
+            let mut trailers = http::HeaderMap::new();
+            let message = if path.ends_with("/Watch") {
+                trailers.insert("grpc-status", "14".parse().unwrap());
+                trailers.insert("grpc-message", "gone".parse().unwrap());
+                "first".to_owned()
+            } else {
+                trailers.insert("grpc-status", "0".parse().unwrap());
+                format!("read {read} bytes")
+            };
+            let frames = vec![
+                Ok::<_, Infallible>(Frame::data(frame(&message))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            let body = Body::new(StreamBody::new(futures::stream::iter(frames)));
+            Ok(http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(body)
+                .unwrap())
+        })
+    }
+}
+
+/// Starts the server on 127.0.0.1, port 0; it answers `plan` first.
+async fn serve(plan: Vec<Reply>) -> (SocketAddr, Script) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let script = Script::default();
+    script.plan.lock().unwrap().extend(plan);
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let incoming = futures::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    });
+    let router = tonic::transport::Server::builder()
+        .layer(script.clone())
+        .add_service(health)
+        .add_service(Upload);
+    tokio::spawn(async move {
+        let _reporter = _reporter;
+        router.serve_with_incoming(incoming).await.unwrap();
+    });
+    (addr, script)
+}
+
+async fn channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+fn config(json: &str) -> ServiceConfig {
+    ServiceConfig::from_json(json).unwrap()
+}
+
+/// A config retrying every method with these settings.
+fn retry_config(attempts: u32, initial: &str, codes: &str) -> ServiceConfig {
+    config(&format!(
+        r#"{{"methodConfig": [{{"name": [{{}}], "retryPolicy": {{
+            "maxAttempts": {attempts}, "initialBackoff": "{initial}", "maxBackoff": "10s",
+            "backoffMultiplier": 2, "retryableStatusCodes": {codes}}}}}]}}"#
+    ))
+}
+
+fn health_check() -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: String::new(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Unary calls
+// ---------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn unavailable_is_retried_then_ok_with_attempts_marked() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable), reply(Code::Unavailable)]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(4, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let response = client
+        .check(health_check())
+        .await
+        .expect("the third attempt succeeds");
+
+    assert_eq!(response.get_ref().status, 1, "SERVING");
+    assert_eq!(
+        response.extensions().get::<RetryInfo>().unwrap().attempts,
+        3
+    );
+    let seen = script.seen();
+    assert_eq!(seen.len(), 3);
+    assert!(seen
+        .iter()
+        .all(|s| s.path == "/grpc.health.v1.Health/Check"));
+    let marks: Vec<_> = seen
+        .iter()
+        .map(|s| s.previous_attempts.as_deref())
+        .collect();
+    assert_eq!(marks, [None, Some("1"), Some("2")]);
+    assert!(seen.windows(2).all(|w| w[0].body == w[1].body));
+}
+
+#[tokio::test(start_paused = true)]
+async fn plain_backoff_layer_with_replay_layers_retries_a_channel() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable)]).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(
+            BackoffLayer::builder()
+                .policy(GrpcPolicy::new())
+                .schedule(Constant::new(Duration::from_millis(50)))
+                .build()
+                .unwrap(),
+        )
+        .layer(TonicBodyLayer)
+        .service(channel(addr).await);
+    let mut client = HealthClient::new(svc);
+
+    let response = client.check(health_check()).await.unwrap();
+
+    assert_eq!(response.get_ref().status, 1);
+    assert_eq!(script.seen().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_retryable_code_returns_at_once_with_message_and_metadata() {
+    let mut invalid = reply(Code::InvalidArgument);
+    invalid.message = "bad service name";
+    invalid.metadata = vec![("x-reason", "name too long")];
+    let (addr, script) = serve(vec![invalid]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(5, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+    let started = Instant::now();
+
+    let status = client.check(health_check()).await.unwrap_err();
+
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(status.message(), "bad service name");
+    assert_eq!(status.metadata().get("x-reason").unwrap(), "name too long");
+    assert_eq!(script.seen().len(), 1);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_stop_at_max_attempts_with_the_last_status() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable); 10]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(3, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let status = client.check(health_check()).await.unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(script.seen().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_elapsed_bounds_the_whole_call() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable); 10]).await;
+    // Backoffs of 0.8 to 1.2 s: a second retry would end past 1.5 s.
+    let config = retry_config(5, "1s", r#"["UNAVAILABLE"]"#);
+    let layer = GrpcRetryLayer::builder(&config)
+        .max_elapsed(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let status = client.check(health_check()).await.unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(script.seen().len(), 2);
+    assert_eq!(
+        GrpcRetryLayer::builder(&config)
+            .max_elapsed(Duration::ZERO)
+            .build()
+            .unwrap_err()
+            .field(),
+        "max_elapsed"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Pushback
+// ---------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn pushback_delay_is_honoured_on_the_paused_clock() {
+    let throttled = with_pushback(reply(Code::ResourceExhausted), "1500");
+    let (addr, script) = serve(vec![throttled]).await;
+    // The schedule alone would wait 8 to 12 seconds.
+    let codes = r#"["UNAVAILABLE", "RESOURCE_EXHAUSTED"]"#;
+    let layer = GrpcRetryLayer::new(&retry_config(3, "10s", codes)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let response = client.check(health_check()).await.unwrap();
+
+    let info = response.extensions().get::<RetryInfo>().unwrap();
+    assert_eq!(info.attempts, 2);
+    assert_eq!(info.slept, Duration::from_millis(1500));
+    let seen = script.seen();
+    let gap = seen[1].at - seen[0].at;
+    assert!(
+        gap >= Duration::from_millis(1500) && gap < Duration::from_millis(1600),
+        "{gap:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn negative_pushback_stops_retries() {
+    let (addr, script) = serve(vec![with_pushback(reply(Code::Unavailable), "-1")]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(5, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let status = client.check(health_check()).await.unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(script.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hostile_pushback_ends_the_call_at_once() {
+    let plan = vec![
+        with_pushback(reply(Code::Unavailable), "2147483647"),
+        with_pushback(reply(Code::Unavailable), "99999999999999999999"),
+        with_pushback(reply(Code::Unavailable), "12abc"),
+    ];
+    let (addr, script) = serve(plan).await;
+    let layer = GrpcRetryLayer::new(&retry_config(5, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+    let started = Instant::now();
+
+    for _ in 0..3 {
+        let status = client.check(health_check()).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+    }
+
+    assert_eq!(script.seen().len(), 3, "each call made one attempt");
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+// ---------------------------------------------------------------------------
+// Streaming
+// ---------------------------------------------------------------------------
+
+fn codec() -> ProstCodec<String, String> {
+    ProstCodec::default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn committed_streaming_response_is_not_retried() {
+    let (addr, script) = serve(Vec::new()).await;
+    let layer = GrpcRetryLayer::new(&retry_config(5, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut grpc = tonic::client::Grpc::new(layer.layer(channel(addr).await));
+    grpc.ready().await.unwrap();
+
+    let response = grpc
+        .server_streaming(
+            tonic::Request::new("watch".to_owned()),
+            PathAndQuery::from_static("/test.Upload/Watch"),
+            codec(),
+        )
+        .await
+        .expect("headers without a status commit the call");
+    let mut stream = response.into_inner();
+    assert_eq!(stream.message().await.unwrap().as_deref(), Some("first"));
+    let status = stream.message().await.unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "gone");
+    assert_eq!(script.seen().len(), 1);
+}
+
+fn messages(count: usize, size: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| char::from(b'a' + i as u8).to_string().repeat(size))
+        .collect()
+}
+
+async fn upload(
+    layer: &GrpcRetryLayer,
+    addr: SocketAddr,
+    messages: Vec<String>,
+) -> Result<String, Status> {
+    let mut grpc = tonic::client::Grpc::new(layer.layer(channel(addr).await));
+    grpc.ready().await.unwrap();
+    grpc.client_streaming(
+        tonic::Request::new(futures::stream::iter(messages)),
+        PathAndQuery::from_static("/test.Upload/Send"),
+        codec(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_streaming_body_is_replayed_byte_identical() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable)]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(3, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let sent = messages(3, 1000);
+
+    let answer = upload(&layer, addr, sent.clone()).await.unwrap();
+
+    let expected: Vec<u8> = sent.iter().flat_map(|m| frame(m).to_vec()).collect();
+    assert_eq!(answer, format!("read {} bytes", expected.len()));
+    let seen = script.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].body, expected);
+    assert_eq!(seen[1].body, expected, "the retry sends the same bytes");
+    assert_eq!(seen[1].previous_attempts.as_deref(), Some("1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn body_over_the_replay_limit_commits_the_call() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable)]).await;
+    let layer = GrpcRetryLayer::builder(&retry_config(3, "0.1s", r#"["UNAVAILABLE"]"#))
+        .replay_limit(1024)
+        .build()
+        .unwrap();
+
+    let status = upload(&layer, addr, messages(3, 1000)).await.unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        script.seen().len(),
+        1,
+        "past the limit, nothing is replayed"
+    );
+    // Within the limit, the same call is retried.
+    script
+        .plan
+        .lock()
+        .unwrap()
+        .push_back(reply(Code::Unavailable));
+    upload(&layer, addr, messages(1, 500)).await.unwrap();
+    assert_eq!(script.seen().len(), 3);
+}
+
+// ---------------------------------------------------------------------------
+// Throttling and transport failures
+// ---------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn throttling_stops_retries_once_tokens_fall_to_half() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable); 4]).await;
+    let config = config(
+        r#"{"methodConfig": [{"name": [{}], "retryPolicy": {
+              "maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s",
+              "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+            "retryThrottling": {"maxTokens": 4, "tokenRatio": 1}}"#,
+    );
+    let layer = GrpcRetryLayer::new(&config).unwrap();
+    let throttle = Arc::clone(layer.throttle().expect("the config asks for throttling"));
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    // 4 tokens, threshold 2: the first failure leaves 3 (retried), the second
+    // 2 (not above half: returned).
+    client.check(health_check()).await.unwrap_err();
+    assert_eq!(script.seen().len(), 2);
+    assert_eq!(throttle.tokens(), 2.0);
+    // Now every failure is returned at once.
+    client.check(health_check()).await.unwrap_err();
+    client.check(health_check()).await.unwrap_err();
+    assert_eq!(script.seen().len(), 4);
+    assert_eq!(throttle.tokens(), 0.0);
+    // The server is back: each success adds tokenRatio.
+    for expected in [1.0, 2.0, 3.0] {
+        client.check(health_check()).await.unwrap();
+        assert_eq!(throttle.tokens(), expected);
+    }
+    assert!(throttle.allows_retry());
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttling_counts_every_retryable_failure_and_pushback_stop() {
+    let mut invalid = with_pushback(reply(Code::InvalidArgument), "-1");
+    let plan = vec![
+        reply(Code::Unavailable),
+        reply(Code::Unavailable),
+        invalid.clone(),
+        {
+            invalid.pushback = None;
+            invalid
+        },
+    ];
+    let (addr, script) = serve(plan).await;
+    let config = config(
+        r#"{"methodConfig": [{"name": [{}], "retryPolicy": {
+              "maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s",
+              "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+            "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#,
+    );
+    let layer = GrpcRetryLayer::new(&config).unwrap();
+    let throttle = Arc::clone(layer.throttle().unwrap());
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    // Both attempts fail, the last one included: 2 tokens.
+    client.check(health_check()).await.unwrap_err();
+    assert_eq!(script.seen().len(), 2);
+    assert_eq!(throttle.tokens(), 8.0);
+    // A pushback saying not to retry counts, whatever the code.
+    client.check(health_check()).await.unwrap_err();
+    assert_eq!(throttle.tokens(), 7.0);
+    // A final status without pushback is the caller's mistake, not the
+    // server's failure: not counted.
+    client.check(health_check()).await.unwrap_err();
+    assert_eq!(throttle.tokens(), 7.0);
+    client.check(health_check()).await.unwrap();
+    assert_eq!(throttle.tokens(), 7.1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_connection_is_retried_transparently_without_counting() {
+    // A port nobody listens on.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let stats = Stats::default();
+    // UNAVAILABLE is not retryable here, and only 2 attempts are allowed.
+    let layer = GrpcRetryLayer::builder(&retry_config(2, "1s", r#"["ABORTED"]"#))
+        .stats(stats.clone())
+        .build()
+        .unwrap();
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let mut client = HealthClient::new(layer.layer(channel));
+
+    let status = client.check(health_check()).await.unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    let counts = stats.snapshot();
+    // The transparent retry went out at once and did not count: 2 counted
+    // attempts plus it.
+    assert_eq!(counts.attempts, 3, "{counts:?}");
+    assert!(
+        counts.slept >= Duration::from_millis(800) && counts.slept <= Duration::from_millis(1200),
+        "one backoff, for the counted retry only: {:?}",
+        counts.slept
+    );
+}
+
+/// A bare HTTP/2 server (h2, no gRPC library) that refuses the first stream
+/// with `REFUSED_STREAM`, then answers every health check `SERVING`.
+async fn refusing_server() -> (SocketAddr, Arc<Mutex<u32>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let streams = Arc::new(Mutex::new(0));
+    let counted = Arc::clone(&streams);
+    tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut connection = h2::server::handshake(socket).await.unwrap();
+        while let Some(Ok((_request, mut respond))) = connection.accept().await {
+            let n = {
+                let mut streams = counted.lock().unwrap();
+                *streams += 1;
+                *streams
+            };
+            if n == 1 {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+                continue;
+            }
+            let head = http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(())
+                .unwrap();
+            let mut send = respond.send_response(head, false).unwrap();
+            // HealthCheckResponse { status: SERVING }, framed.
+            let message = [0u8, 0, 0, 0, 2, 0x08, 0x01];
+            send.send_data(Bytes::copy_from_slice(&message), false)
+                .unwrap();
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            send.send_trailers(trailers).unwrap();
+        }
+    });
+    (addr, streams)
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_stream_is_retried_transparently_even_unconfigured() {
+    let (addr, streams) = refusing_server().await;
+    let stats = Stats::default();
+    // No retry policy at all for the health service.
+    let layer = GrpcRetryLayer::builder(&ServiceConfig::default())
+        .stats(stats.clone())
+        .build()
+        .unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let response = client.check(health_check()).await.unwrap();
+
+    assert_eq!(response.get_ref().status, 1);
+    assert_eq!(*streams.lock().unwrap(), 2);
+    let counts = stats.snapshot();
+    assert_eq!((counts.attempts, counts.slept), (2, Duration::ZERO));
+}
+
+// ---------------------------------------------------------------------------
+// Service config
+// ---------------------------------------------------------------------------
+
+#[test]
+fn service_config_reads_every_retry_field() {
+    let config = config(
+        r#"{
+          "loadBalancingConfig": [{"round_robin": {}}],
+          "methodConfig": [
+            {"name": [{"service": "pkg.Svc", "method": "Get"}, {"service": "pkg.Other"}],
+             "timeout": "3s",
+             "retryPolicy": {"maxAttempts": 9, "initialBackoff": ".25s", "maxBackoff": "2.5s",
+                             "backoffMultiplier": 1.5,
+                             "retryableStatusCodes": ["UNAVAILABLE", "aborted", 4]}},
+            {"name": [{"service": "pkg.Svc"}]}
+          ],
+          "retryThrottling": {"maxTokens": 100, "tokenRatio": 0.5466}
+        }"#,
+    );
+    let get = config.retry_policy("/pkg.Svc/Get").unwrap();
+    assert_eq!(get.max_attempts(), 5, "more than 5 counts as 5");
+    assert_eq!(get.initial_backoff(), Duration::from_millis(250));
+    assert_eq!(get.max_backoff(), Duration::from_millis(2500));
+    assert_eq!(get.backoff_multiplier(), 1.5);
+    let codes: Vec<_> = get.retryable_codes().iter().collect();
+    assert_eq!(
+        codes,
+        [Code::DeadlineExceeded, Code::Aborted, Code::Unavailable]
+    );
+    assert_eq!(config.retry_policy("/pkg.Other/Any"), Some(get));
+    assert_eq!(
+        config.retry_policy("/pkg.Svc/Put"),
+        None,
+        "configured without retries"
+    );
+    assert_eq!(config.retry_policy("/elsewhere.Svc/Get"), None);
+    let throttling = config.retry_throttling().unwrap();
+    assert_eq!(throttling.max_tokens(), 100.0);
+    assert_eq!(throttling.token_ratio(), 0.546, "three decimal places");
+}
+
+#[test]
+fn service_config_accepts_snake_case_and_an_empty_document() {
+    let config = config(
+        r#"{"method_config": [{"name": [{"service": ""}], "retry_policy": {
+            "max_attempts": 2, "initial_backoff": "1s", "max_backoff": "1s",
+            "backoff_multiplier": 1, "retryable_status_codes": [14]}}]}"#,
+    );
+    assert_eq!(
+        config.retry_policy("/any.Svc/Any").unwrap().max_attempts(),
+        2
+    );
+    let empty = ServiceConfig::from_json("{}").unwrap();
+    assert!(empty.retry_policy("/any.Svc/Any").is_none());
+    assert!(empty.retry_throttling().is_none());
+}
+
+#[test]
+fn invalid_service_configs_name_the_field() {
+    let policy = |fields: &str| {
+        format!(
+            r#"{{"methodConfig": [{{"name": [{{"service": "s"}}], "retryPolicy": {{{fields}}}}}]}}"#
+        )
+    };
+    let valid = r#""maxAttempts": 3, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]"#;
+    assert!(ServiceConfig::from_json(&policy(valid)).is_ok());
+    let cases: Vec<(String, &str)> = vec![
+        ("not json".into(), "serviceConfig"),
+        ("[]".into(), "serviceConfig"),
+        (r#"{"methodConfig": {}}"#.into(), "methodConfig"),
+        (
+            policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": 1"#)),
+            "maxAttempts",
+        ),
+        (
+            policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": 2.5"#)),
+            "maxAttempts",
+        ),
+        (
+            policy(&valid.replace(r#""maxAttempts": 3"#, r#""maxAttempts": "3""#)),
+            "maxAttempts",
+        ),
+        (
+            policy(&valid.replace(r#""maxAttempts": 3, "#, "")),
+            "maxAttempts",
+        ),
+        (
+            policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": "0s""#)),
+            "initialBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": "100ms""#)),
+            "initialBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""initialBackoff": "1s""#, r#""initialBackoff": 1"#)),
+            "initialBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""maxBackoff": "1s""#, r#""maxBackoff": "-1s""#)),
+            "maxBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""maxBackoff": "1s""#, r#""maxBackoff": "99999999999s""#)),
+            "maxBackoff",
+        ),
+        (
+            policy(&valid.replace(r#""backoffMultiplier": 2"#, r#""backoffMultiplier": 0"#)),
+            "backoffMultiplier",
+        ),
+        (
+            policy(&valid.replace(r#""backoffMultiplier": 2"#, r#""backoffMultiplier": "2""#)),
+            "backoffMultiplier",
+        ),
+        (policy(&valid.replace("[14]", "[]")), "retryableStatusCodes"),
+        (
+            policy(&valid.replace("[14]", "[17]")),
+            "retryableStatusCodes",
+        ),
+        (
+            policy(&valid.replace("[14]", r#"["NOT_A_CODE"]"#)),
+            "retryableStatusCodes",
+        ),
+        (policy(&valid.replace("[14]", "14")), "retryableStatusCodes"),
+        (
+            format!(
+                r#"{{"methodConfig": [{{"name": [{{"service": "s"}}], "retryPolicy": {{{valid}}},
+                    "hedgingPolicy": {{"maxAttempts": 2}}}}]}}"#
+            ),
+            "hedgingPolicy",
+        ),
+        (
+            r#"{"methodConfig": [{"name": [{"method": "M"}]}]}"#.into(),
+            "method",
+        ),
+        (
+            r#"{"methodConfig": [{"name": [{"service": 5}]}]}"#.into(),
+            "service",
+        ),
+        (
+            r#"{"methodConfig": [{"name": [{"service": "s"}]}, {"name": [{"service": "s"}]}]}"#
+                .into(),
+            "name",
+        ),
+        (
+            r#"{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}"#.into(),
+            "maxTokens",
+        ),
+        (
+            r#"{"retryThrottling": {"maxTokens": 1001, "tokenRatio": 0.1}}"#.into(),
+            "maxTokens",
+        ),
+        (
+            r#"{"retryThrottling": {"tokenRatio": 0.1}}"#.into(),
+            "maxTokens",
+        ),
+        (
+            r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": 0}}"#.into(),
+            "tokenRatio",
+        ),
+        (
+            r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": "0.1"}}"#.into(),
+            "tokenRatio",
+        ),
+    ];
+    for (json, field) in cases {
+        let error = ServiceConfig::from_json(&json).expect_err(&json);
+        assert_eq!(error.field(), field, "{json}: {error}");
+    }
+}
+
+#[test]
+fn errors_say_where_the_field_is() {
+    let error = ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "a"}]}, {"name": [{"service": "b"}],
+            "retryPolicy": {"maxAttempts": 1}}]}"#,
+    )
+    .unwrap_err();
+    assert_eq!(error.field(), "maxAttempts");
+    assert!(
+        error.to_string().contains("methodConfig[1].retryPolicy"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_retrying_channel_and_its_futures_can_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<tower_backoff::grpc::GrpcRetry<Channel>>();
+    send::<tower_backoff::grpc::GrpcResponseFuture<Channel, Body>>();
+    send_sync::<GrpcRetryLayer>();
+}
