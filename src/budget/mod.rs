@@ -16,7 +16,7 @@ mod token_bucket;
 #[cfg(all(test, tower_backoff_loom))]
 mod loom;
 
-pub use ratio::{RatioBudget, RatioBudgetBuilder};
+pub use ratio::{Earn, RatioBudget, RatioBudgetBuilder};
 pub use token_bucket::{TokenBucket, TokenBucketBuilder};
 
 /// Decides whether a retry may go out, from what every clone of the service has
