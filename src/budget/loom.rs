@@ -11,6 +11,7 @@ fn bucket(capacity: u64, refill_per_second: u64) -> TokenBucket {
     TokenBucket::builder()
         .capacity(capacity)
         .retry_cost(5)
+        .timeout_cost(5)
         .success_refund(1)
         .refill_per_second(refill_per_second)
         .build()
