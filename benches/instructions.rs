@@ -90,7 +90,10 @@ fn main() {
             }
         }
         [scenario, column, iters] if BUDGET_COLUMNS.contains(&column.as_str()) => {
-            assert_eq!(scenario, "happy_path", "the budget columns run the happy path");
+            assert_eq!(
+                scenario, "happy_path",
+                "the budget columns run the happy path"
+            );
             let iters = iters.parse().expect("a number of requests");
             runtime.block_on(run_budget_column(column, iters));
         }

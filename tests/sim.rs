@@ -461,7 +461,10 @@ fn seed_003_neither_schedule_recovers_retrying_until_success_without_a_budget() 
     assert_eq!(fixed.recovery, None, "{fixed:?}");
     assert_eq!(exponential.recovery, None, "{exponential:?}");
     // Exponential backoff does send fewer attempts; not few enough.
-    assert!(exponential.attempts < fixed.attempts, "{exponential:?} {fixed:?}");
+    assert!(
+        exponential.attempts < fixed.attempts,
+        "{exponential:?} {fixed:?}"
+    );
 }
 
 #[test]
@@ -472,7 +475,11 @@ fn seed_003_both_schedules_recover_retrying_until_success_within_the_default_bud
         Strategy::ExponentialUntilSuccess { budget: true },
     ] {
         let summary = strategy.run(&storm, 1).unwrap().summary();
-        assert_eq!(summary.recovery, Some(Duration::ZERO), "{strategy}: {summary:?}");
+        assert_eq!(
+            summary.recovery,
+            Some(Duration::ZERO),
+            "{strategy}: {summary:?}"
+        );
     }
 }
 
@@ -500,5 +507,8 @@ fn at_backlog_1024_defaults_add_no_load_to_no_retries_and_neither_recovers() {
     let defaults = Strategy::Defaults.run(&storm, 1).unwrap().summary();
     assert_eq!(none.recovery, None, "{none:?}");
     assert_eq!(defaults.recovery, None, "{defaults:?}");
-    assert!(defaults.attempts <= none.attempts + 100, "{defaults:?} {none:?}");
+    assert!(
+        defaults.attempts <= none.attempts + 100,
+        "{defaults:?} {none:?}"
+    );
 }

@@ -179,9 +179,9 @@ fn simulate(options: &Options) -> Result<(), String> {
         OUTAGE_START,
     );
     let horizon_secs = storm.length().as_secs();
-    let storm_runs = (Strategy::ALL.len() + 2 * BudgetKind::ALL.len() + Strategy::UNTIL_SUCCESS.len())
-        as u64
-        * options.seeds;
+    let storm_runs =
+        (Strategy::ALL.len() + 2 * BudgetKind::ALL.len() + Strategy::UNTIL_SUCCESS.len()) as u64
+            * options.seeds;
     let steps = storm_runs * horizon_secs
         + (CONTENDERS.len() * JITTERS.len()
             + CLONES.len() * (BUDGETS.len() + 1)
@@ -453,7 +453,7 @@ fn print_amplification(rows: &[(usize, Vec<AmplificationReport>)]) {
             std::iter::once(clones.to_string()).chain(
                 reports
                     .iter()
-                    .map(|r| format!("{:.2}", r.attempts_per_request())),
+                    .map(|r| format!("{:.3}", r.attempts_per_request())),
             ),
         );
     }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::task::LocalSet;
 use tower_service::Service;
 
+use super::budgets::BudgetKind;
 use super::connection::{Connection, Request};
 use super::server::{Server, ServerModel};
-use super::budgets::BudgetKind;
 use super::strategy::storm_budget;
 use super::workload::{issue, ClientLog};
 use crate::error::{check_duration, ConfigError};
@@ -222,7 +222,11 @@ impl Amplification {
     ///
     /// # Errors
     /// A [`ConfigError`] naming a setting that cannot work.
-    pub fn run_with(&self, kind: BudgetKind, seed: u64) -> Result<AmplificationReport, ConfigError> {
+    pub fn run_with(
+        &self,
+        kind: BudgetKind,
+        seed: u64,
+    ) -> Result<AmplificationReport, ConfigError> {
         let layer = kind.apply(BackoffLayer::builder().seed(seed))?.build()?;
         self.run(|c| tower_layer::Layer::layer(&layer, c))
     }

@@ -55,7 +55,10 @@ impl BudgetKind {
     ///
     /// # Errors
     /// Never for the built-in settings.
-    pub fn apply<P, S>(self, builder: BackoffBuilder<P, S>) -> Result<BackoffBuilder<P, S>, ConfigError> {
+    pub fn apply<P, S>(
+        self,
+        builder: BackoffBuilder<P, S>,
+    ) -> Result<BackoffBuilder<P, S>, ConfigError> {
         Ok(match self {
             BudgetKind::None => builder.no_budget(),
             BudgetKind::Default => builder,

@@ -173,7 +173,11 @@ impl PartialFailure {
     ///
     /// # Errors
     /// A [`ConfigError`] naming a setting that cannot work.
-    pub fn run_with(&self, kind: BudgetKind, seed: u64) -> Result<PartialFailureReport, ConfigError> {
+    pub fn run_with(
+        &self,
+        kind: BudgetKind,
+        seed: u64,
+    ) -> Result<PartialFailureReport, ConfigError> {
         let layer = kind.apply(BackoffLayer::builder().seed(seed))?.build()?;
         self.run(|c| tower_layer::Layer::layer(&layer, c))
     }
@@ -209,7 +213,14 @@ impl PartialFailure {
             let start = tokio::time::Instant::now();
             let log = Rc::new(RefCell::new(ClientLog::new(start, horizon, horizon)));
             let rate_per_clone = self.rate / self.clones as f64;
-            issue(clients, rate_per_clone, start + self.duration, self.seed, log.clone()).await;
+            issue(
+                clients,
+                rate_per_clone,
+                start + self.duration,
+                self.seed,
+                log.clone(),
+            )
+            .await;
             tokio::time::sleep_until(start + horizon).await;
             let samples = log.borrow().samples();
             let attempts = server.state.borrow().attempts;

@@ -135,7 +135,9 @@ impl Strategy {
             Strategy::Defaults => "defaults",
             Strategy::WithBudget(kind) => kind.name(),
             Strategy::FixedUntilSuccess { budget: false } => "fixed 1 s until success",
-            Strategy::FixedUntilSuccess { budget: true } => "fixed 1 s until success + default budget",
+            Strategy::FixedUntilSuccess { budget: true } => {
+                "fixed 1 s until success + default budget"
+            }
             Strategy::ExponentialUntilSuccess { budget: false } => "×2.7 ±10 % until success",
             Strategy::ExponentialUntilSuccess { budget: true } => {
                 "×2.7 ±10 % until success + default budget"
@@ -247,7 +249,10 @@ impl Strategy {
 }
 
 /// The seed-003 strategies keep the default budget unless told to drop it.
-fn until_success<P, S>(builder: crate::layer::BackoffBuilder<P, S>, budget: bool) -> crate::layer::BackoffBuilder<P, S> {
+fn until_success<P, S>(
+    builder: crate::layer::BackoffBuilder<P, S>,
+    budget: bool,
+) -> crate::layer::BackoffBuilder<P, S> {
     if budget {
         builder
     } else {
