@@ -171,7 +171,7 @@ proptest! {
     fn ratio_budget_builder_never_panics(
         ratio in prop_oneof![
             Just(f64::NAN), Just(f64::INFINITY), Just(f64::NEG_INFINITY), Just(-0.0),
-            Just(0.0), Just(1e-7), Just(1000.0), Just(1000.000_001), Just(f64::MAX),
+            Just(0.0), Just(1e-7), Just(1000.0), Just(1_000.000_001), Just(f64::MAX),
             any::<f64>(), 0.0..2.0,
         ],
         window in prop_oneof![

@@ -32,7 +32,7 @@ use tower_backoff::Jitter;
 const USAGE: &str = "\
 usage: retry_storm [--clients N] [--capacity C] [--outage SECS] [--seed S] [--seeds K]
                    [--horizon SECS] [--rate REQ_PER_SEC] [--backlog B] [--retransmit]
-                   [--svg PATH] [--live]
+                   [--storm-only] [--svg PATH] [--live]
 
   --clients N      clients sending requests (default 1000; live 300)
   --capacity C     requests the server works on at full speed (default 30; live 10)
@@ -44,6 +44,7 @@ usage: retry_storm [--clients N] [--capacity C] [--outage SECS] [--seed S] [--se
   --rate R         requests per second each client sends (default 0.25)
   --retransmit     arrivals during the outage are delivered when it ends (those whose
                    client still waits) instead of going to the backlog
+  --storm-only     only the storm table (for the sensitivity runs)
   --svg PATH       where to write the chart (default target/retry_storm.svg)
   --live           a real hyper server and clients over 127.0.0.1, in real time";
 
@@ -68,6 +69,7 @@ pub struct Options {
     horizon: Option<Duration>,
     rate: Option<f64>,
     retransmit: bool,
+    storm_only: bool,
     svg: Option<PathBuf>,
     live: bool,
     help: bool,
@@ -92,6 +94,7 @@ impl Options {
                 "--horizon" => options.horizon = Some(seconds(&flag, &value()?)?),
                 "--rate" => options.rate = Some(number(&flag, &value()?)?),
                 "--retransmit" => options.retransmit = true,
+                "--storm-only" => options.storm_only = true,
                 "--svg" => options.svg = Some(PathBuf::from(value()?)),
                 "--live" => options.live = true,
                 "--help" | "-h" => options.help = true,
@@ -201,6 +204,12 @@ fn simulate(options: &Options) -> Result<(), String> {
     };
     let runs = storms(&storm, &Strategy::ALL)?;
     let storm_time = started.elapsed();
+    if options.storm_only {
+        bar.finish_and_clear();
+        println!("Storm: {storm}.\n");
+        print!("{}", runs_table(&runs, options));
+        return Ok(());
+    }
     let kinds = BudgetKind::ALL.map(Strategy::WithBudget);
     let budget_storms = storms(&storm, &kinds)?;
     let budget_retransmits = storms(&retransmit, &kinds)?;
