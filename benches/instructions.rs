@@ -49,6 +49,21 @@ async fn run_budget_column(column: &str, iters: u64) {
     common::drive(&mut svc, &common::request(), iters).await;
 }
 
+/// The budget columns' rows of `--table`.
+fn budget_table(runtime: &tokio::runtime::Runtime) {
+    for column in BUDGET_COLUMNS {
+        let count = |iters| {
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            runtime.block_on(run_budget_column(column, iters));
+            ALLOCATIONS.load(Ordering::Relaxed) - before
+        };
+        let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
+        let svc = tower::Layer::layer(&budget_layer(column), common::Backend::healthy());
+        let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
+        println!("happy_path\t{column}\t{per_request:.2}\t{size}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -77,17 +92,11 @@ fn main() {
                     );
                 }
             }
-            for column in BUDGET_COLUMNS {
-                let count = |iters| {
-                    let before = ALLOCATIONS.load(Ordering::Relaxed);
-                    runtime.block_on(run_budget_column(column, iters));
-                    ALLOCATIONS.load(Ordering::Relaxed) - before
-                };
-                let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
-                let svc = tower::Layer::layer(&budget_layer(column), common::Backend::healthy());
-                let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
-                println!("happy_path\t{column}\t{per_request:.2}\t{size}");
-            }
+            budget_table(&runtime);
+        }
+        [flag] if flag == "--budget-table" => {
+            println!("scenario\tcolumn\tallocations/request\tfuture bytes");
+            budget_table(&runtime);
         }
         [scenario, column, iters] if BUDGET_COLUMNS.contains(&column.as_str()) => {
             assert_eq!(
@@ -104,6 +113,8 @@ fn main() {
         }
         // `cargo bench` runs every bench target with no arguments: nothing to do.
         [] => {}
-        _ => eprintln!("usage: instructions --table | <scenario> <column> <requests>"),
+        _ => eprintln!(
+            "usage: instructions --table | --budget-table | <scenario> <column> <requests>"
+        ),
     }
 }
