@@ -69,6 +69,11 @@ struct Tally {
     /// Tokens a token bucket was given back by successes.
     refunded: u128,
     elapsed: Duration,
+    /// When each earning (first attempt or success) and each granted retry
+    /// happened.
+    first_attempts_at: Vec<Duration>,
+    successes_at: Vec<Duration>,
+    granted_at: Vec<Duration>,
 }
 
 fn run(
@@ -85,15 +90,18 @@ fn run(
                 Step::FirstAttempt => {
                     budget.on_first_attempt();
                     tally.first_attempts += 1;
+                    tally.first_attempts_at.push(tally.elapsed);
                 }
                 Step::Success(last) => {
                     budget.on_success(last);
                     tally.successes += 1;
+                    tally.successes_at.push(tally.elapsed);
                     tally.refunded += u128::from(refund(last));
                 }
                 Step::Retry(cause) => {
                     if budget.try_retry(cause) {
                         tally.granted += 1;
+                        tally.granted_at.push(tally.elapsed);
                         tally.spent += u128::from(cost(cause));
                     }
                 }
@@ -196,6 +204,8 @@ proptest! {
         steps in proptest::collection::vec(step(), 0..200),
     ) {
         let window = Duration::from_secs(window_secs);
+        // The budget counts the ratio to a millionth, exactly.
+        let ratio = (ratio * 1e6_f64).round() / 1e6;
         let earn = if on_successes { Earn::Successes } else { Earn::FirstAttempts };
         let budget = RatioBudget::builder()
             .ratio(ratio)
@@ -205,14 +215,27 @@ proptest! {
             .build()
             .unwrap();
         let tally = run(&budget, &steps, |_| 1, |_| 0);
-        let earned = match earn {
-            Earn::FirstAttempts => tally.first_attempts,
-            Earn::Successes => tally.successes,
+        let (earned, earned_at) = match earn {
+            Earn::FirstAttempts => (tally.first_attempts, &tally.first_attempts_at),
+            Earn::Successes => (tally.successes, &tally.successes_at),
         };
-        // The reserve comes back each time its retries leave the window,
-        // which takes at least nine tenths of it (the window slides in tenths).
-        let refreshes = tally.elapsed.as_secs_f64() / (0.9 * window.as_secs_f64()) + 2.0;
-        let bound = f64::from(reserve) * refreshes + ratio * earned as f64 + 1.0;
+        // The documented bound, at every retry: the retries of the last nine
+        // tenths of a window (all still in the budget's window) are at most
+        // the reserve plus the ratio of the earnings of the last window.
+        for &t in &tally.granted_at {
+            let recent = |at: &Vec<Duration>, span: Duration| {
+                at.iter().filter(|&&e| e <= t && t - e < span).count() as f64
+            };
+            let retries = recent(&tally.granted_at, window.mul_f64(0.9));
+            let room = f64::from(reserve) + ratio * recent(earned_at, window) + 1e-6;
+            prop_assert!(retries <= room, "{retries} retries by {t:?}, room {room}");
+        }
+        // Every span of nine tenths of a window lies within the window seen
+        // by its last retry, which held that span's retries to the reserve
+        // plus the ratio of that window's earnings; an earning falls in the
+        // windows of at most three such spans.
+        let spans = (tally.elapsed.as_secs_f64() / (0.9 * window.as_secs_f64())).ceil() + 1.0;
+        let bound = f64::from(reserve) * spans + 3.0 * ratio * earned as f64;
         prop_assert!(tally.granted as f64 <= bound, "{} granted, bound {bound}: {tally:?}", tally.granted);
     }
 }

@@ -42,9 +42,9 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// Within any window, retries ≤ `reserve + ratio × earned in that window`
 /// (floored), exactly, one slot (a tenth of the window) at a time. The
 /// reserve is not a rate: a cold burst can spend all of it at once, and it
-/// comes back only as those retries leave the window. So a full outage of `T`
-/// seconds earning on first attempts sends at most
-/// `ratio × first attempts + reserve × ⌈T / window + 1⌉` retries.
+/// comes back only as those retries leave the window, 0.9 to 1 window later.
+/// So a full outage earning on successes gets the reserve once per window;
+/// earning on first attempts, `ratio` of them on top.
 ///
 /// Counting is exact, in integers: the ratio becomes a fraction
 /// `deposit / cost` (60% is 3/5), each first attempt deposits `deposit` units,
