@@ -31,6 +31,39 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The default budget's cost: the layer built with no option (so with the
+/// default budget) against the same layer with `.no_budget()`, on the happy
+/// path, where the budget must cost a few instructions at most.
+const BUDGET_COLUMNS: [&str; 2] = ["ours, default budget", "ours, .no_budget()"];
+
+fn budget_layer(column: &str) -> tower_backoff::BackoffLayer {
+    let builder = tower_backoff::BackoffLayer::builder();
+    match column {
+        "ours, .no_budget()" => builder.no_budget().build().unwrap(),
+        _ => builder.build().unwrap(),
+    }
+}
+
+async fn run_budget_column(column: &str, iters: u64) {
+    let mut svc = tower::Layer::layer(&budget_layer(column), common::Backend::healthy());
+    common::drive(&mut svc, &common::request(), iters).await;
+}
+
+/// The budget columns' rows of `--table`.
+fn budget_table(runtime: &tokio::runtime::Runtime) {
+    for column in BUDGET_COLUMNS {
+        let count = |iters| {
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            runtime.block_on(run_budget_column(column, iters));
+            ALLOCATIONS.load(Ordering::Relaxed) - before
+        };
+        let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
+        let svc = tower::Layer::layer(&budget_layer(column), common::Backend::healthy());
+        let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
+        println!("happy_path\t{column}\t{per_request:.2}\t{size}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -59,6 +92,19 @@ fn main() {
                     );
                 }
             }
+            budget_table(&runtime);
+        }
+        [flag] if flag == "--budget-table" => {
+            println!("scenario\tcolumn\tallocations/request\tfuture bytes");
+            budget_table(&runtime);
+        }
+        [scenario, column, iters] if BUDGET_COLUMNS.contains(&column.as_str()) => {
+            assert_eq!(
+                scenario, "happy_path",
+                "the budget columns run the happy path"
+            );
+            let iters = iters.parse().expect("a number of requests");
+            runtime.block_on(run_budget_column(column, iters));
         }
         [scenario, column, iters] => {
             let scenario = common::Scenario::parse(scenario).expect("happy_path or retry_path");
@@ -67,6 +113,8 @@ fn main() {
         }
         // `cargo bench` runs every bench target with no arguments: nothing to do.
         [] => {}
-        _ => eprintln!("usage: instructions --table | <scenario> <column> <requests>"),
+        _ => eprintln!(
+            "usage: instructions --table | --budget-table | <scenario> <column> <requests>"
+        ),
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_backoff::budget::{Budget, RatioBudget, TokenBucket};
+use tower_backoff::budget::{Budget, Earn, RatioBudget, TokenBucket};
 use tower_backoff::{classify_fn, BackoffLayer, Cause, Constant, Decision, Jitter, Stats};
 
 /// A service that is down: every attempt fails, and is counted.
@@ -25,15 +25,15 @@ async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
     const CLONES: u64 = 100;
     const PER_CLONE: u64 = 100;
     const REQUESTS: u64 = CLONES * PER_CLONE;
-    // 10% of first attempts, plus 10 retries per second over a 10 s window.
-    const FLOOR: u64 = 10 * 10;
+    // 10% of first attempts, plus a reserve of 100 retries per 10 s window.
+    const RESERVE: u64 = 100;
 
     let attempts = Arc::new(AtomicU64::new(0));
     let stats = Stats::new();
     let budget = Arc::new(
         RatioBudget::builder()
             .ratio(0.1)
-            .min_per_second(10)
+            .reserve(100)
             .window(Duration::from_secs(10))
             .build()
             .unwrap(),
@@ -68,11 +68,11 @@ async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
     for client in clients {
         client.await.unwrap();
     }
-    // Everything happened inside one window, so the floor counted once.
+    // Everything happened inside one window, so the reserve counted once.
     assert!(started.elapsed() < Duration::from_secs(10));
 
     let attempts = attempts.load(Ordering::Relaxed);
-    let bound = REQUESTS + REQUESTS / 10 + FLOOR;
+    let bound = REQUESTS + REQUESTS / 10 + RESERVE;
     assert!(attempts <= bound, "{attempts} attempts, bound {bound}");
     // Retries kept asking after the last first attempt, so the budget was
     // spent to the last unit: exactly the bound, not one retry more or less.
@@ -82,7 +82,7 @@ async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
     let seen = stats.snapshot();
     assert_eq!(seen.requests, REQUESTS);
     assert_eq!(seen.attempts, attempts);
-    assert_eq!(seen.retries, REQUESTS / 10 + FLOOR);
+    assert_eq!(seen.retries, REQUESTS / 10 + RESERVE);
     assert_eq!(seen.successes, 0);
     assert_eq!(seen.budget_refusals + seen.gave_up_attempts, REQUESTS);
 }
@@ -91,7 +91,7 @@ async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
 fn ratio_budget_allows_exactly_60_percent_of_100_first_attempts() {
     let budget = RatioBudget::builder()
         .ratio(0.6)
-        .min_per_second(0)
+        .reserve(0)
         .build()
         .unwrap();
     for _ in 0..100 {
@@ -115,7 +115,7 @@ fn ratio_budget_keeps_odd_ratios_exact() {
     ] {
         let budget = RatioBudget::builder()
             .ratio(ratio)
-            .min_per_second(0)
+            .reserve(0)
             .build()
             .unwrap();
         for _ in 0..first_attempts {
@@ -129,7 +129,7 @@ fn ratio_budget_keeps_odd_ratios_exact() {
 async fn ratio_budget_forgets_first_attempts_after_its_window() {
     let budget = RatioBudget::builder()
         .ratio(0.5)
-        .min_per_second(0)
+        .reserve(0)
         .window(Duration::from_secs(10))
         .build()
         .unwrap();
@@ -154,10 +154,10 @@ async fn ratio_budget_forgets_first_attempts_after_its_window() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn ratio_budget_floor_allows_retries_per_second_without_traffic() {
+async fn ratio_budget_reserve_is_spent_at_once_and_returns_as_its_retries_leave_the_window() {
     let budget = RatioBudget::builder()
         .ratio(0.2)
-        .min_per_second(3)
+        .reserve(6)
         .window(Duration::from_secs(2))
         .build()
         .unwrap();
@@ -166,7 +166,7 @@ async fn ratio_budget_floor_allows_retries_per_second_without_traffic() {
             .filter(|_| budget.try_retry(Cause::Transient))
             .count()
     };
-    assert_eq!(spend_all(), 6, "3 per second over a 2 s window");
+    assert_eq!(spend_all(), 6, "a cold burst spends the whole reserve");
     tokio::time::advance(Duration::from_secs(1)).await;
     assert_eq!(spend_all(), 0, "those retries still count in the window");
     tokio::time::advance(Duration::from_millis(1100)).await;
@@ -188,15 +188,14 @@ fn ratio_budget_rejects_settings_that_cannot_work() {
     assert_eq!(field(RatioBudget::builder().ratio(-0.1)), "ratio");
     assert_eq!(field(RatioBudget::builder().ratio(f64::NAN)), "ratio");
     assert_eq!(field(RatioBudget::builder().ratio(1001.0)), "ratio");
-    assert_eq!(
-        field(
-            RatioBudget::builder()
-                .ratio(0.000_001)
-                .min_per_second(u32::MAX)
-                .window(Duration::from_secs(3600))
-        ),
-        "min_per_second"
-    );
+    // The largest reserve at the finest ratio is still counted exactly.
+    let budget = RatioBudget::builder()
+        .ratio(0.000_001)
+        .reserve(u32::MAX)
+        .window(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    assert_eq!(budget.available(), u64::from(u32::MAX));
 }
 
 /// What the scripted service answers, attempt after attempt.
@@ -400,4 +399,74 @@ async fn budget_is_told_every_first_attempt_success_and_retry() {
     assert_eq!(ledger.asked.load(Ordering::Relaxed), 2);
     assert_eq!(ledger.successes_first_time.load(Ordering::Relaxed), 1);
     assert_eq!(ledger.successes_after_retry.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn token_bucket_with_the_largest_refill_fills_to_capacity_after_hours_idle() {
+    // 2^40 tokens per second is accepted; hours of it once overflowed the
+    // sum (a panic in debug, a wrap that removed tokens in release).
+    let bucket = TokenBucket::builder()
+        .capacity(10)
+        .refill_per_second(1 << 40)
+        .build()
+        .unwrap();
+    assert!(bucket.try_retry(Cause::Transient));
+    assert!(bucket.try_retry(Cause::Transient));
+    tokio::time::advance(Duration::from_secs(10 * 3600)).await;
+    assert_eq!(bucket.available(), 10);
+    assert!(bucket.try_retry(Cause::Transient));
+    assert_eq!(bucket.available(), 5);
+}
+
+#[test]
+fn ratio_budget_grants_every_retry_paid_by_its_own_first_attempt_under_two_threads() {
+    // Issue 10, item 8: refused 1 to 64 of 600,000 such retries per run.
+    const PAIRS: usize = 100_000;
+    let budget = Arc::new(
+        RatioBudget::builder()
+            .ratio(1.0)
+            .reserve(0)
+            .build()
+            .unwrap(),
+    );
+    let refused: usize = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let budget = &budget;
+                scope.spawn(move || {
+                    (0..PAIRS)
+                        .filter(|_| {
+                            budget.on_first_attempt();
+                            !budget.try_retry(Cause::Transient)
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    assert_eq!(refused, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_budget_earning_on_successes_allows_only_its_reserve_while_nothing_succeeds() {
+    let budget = RatioBudget::builder()
+        .ratio(0.5)
+        .reserve(3)
+        .earn(Earn::Successes)
+        .build()
+        .unwrap();
+    for _ in 0..1000 {
+        budget.on_first_attempt();
+    }
+    let spend_all = || {
+        (0..100)
+            .filter(|_| budget.try_retry(Cause::Transient))
+            .count()
+    };
+    assert_eq!(spend_all(), 3, "first attempts earn nothing");
+    for _ in 0..10 {
+        budget.on_success(None);
+    }
+    assert_eq!(spend_all(), 5, "ten successes earn half a retry each");
 }

@@ -301,3 +301,214 @@ fn a_timeout_shorter_than_the_latency_fails_every_attempt() {
     assert_eq!(summary.failed + summary.unfinished, summary.requests);
     assert_eq!(summary.goodput_before, 0.0);
 }
+
+// ---- The default budget, against every target of issue 11 ----
+//
+// One seed of each scenario runs by default; the ten-seed sweeps behind the
+// README's "10/10" are `#[ignore]`d (about a minute in a debug build):
+// `cargo test --all-features --test sim -- --ignored`.
+
+use tower_backoff::sim::{BudgetKind, PartialFailure};
+
+/// The default budget's reserve: a full `TokenBucket` of 500 tokens pays for
+/// 100 retries of 5 (the default policy reports errors as transient).
+const DEFAULT_RESERVE: u64 = 100;
+
+#[test]
+fn defaults_keep_a_full_outage_at_1_02_attempts_per_request_at_10_100_and_1000_clones() {
+    for clones in [10, 100, 1000] {
+        let report = Amplification::new()
+            .clones(clones)
+            .run_with(BudgetKind::Default, 1)
+            .unwrap();
+        assert!(report.requests > 25_000, "{report:?}");
+        assert_eq!(report.unfinished, 0);
+        // The documented bound: the reserve, then nothing while nothing
+        // succeeds.
+        assert!(
+            report.attempts <= report.requests + DEFAULT_RESERVE,
+            "{clones} clones: {report:?}"
+        );
+        assert!(report.attempts_per_request() <= 1.02, "{report:?}");
+    }
+}
+
+#[test]
+fn a_ratio_of_first_attempts_cannot_hold_a_full_outage_to_1_02() {
+    // Why it is not the default: it earns while nothing succeeds.
+    let report = Amplification::new()
+        .clones(100)
+        .run_with(BudgetKind::RatioOfFirstAttempts, 1)
+        .unwrap();
+    assert!(report.attempts_per_request() > 1.15, "{report:?}");
+    let successes = Amplification::new()
+        .clones(100)
+        .run_with(BudgetKind::RatioOfSuccesses, 1)
+        .unwrap();
+    assert!(successes.attempts_per_request() <= 1.02, "{successes:?}");
+}
+
+#[test]
+fn defaults_succeed_for_99_5_percent_at_1_12x_load_when_a_tenth_of_attempts_fail() {
+    let report = PartialFailure::new()
+        .failure_rate(0.1)
+        .run_with(BudgetKind::Default, 1)
+        .unwrap();
+    assert!(report.requests > 50_000, "{report:?}");
+    assert!(report.success_share() >= 0.995, "{report:?}");
+    assert!(report.attempts_per_request() <= 1.12, "{report:?}");
+}
+
+#[test]
+fn defaults_retry_every_failure_when_three_tenths_of_attempts_fail() {
+    // Successes refund more than the retries cost: the bucket never limits,
+    // so the figures are those of three attempts with no budget.
+    let p = PartialFailure::new().failure_rate(0.3);
+    let defaults = p.run_with(BudgetKind::Default, 1).unwrap();
+    let unbudgeted = p.run_with(BudgetKind::None, 1).unwrap();
+    assert_eq!(defaults, unbudgeted);
+    assert!(defaults.success_share() > 0.97, "{defaults:?}");
+    assert!(defaults.attempts_per_request() < 1.40, "{defaults:?}");
+    // The ratio budgets (20 %) cap the load instead, and fail more requests.
+    let ratio = p.run_with(BudgetKind::RatioOfFirstAttempts, 1).unwrap();
+    assert!(ratio.attempts_per_request() < 1.22, "{ratio:?}");
+    assert!(ratio.success_share() < 0.9, "{ratio:?}");
+}
+
+fn recovers(strategy: Strategy, storm: &Storm, seeds: std::ops::Range<u64>) -> u64 {
+    seeds
+        .map(|seed| {
+            let report = strategy.run(&storm.clone().seed(seed), seed).unwrap();
+            u64::from(report.summary().recovery.is_some())
+        })
+        .sum()
+}
+
+/// The storm and the three sensitivity settings the issue names.
+fn storms() -> [(&'static str, Storm); 4] {
+    let outage_start = Duration::from_secs(20);
+    [
+        ("defaults", Storm::new()),
+        ("--clients 2000", Storm::new().clients(2000)),
+        (
+            "--backlog 1024",
+            Storm::new().server(
+                ServerModel::new()
+                    .backlog(1024)
+                    .outage(outage_start, Duration::from_secs(10)),
+            ),
+        ),
+        (
+            "--outage 30",
+            Storm::new().outage(outage_start, Duration::from_secs(30)),
+        ),
+    ]
+}
+
+#[test]
+fn defaults_recover_from_the_storm_where_unbudgeted_retries_do_not() {
+    let storm = Storm::new();
+    let defaults = Strategy::Defaults.run(&storm, 1).unwrap().summary();
+    assert_eq!(defaults.recovery, Some(Duration::ZERO), "{defaults:?}");
+    assert!(defaults.amplification_during <= 1.05, "{defaults:?}");
+    // The same layer without its budget collapses: see
+    // `fixed_interval_never_recovers_where_jitter_with_a_budget_does_in_the_default_storm`
+    // and the budget comparison sweep below.
+}
+
+#[test]
+fn defaults_recover_at_2000_clients_and_from_a_30_s_outage() {
+    for (name, storm) in storms() {
+        if name == "--backlog 1024" || name == "defaults" {
+            continue;
+        }
+        let summary = Strategy::Defaults.run(&storm, 1).unwrap().summary();
+        assert!(summary.recovery.is_some(), "{name}: {summary:?}");
+    }
+}
+
+#[test]
+fn defaults_recover_from_a_retransmitted_outage_at_250_requests_per_second() {
+    let storm = Storm::new().server(
+        ServerModel::new()
+            .retransmit(true)
+            .outage(Duration::from_secs(20), Duration::from_secs(10)),
+    );
+    let summary = Strategy::Defaults.run(&storm, 1).unwrap().summary();
+    assert!(summary.recovery.is_some(), "{summary:?}");
+}
+
+/// The default storm, cut at 45 s (the outage ends at 30 s; recovery is
+/// judged over 10 s): the unbudgeted until-success runs pile up hundreds of
+/// thousands of attempts, which takes a while in a debug build.
+fn until_success_storm() -> Storm {
+    Storm::new().horizon(Duration::from_secs(45))
+}
+
+#[test]
+fn seed_003_neither_schedule_recovers_retrying_until_success_without_a_budget() {
+    // The article's claim, that exponential backoff lets the server recover
+    // where a fixed interval does not, does not hold here: both collapse.
+    let storm = until_success_storm();
+    let fixed = Strategy::FixedUntilSuccess { budget: false }
+        .run(&storm, 1)
+        .unwrap()
+        .summary();
+    let exponential = Strategy::ExponentialUntilSuccess { budget: false }
+        .run(&storm, 1)
+        .unwrap()
+        .summary();
+    assert_eq!(fixed.recovery, None, "{fixed:?}");
+    assert_eq!(exponential.recovery, None, "{exponential:?}");
+    // Exponential backoff does send fewer attempts; not few enough.
+    assert!(
+        exponential.attempts < fixed.attempts,
+        "{exponential:?} {fixed:?}"
+    );
+}
+
+#[test]
+fn seed_003_both_schedules_recover_retrying_until_success_within_the_default_budget() {
+    let storm = until_success_storm();
+    for strategy in [
+        Strategy::FixedUntilSuccess { budget: true },
+        Strategy::ExponentialUntilSuccess { budget: true },
+    ] {
+        let summary = strategy.run(&storm, 1).unwrap().summary();
+        assert_eq!(
+            summary.recovery,
+            Some(Duration::ZERO),
+            "{strategy}: {summary:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "ten seeds of three settings: a minute or more in a debug build"]
+fn defaults_recover_in_10_of_10_seeds_at_the_defaults_2000_clients_and_a_30_s_outage() {
+    for (name, storm) in storms() {
+        if name == "--backlog 1024" {
+            continue;
+        }
+        let recovered = recovers(Strategy::Defaults, &storm, 1..11);
+        assert_eq!(recovered, 10, "{name}");
+    }
+}
+
+#[test]
+#[ignore = "two collapsing storms: slow in a debug build"]
+fn at_backlog_1024_defaults_add_no_load_to_no_retries_and_neither_recovers() {
+    // A target no retry budget can meet: the backlog alone, taken in at
+    // once, sinks the server even with no retries at all. The default budget
+    // adds nothing to that (it has spent its reserve during the outage and
+    // nothing succeeds), so it fails exactly as no retries do.
+    let (_, storm) = storms().into_iter().nth(2).unwrap();
+    let none = Strategy::NoRetries.run(&storm, 1).unwrap().summary();
+    let defaults = Strategy::Defaults.run(&storm, 1).unwrap().summary();
+    assert_eq!(none.recovery, None, "{none:?}");
+    assert_eq!(defaults.recovery, None, "{defaults:?}");
+    assert!(
+        defaults.attempts <= none.attempts + 100,
+        "{defaults:?} {none:?}"
+    );
+}

@@ -229,12 +229,21 @@ pub fn ours_plain(backend: Backend) -> tower_backoff::Backoff<Backend> {
     tower::Layer::layer(&tower_backoff::BackoffLayer::new(), backend)
 }
 
-/// Ours retrying at once (a zero delay must not touch the timer).
+/// Ours retrying at once (a zero delay must not touch the timer). The budget is
+/// the default one's type, sized never to run dry: here two of every three
+/// attempts fail forever, which the default bucket rightly stops retrying
+/// after its 500-token reserve.
 pub fn ours_plain_zero(
     backend: Backend,
 ) -> tower_backoff::Backoff<Backend, tower_backoff::RetryOnError, tower_backoff::Constant> {
     let layer = tower_backoff::BackoffLayer::builder()
         .schedule(tower_backoff::Constant::new(Duration::ZERO))
+        .budget(
+            tower_backoff::TokenBucket::builder()
+                .capacity(1 << 40)
+                .build()
+                .unwrap(),
+        )
         .build()
         .unwrap();
     tower::Layer::layer(&layer, backend)

@@ -7,13 +7,14 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use tower_backoff::sim::StormReport;
 
-const COLORS: [RGBColor; 6] = [
+const COLORS: [RGBColor; 7] = [
     RGBColor(140, 140, 140), // no retries
     RGBColor(214, 39, 40),   // fixed interval
     RGBColor(255, 127, 14),  // exponential
     RGBColor(31, 119, 180),  // exponential + jitter
     RGBColor(44, 160, 44),   // + budget
     RGBColor(148, 103, 189), // + adaptive pacing
+    RGBColor(0, 0, 0),       // defaults
 ];
 
 const OUTAGE: RGBColor = RGBColor(250, 215, 215);

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release --features sim --example retry_storm
 //! cargo run --release --features sim --example retry_storm -- --clients 2000 --outage 20
+//! cargo run --release --features sim --example retry_storm -- --retransmit
 //! cargo run --release --features sim --example retry_storm -- --live
 //! ```
 //!
@@ -22,14 +23,16 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tower_backoff::sim::{
-    storm_table, Amplification, AmplificationReport, BudgetSharing, Contention, ServerModel, Storm,
-    StormReport, Strategy, Table, RECOVERY_WINDOW,
+    storm_table, Amplification, AmplificationReport, BudgetKind, BudgetSharing, Contention,
+    PartialFailure, PartialFailureReport, ServerModel, Storm, StormReport, Strategy, Table,
+    RECOVERY_WINDOW,
 };
 use tower_backoff::Jitter;
 
 const USAGE: &str = "\
 usage: retry_storm [--clients N] [--capacity C] [--outage SECS] [--seed S] [--seeds K]
-                   [--horizon SECS] [--rate REQ_PER_SEC] [--backlog B] [--svg PATH] [--live]
+                   [--horizon SECS] [--rate REQ_PER_SEC] [--backlog B] [--retransmit]
+                   [--storm-only] [--svg PATH] [--live]
 
   --clients N      clients sending requests (default 1000; live 300)
   --capacity C     requests the server works on at full speed (default 30; live 10)
@@ -39,6 +42,9 @@ usage: retry_storm [--clients N] [--capacity C] [--outage SECS] [--seed S] [--se
   --seeds K        also count recoveries over K seeds from S (default 10)
   --horizon SECS   length of the run (default 120; live 30)
   --rate R         requests per second each client sends (default 0.25)
+  --retransmit     arrivals during the outage are delivered when it ends (those whose
+                   client still waits) instead of going to the backlog
+  --storm-only     only the storm table (for the sensitivity runs)
   --svg PATH       where to write the chart (default target/retry_storm.svg)
   --live           a real hyper server and clients over 127.0.0.1, in real time";
 
@@ -62,6 +68,8 @@ pub struct Options {
     seeds: u64,
     horizon: Option<Duration>,
     rate: Option<f64>,
+    retransmit: bool,
+    storm_only: bool,
     svg: Option<PathBuf>,
     live: bool,
     help: bool,
@@ -85,6 +93,8 @@ impl Options {
                 "--seeds" => options.seeds = number::<u64>(&flag, &value()?)?.max(1),
                 "--horizon" => options.horizon = Some(seconds(&flag, &value()?)?),
                 "--rate" => options.rate = Some(number(&flag, &value()?)?),
+                "--retransmit" => options.retransmit = true,
+                "--storm-only" => options.storm_only = true,
                 "--svg" => options.svg = Some(PathBuf::from(value()?)),
                 "--live" => options.live = true,
                 "--help" | "-h" => options.help = true,
@@ -106,6 +116,7 @@ impl Options {
             Some(b) => model.backlog(b),
             None => model,
         };
+        let model = model.retransmit(self.retransmit);
         let mut storm = defaults.server(model).seed(self.seed);
         if let Some(n) = self.clients {
             storm = storm.clients(n);
@@ -165,67 +176,55 @@ fn main() -> ExitCode {
 fn simulate(options: &Options) -> Result<(), String> {
     let storm = options.storm(Storm::new(), ServerModel::new(), OUTAGE_START);
     check(&storm)?;
+    let retransmit = options.storm(
+        Storm::new(),
+        ServerModel::new().retransmit(true),
+        OUTAGE_START,
+    );
     let horizon_secs = storm.length().as_secs();
-    let steps = Strategy::ALL.len() as u64 * options.seeds * horizon_secs
-        + (CONTENDERS.len() * JITTERS.len() + CLONES.len() * BUDGETS.len()) as u64;
+    let storm_runs =
+        (Strategy::ALL.len() + 2 * BudgetKind::ALL.len() + Strategy::UNTIL_SUCCESS.len()) as u64
+            * options.seeds;
+    let steps = storm_runs * horizon_secs
+        + (CONTENDERS.len() * JITTERS.len()
+            + CLONES.len() * (BUDGETS.len() + 1)
+            + BudgetKind::ALL.len() * (CLONES.len() + FAILURE_RATES.len())) as u64;
     let bar = ProgressBar::new(steps).with_style(
-        ProgressStyle::with_template("{msg:<32} [{bar:40}] {percent:>3}% {elapsed}")
+        ProgressStyle::with_template("{msg:<40} [{bar:40}] {percent:>3}% {elapsed}")
             .expect("a valid template")
             .progress_chars("=> "),
     );
 
     let started = Instant::now();
-    let mut runs: Vec<Run> = Vec::new();
-    for strategy in Strategy::ALL {
-        let mut run = Run {
-            strategy,
-            report: None,
-            recovered: 0,
-            time: Duration::ZERO,
-        };
-        for seed in options.seed..options.seed + options.seeds {
-            bar.set_message(format!("storm: {strategy}, seed {seed}"));
-            let offset = bar.position();
-            let clock = Instant::now();
-            let report = strategy
-                .run_with_progress(&storm.clone().seed(seed), seed, |t| {
-                    bar.set_position(offset + t.as_secs())
-                })
-                .map_err(|e| e.to_string())?;
-            bar.set_position(offset + horizon_secs);
-            run.recovered += report.summary().recovery.is_some() as u64;
-            // The first seed's run is the one shown in full and charted.
-            if run.report.is_none() {
-                run.time = clock.elapsed();
-                run.report = Some(report);
-            }
-        }
-        runs.push(run);
-    }
+    let storms = |storm: &Storm, strategies: &[Strategy]| -> Result<Vec<Run>, String> {
+        strategies
+            .iter()
+            .map(|&strategy| run_seeds(storm, strategy, options, &bar))
+            .collect()
+    };
+    let runs = storms(&storm, &Strategy::ALL)?;
     let storm_time = started.elapsed();
+    if options.storm_only {
+        bar.finish_and_clear();
+        println!("Storm: {storm}.\n");
+        print!("{}", runs_table(&runs, options));
+        return Ok(());
+    }
+    let kinds = BudgetKind::ALL.map(Strategy::WithBudget);
+    let budget_storms = storms(&storm, &kinds)?;
+    let budget_retransmits = storms(&retransmit, &kinds)?;
+    let until_success = storms(&storm, &Strategy::UNTIL_SUCCESS)?;
 
     bar.set_message("contention");
     let contention = contention(options.seed, || bar.inc(1))?;
     bar.set_message("amplification");
     let amplification = amplification(options.seed, || bar.inc(1))?;
+    bar.set_message("budgets");
+    let budgets = budgets(options.seed, || bar.inc(1))?;
     bar.finish_and_clear();
 
     println!("Storm: {storm}.\n");
-    let summaries: Vec<_> = runs
-        .iter()
-        .map(|r| (r.strategy.name(), r.summary()))
-        .collect();
-    let mut table = storm_table(summaries.iter().map(|(n, s)| (*n, s)));
-    table.column(
-        format!(
-            "recovered, seeds {}..={}",
-            options.seed,
-            options.seed + options.seeds - 1
-        ),
-        runs.iter()
-            .map(|r| format!("{}/{}", r.recovered, options.seeds)),
-    );
-    print!("{table}");
+    print!("{}", runs_table(&runs, options));
     println!(
         "\"recovered after\": from the end of the outage until goodput's {} s mean is back to 90 % \
          of its pre-outage level for good (seed {}).",
@@ -243,6 +242,13 @@ fn simulate(options: &Options) -> Result<(), String> {
     );
     print_contention(&contention);
     print_amplification(&amplification);
+    print_budgets(&budgets, &budget_storms, &budget_retransmits, options);
+    println!(
+        "Seed-003 variant: retrying until success, fixed 1 s against exponential from 1 s \
+         ×2.7 up to 10 min with ±10 % jitter, the same storm.\n"
+    );
+    print!("{}", runs_table(&until_success, options));
+    println!();
 
     let path = options
         .svg
@@ -255,6 +261,59 @@ fn simulate(options: &Options) -> Result<(), String> {
     chart::draw(&path, &series).map_err(|e| format!("writing {}: {e}", path.display()))?;
     println!("Chart: {}", path.display());
     Ok(())
+}
+
+/// Runs `strategy` on `storm` for every seed of `options`.
+fn run_seeds(
+    storm: &Storm,
+    strategy: Strategy,
+    options: &Options,
+    bar: &ProgressBar,
+) -> Result<Run, String> {
+    let horizon_secs = storm.length().as_secs();
+    let mut run = Run {
+        strategy,
+        report: None,
+        recovered: 0,
+        time: Duration::ZERO,
+    };
+    for seed in options.seed..options.seed + options.seeds {
+        bar.set_message(format!("storm: {strategy}, seed {seed}"));
+        let offset = bar.position();
+        let clock = Instant::now();
+        let report = strategy
+            .run_with_progress(&storm.clone().seed(seed), seed, |t| {
+                bar.set_position(offset + t.as_secs())
+            })
+            .map_err(|e| e.to_string())?;
+        bar.set_position(offset + horizon_secs);
+        run.recovered += report.summary().recovery.is_some() as u64;
+        // The first seed's run is the one shown in full and charted.
+        if run.report.is_none() {
+            run.time = clock.elapsed();
+            run.report = Some(report);
+        }
+    }
+    Ok(run)
+}
+
+/// The storm table of `runs`, with the recoveries over every seed.
+fn runs_table(runs: &[Run], options: &Options) -> Table {
+    let summaries: Vec<_> = runs
+        .iter()
+        .map(|r| (r.strategy.name(), r.summary()))
+        .collect();
+    let mut table = storm_table(summaries.iter().map(|(n, s)| (*n, s)));
+    table.column(
+        format!(
+            "recovered, seeds {}..={}",
+            options.seed,
+            options.seed + options.seeds - 1
+        ),
+        runs.iter()
+            .map(|r| format!("{}/{}", r.recovered, options.seeds)),
+    );
+    table
 }
 
 /// One strategy's storm runs.
@@ -368,7 +427,7 @@ fn amplification(
         .iter()
         .map(|&clones| {
             let scenario = Amplification::new().clones(clones).seed(seed);
-            let reports = BUDGETS
+            let mut reports = BUDGETS
                 .iter()
                 .map(|&sharing| {
                     let report = scenario.run_with_budget(sharing, seed);
@@ -376,6 +435,12 @@ fn amplification(
                     report.map_err(|e| e.to_string())
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+            reports.push(
+                scenario
+                    .run_with(BudgetKind::Default, seed)
+                    .map_err(|e| e.to_string())?,
+            );
+            tick();
             Ok((clones, reports))
         })
         .collect()
@@ -384,17 +449,99 @@ fn amplification(
 fn print_amplification(rows: &[(usize, Vec<AmplificationReport>)]) {
     println!(
         "Amplification: the server is down for good; 1,000 requests/s in all for 30 s, \
-         the layer's defaults (3 attempts, 100 ms doubling, full jitter).\n"
+         the layer's defaults (3 attempts, 100 ms doubling, full jitter); the budget columns \
+         a ratio budget of 10 % (+ a reserve of 100), \"defaults\" the layer as built with no option.\n"
     );
-    let mut table = Table::new(std::iter::once("clones").chain(BUDGETS.map(BudgetSharing::name)));
+    let mut table = Table::new(
+        std::iter::once("clones")
+            .chain(BUDGETS.map(BudgetSharing::name))
+            .chain(["defaults"]),
+    );
     for (clones, reports) in rows {
         table.row(
             std::iter::once(clones.to_string()).chain(
                 reports
                     .iter()
-                    .map(|r| format!("{:.2}", r.attempts_per_request())),
+                    .map(|r| format!("{:.3}", r.attempts_per_request())),
             ),
         );
     }
     println!("Attempts per logical request:\n\n{table}");
+}
+
+/// The failure rates of the partial-failure scenario.
+const FAILURE_RATES: [f64; 2] = [0.1, 0.3];
+
+/// One budget kind's amplification (per clone count) and partial-failure
+/// (per failure rate) reports.
+struct BudgetRow {
+    kind: BudgetKind,
+    amplification: Vec<AmplificationReport>,
+    partial: Vec<PartialFailureReport>,
+}
+
+fn budgets(seed: u64, mut tick: impl FnMut()) -> Result<Vec<BudgetRow>, String> {
+    BudgetKind::ALL
+        .iter()
+        .map(|&kind| {
+            let mut amplification = Vec::new();
+            for clones in CLONES {
+                let scenario = Amplification::new().clones(clones).seed(seed);
+                amplification.push(scenario.run_with(kind, seed).map_err(|e| e.to_string())?);
+                tick();
+            }
+            let mut partial = Vec::new();
+            for p in FAILURE_RATES {
+                let scenario = PartialFailure::new().failure_rate(p).seed(seed);
+                partial.push(scenario.run_with(kind, seed).map_err(|e| e.to_string())?);
+                tick();
+            }
+            Ok(BudgetRow {
+                kind,
+                amplification,
+                partial,
+            })
+        })
+        .collect()
+}
+
+fn print_budgets(rows: &[BudgetRow], storms: &[Run], retransmits: &[Run], options: &Options) {
+    println!(
+        "Budgets compared, each with its type's defaults, on the layer's defaults otherwise \
+         (one layer, so one budget, for all clients).\n\
+         Full outage: attempts per request at 10 / 100 / 1000 clones. Partial failure: each attempt \
+         fails with probability p; requests that succeeded and attempts per request. \
+         Storm and retransmit: recovered seeds and, for seed {}, the time to recover.\n",
+        options.seed
+    );
+    let mut header: Vec<String> = vec!["budget".into()];
+    header.extend(CLONES.map(|c| format!("outage, {c} clones")));
+    for p in FAILURE_RATES {
+        header.push(format!("p = {p}: succeeded"));
+        header.push(format!("p = {p}: load"));
+    }
+    header.push("storm: recovered".into());
+    header.push("retransmit: recovered".into());
+    header.push("retransmit: after".into());
+    let mut table = Table::new(header);
+    for ((row, storm), retransmit) in rows.iter().zip(storms).zip(retransmits) {
+        let mut cells: Vec<String> = vec![row.kind.name().into()];
+        cells.extend(
+            row.amplification
+                .iter()
+                .map(|r| format!("{:.3}", r.attempts_per_request())),
+        );
+        for r in &row.partial {
+            cells.push(format!("{:.2} %", 100.0 * r.success_share()));
+            cells.push(format!("{:.3}x", r.attempts_per_request()));
+        }
+        cells.push(format!("{}/{}", storm.recovered, options.seeds));
+        cells.push(format!("{}/{}", retransmit.recovered, options.seeds));
+        cells.push(match retransmit.summary().recovery {
+            Some(d) => format!("{:.0} s", d.as_secs_f64()),
+            None => "never".into(),
+        });
+        table.row(cells);
+    }
+    println!("{table}");
 }

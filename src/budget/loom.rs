@@ -4,13 +4,14 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::budget::{Budget, RatioBudget, TokenBucket};
+use crate::budget::{Budget, Earn, RatioBudget, TokenBucket};
 use crate::policy::Cause;
 
 fn bucket(capacity: u64, refill_per_second: u64) -> TokenBucket {
     TokenBucket::builder()
         .capacity(capacity)
         .retry_cost(5)
+        .timeout_cost(5)
         .success_refund(1)
         .refill_per_second(refill_per_second)
         .build()
@@ -77,10 +78,108 @@ fn token_bucket_refill_is_paid_once_per_millisecond() {
 fn ratio_budget(ratio: f64) -> RatioBudget {
     RatioBudget::builder()
         .ratio(ratio)
-        .min_per_second(0)
+        .reserve(0)
         .slots(2)
         .build()
         .unwrap()
+}
+
+#[test]
+fn token_bucket_would_allow_charges_nothing_and_send_charges_once() {
+    loom::model(|| {
+        let bucket = Arc::new(bucket(5, 0)); // room for exactly one retry
+        let other = {
+            let bucket = bucket.clone();
+            // Decided, then sent: the layer's order.
+            thread::spawn(move || {
+                bucket.would_allow(Cause::Transient) && bucket.try_retry(Cause::Transient)
+            })
+        };
+        let mine = bucket.would_allow(Cause::Transient) && bucket.try_retry(Cause::Transient);
+        let granted = usize::from(mine) + usize::from(other.join().unwrap());
+        assert_eq!(granted, 1, "one retry's worth of tokens");
+        assert_eq!(bucket.available(), 0);
+    });
+}
+
+#[test]
+fn token_bucket_refund_racing_a_send_lets_the_refunded_retry_out() {
+    loom::model(|| {
+        let bucket = Arc::new(bucket(5, 0));
+        assert!(bucket.try_retry(Cause::Transient)); // empty
+        let refund = {
+            let bucket = bucket.clone();
+            thread::spawn(move || bucket.on_success(Some(Cause::Transient)))
+        };
+        let sent = bucket.try_retry(Cause::Transient);
+        refund.join().unwrap();
+        // Either the send came first and was refused (the refund stays), or
+        // it came after and spent the refund: tokens are never lost.
+        assert_eq!(bucket.available(), if sent { 0 } else { 5 });
+    });
+}
+
+/// The race a stress test found (issue 10, item 8): each thread records a
+/// first attempt, then retries; with a ratio of 1 each retry is paid by its
+/// own first attempt and must pass. Reading the room before the retry slot
+/// let a pair completing on the other thread in between show its retry but
+/// not its first attempt, and a paid retry was refused.
+#[test]
+fn ratio_budget_grants_every_retry_paid_by_its_own_first_attempt() {
+    loom::model(|| {
+        let budget = Arc::new(ratio_budget(1.0));
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || {
+                budget.deposit_at(0);
+                budget.withdraw_at(0)
+            })
+        };
+        budget.deposit_at(0);
+        let mine = budget.withdraw_at(0);
+        let theirs = other.join().unwrap();
+        assert!(mine && theirs, "refused a paid retry: {mine} {theirs}");
+        assert_eq!(budget.available_at(0), 0);
+    });
+}
+
+#[test]
+fn ratio_budget_would_allow_then_send_never_overdraws() {
+    loom::model(|| {
+        let budget = Arc::new(ratio_budget(1.0));
+        budget.deposit_at(0); // room for exactly one retry
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.available_at(0) > 0 && budget.withdraw_at(0))
+        };
+        let mine = budget.available_at(0) > 0 && budget.withdraw_at(0);
+        let granted = usize::from(mine) + usize::from(other.join().unwrap());
+        assert_eq!(granted, 1);
+        assert_eq!(budget.available_at(0), 0);
+    });
+}
+
+#[test]
+fn ratio_budget_earning_on_successes_pays_retries_racing_them() {
+    loom::model(|| {
+        let budget = Arc::new(
+            RatioBudget::builder()
+                .ratio(1.0)
+                .reserve(0)
+                .earn(Earn::Successes)
+                .slots(2)
+                .build()
+                .unwrap(),
+        );
+        let success = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.deposit_at(0))
+        };
+        let sent = budget.withdraw_at(0);
+        success.join().unwrap();
+        // Refused before the success, or paid by it: never both, never lost.
+        assert_eq!(budget.available_at(0), u64::from(!sent));
+    });
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! [`RatioBudget`]: retries as a fraction of recent requests, as Finagle's
-//! `RetryBudget`.
+//! [`RatioBudget`]: retries as a fraction of recent first attempts (Finagle's
+//! `RetryBudget`) or of recent successes (tower's `TpsBudget`).
 
 use std::fmt;
 use std::time::Duration;
@@ -26,14 +26,25 @@ const COUNT_MASK: u64 = (1 << LAP_SHIFT) - 1;
 /// The ratio is taken to a millionth, then kept as an exact fraction.
 const PARTS_PER_MILLION: u64 = 1_000_000;
 
-/// Allows retries up to a fraction of the first attempts seen in a recent
-/// window, plus a small floor of retries per second, as Finagle's
-/// `RetryBudget` does.
+/// Allows retries up to a fraction of what was earned in a recent window,
+/// plus a fixed reserve: Finagle's `RetryBudget` when it earns on first
+/// attempts (the default), tower's `TpsBudget` when it earns on successes
+/// ([`Earn::Successes`]).
 ///
-/// With a ratio of 10%, retries can add at most 10% to the load the service
-/// would see anyway, however many clients retry and for however long the
-/// server is down; the floor lets a client that sends few requests still
-/// retry a little. Defaults: a 10 s window, 20%, and 10 retries per second.
+/// Earning on first attempts, a ratio of 10% lets retries add at most 10% to
+/// the load the service would see anyway, however many clients retry and for
+/// however long the server is down. Earning on successes, a server that
+/// answers nothing earns nothing, so a full outage gets no retries beyond the
+/// reserve. Defaults: a 10 s window, 20%, earned on first attempts, and a
+/// reserve of 100 retries.
+///
+/// # The bound
+/// Within any window, retries ≤ `reserve + ratio × earned in that window`
+/// (floored), exactly, one slot (a tenth of the window) at a time. The
+/// reserve is not a rate: a cold burst can spend all of it at once, and it
+/// comes back only as those retries leave the window, 0.9 to 1 window later.
+/// So a full outage earning on successes gets the reserve once per window;
+/// earning on first attempts, `ratio` of them on top.
 ///
 /// Counting is exact, in integers: the ratio becomes a fraction
 /// `deposit / cost` (60% is 3/5), each first attempt deposits `deposit` units,
@@ -41,10 +52,10 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// allowed, exactly 60 retries pass.
 ///
 /// # How it stays lock-free
-/// The window is a ring of ten slots, each with two counters (first
-/// attempts, retries); a counter is one atomic word holding a count and the
-/// lap of the ring it counts for, so a counter left over from an earlier lap
-/// reads as zero and is restarted by the next write, with no sweeping. A first attempt is
+/// The window is a ring of ten slots, each with two counters (earnings,
+/// retries); a counter is one atomic word holding a count and the lap of the
+/// ring it counts for, so a counter left over from an earlier lap reads as
+/// zero and is restarted by the next write, with no sweeping. An earning is
 /// one atomic add. A retry sums the window and takes its place with a
 /// compare-and-swap on the current retry slot, so two retries can never both
 /// take the last place. Both read the clock, `tokio::time::Instant`, so a
@@ -59,7 +70,7 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// use tower_backoff::budget::{Budget, RatioBudget};
 /// use tower_backoff::Cause;
 ///
-/// let budget = RatioBudget::builder().ratio(0.6).min_per_second(0).build()?;
+/// let budget = RatioBudget::builder().ratio(0.6).reserve(0).build()?;
 /// for _ in 0..100 {
 ///     budget.on_first_attempt();
 /// }
@@ -69,21 +80,36 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// ```
 pub struct RatioBudget {
     slots: Box<[Slot]>,
-    /// The floor's retries, in units.
+    /// The reserve's retries, in units.
     reserve: i64,
     deposit: i64,
     cost: i64,
+    earn: Earn,
     slot_nanos: u64,
     origin: Instant,
     window: Duration,
     ratio: f64,
-    min_per_second: u32,
+    reserve_retries: u32,
+}
+
+/// What a [`RatioBudget`] earns its retries on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Earn {
+    /// Every first attempt earns `ratio` retries, whether it succeeds or not
+    /// (Finagle's `RetryBudget`): retries add at most `ratio` to the load,
+    /// even while nothing succeeds.
+    #[default]
+    FirstAttempts,
+    /// Every success earns `ratio` retries (tower's `TpsBudget`, reqwest's
+    /// retry budget): while nothing succeeds, only the reserve is spent.
+    Successes,
 }
 
 /// One tenth of the window. Both counts of a slot share a cache line: a
 /// retry reads them together.
 struct Slot {
-    first_attempts: AtomicU64,
+    /// First attempts or successes, as the budget earns.
+    earned: AtomicU64,
     retries: AtomicU64,
 }
 
@@ -96,7 +122,7 @@ struct Position {
 
 impl RatioBudget {
     /// A budget with the defaults: 20% of the first attempts in the last 10 s,
-    /// plus 10 retries per second.
+    /// plus a reserve of 100 retries.
     pub fn new() -> Self {
         Self::default()
     }
@@ -139,40 +165,41 @@ impl RatioBudget {
         }
     }
 
-    /// First attempts and retries in the window ending at `at`, leaving out
+    /// Earnings and retries in the window ending at `at`, leaving out
     /// the retries of slot `skip`. Slots up to `at.index` must be on `at.lap`,
     /// the ones after it on the lap before; anything else has left the window.
     fn window(&self, at: Position, skip: Option<usize>) -> (u64, u64) {
         let skip = skip.unwrap_or(usize::MAX);
-        let (mut first_attempts, mut retries) = (0, 0);
+        let (mut earned, mut retries) = (0u64, 0u64);
         // Branch-free, so the loads go out together.
         for (index, slot) in self.slots.iter().enumerate() {
             let lap = at.lap.wrapping_sub(u32::from(index > at.index));
-            let first = slot.first_attempts.load(Ordering::Acquire);
+            let earn = slot.earned.load(Ordering::Acquire);
             let retry = slot.retries.load(Ordering::Acquire);
-            first_attempts += count_of(first) * u64::from(lap_of(first) == lap);
-            retries += count_of(retry) * u64::from(lap_of(retry) == lap && index != skip);
+            earned = earned.saturating_add(count_of(earn) * u64::from(lap_of(earn) == lap));
+            retries = retries
+                .saturating_add(count_of(retry) * u64::from(lap_of(retry) == lap && index != skip));
         }
-        (first_attempts, retries)
+        (earned, retries)
     }
 
     /// Units left once the retries are paid for. Saturating: no count,
     /// however absurd, can make it wrap or panic.
-    fn room(&self, (first_attempts, retries): (u64, u64)) -> i64 {
+    fn room(&self, (earned, retries): (u64, u64)) -> i64 {
         let units = |count: u64, each: i64| {
             i64::try_from(count)
                 .unwrap_or(i64::MAX)
                 .saturating_mul(each)
         };
         self.reserve
-            .saturating_add(units(first_attempts, self.deposit))
+            .saturating_add(units(earned, self.deposit))
             .saturating_sub(units(retries, self.cost))
     }
 
-    /// Records a first attempt at `epoch`.
+    /// Records an earning (a first attempt or a success) at `epoch`.
     pub(crate) fn deposit_at(&self, epoch: u64) {
         let at = self.position(epoch);
-        let slot = &self.slots[at.index].first_attempts;
+        let slot = &self.slots[at.index].earned;
         // Add first, look after: one trip of the cache line instead of a load
         // and then an add. A slot only ever moves on to later laps, so an add
         // into this lap's count (or a later one's, if this thread read the
@@ -206,22 +233,26 @@ impl RatioBudget {
     pub(crate) fn withdraw_at(&self, epoch: u64) -> bool {
         let at = self.position(epoch);
         let slot = &self.slots[at.index].retries;
-        // Room left by the other slots' retries; this slot's are checked by
-        // the CAS below. First attempts arriving meanwhile only add room, so a
-        // stale sum errs on the safe side.
-        let room = self.room(self.window(at, Some(at.index)));
         let mut current = slot.load(Ordering::Acquire);
         loop {
+            // The room left by the other slots, read *after* this slot's
+            // retries: a retry counted in `current` was paid for by earnings
+            // made before it, and the acquire makes them visible here. Read
+            // before, a pair (earn, retry) finishing on another thread in
+            // between shows its retry without its earning, and a retry with
+            // room would be refused. Earnings arriving later only add room.
+            let room = self.room(self.window(at, Some(at.index)));
             let (taken, next) = if is_before(lap_of(current), at.lap) {
                 (0, pack(at.lap, 1)) // Left from an earlier lap: start afresh.
             } else {
                 (count_of(current), current + 1)
             };
-            if room.saturating_sub(self.cost.saturating_mul(taken as i64)) < self.cost {
+            let taken = i64::try_from(taken).unwrap_or(i64::MAX);
+            if room.saturating_sub(self.cost.saturating_mul(taken)) < self.cost {
                 return false;
             }
             // Retries racing in this slot meet here: one CAS wins the place,
-            // the others see its count and check again.
+            // the others see its count and check again, against a fresh room.
             match slot.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return true,
                 Err(actual) => current = actual,
@@ -259,7 +290,13 @@ impl Default for RatioBudget {
 impl Budget for RatioBudget {
     fn on_first_attempt(&self) {
         // A ratio of zero deposits nothing: skip the clock.
-        if self.deposit != 0 {
+        if self.earn == Earn::FirstAttempts && self.deposit != 0 {
+            self.deposit_at(self.epoch());
+        }
+    }
+
+    fn on_success(&self, _last_retry: Option<Cause>) {
+        if self.earn == Earn::Successes && self.deposit != 0 {
             self.deposit_at(self.epoch());
         }
     }
@@ -278,7 +315,8 @@ impl fmt::Debug for RatioBudget {
         f.debug_struct("RatioBudget")
             .field("window", &self.window)
             .field("ratio", &self.ratio)
-            .field("min_per_second", &self.min_per_second)
+            .field("earn", &self.earn)
+            .field("reserve", &self.reserve_retries)
             .field("available", &self.available())
             .finish()
     }
@@ -290,7 +328,8 @@ impl fmt::Debug for RatioBudget {
 pub struct RatioBudgetBuilder {
     window: Duration,
     ratio: f64,
-    min_per_second: u32,
+    earn: Earn,
+    reserve: u32,
     slots: usize,
 }
 
@@ -299,31 +338,40 @@ impl Default for RatioBudgetBuilder {
         Self {
             window: Duration::from_secs(10),
             ratio: 0.2,
-            min_per_second: 10,
+            earn: Earn::FirstAttempts,
+            reserve: 100,
             slots: SLOTS,
         }
     }
 }
 
 impl RatioBudgetBuilder {
-    /// How long a first attempt counts towards the retries it allows, and a
-    /// retry against the budget (default 10 s, between 1 s and 1 hour).
+    /// How long an earning counts towards the retries it allows, and a retry
+    /// against the budget (default 10 s, between 1 s and 1 hour).
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
     }
 
-    /// Retries allowed per first attempt in the window (default 0.2, that is
-    /// 20%), from 0 to 1000, to a millionth.
+    /// Retries allowed per earning in the window (default 0.2, that is 20%),
+    /// from 0 to 1000, to a millionth.
     pub fn ratio(mut self, ratio: f64) -> Self {
         self.ratio = ratio;
         self
     }
 
-    /// Retries allowed per second of the window regardless of traffic
-    /// (default 10), so a client sending few requests may still retry.
-    pub fn min_per_second(mut self, retries: u32) -> Self {
-        self.min_per_second = retries;
+    /// What earns retries: first attempts (the default) or successes.
+    pub fn earn(mut self, earn: Earn) -> Self {
+        self.earn = earn;
+        self
+    }
+
+    /// Retries allowed within any window on top of the ratio (default 100),
+    /// so a client sending few requests may still retry. A reserve, not a
+    /// rate: a burst may spend it at once; it comes back as those retries
+    /// leave the window.
+    pub fn reserve(mut self, retries: u32) -> Self {
+        self.reserve = retries;
         self
     }
 
@@ -338,8 +386,7 @@ impl RatioBudgetBuilder {
     ///
     /// # Errors
     /// A [`ConfigError`] naming the setting: a window outside 1 s to 1 hour, a
-    /// ratio that is not a number from 0 to 1000, or a floor so large it
-    /// cannot be counted.
+    /// ratio that is not a number from 0 to 1000.
     pub fn build(self) -> Result<RatioBudget, ConfigError> {
         if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.window) {
             return Err(ConfigError::new(
@@ -359,38 +406,26 @@ impl RatioBudgetBuilder {
         let divisor = gcd(parts, PARTS_PER_MILLION);
         let (deposit, cost) = (parts / divisor, PARTS_PER_MILLION / divisor);
 
-        let window_ms = self.window.as_millis() as u64;
-        let reserve = u64::from(self.min_per_second)
-            .checked_mul(window_ms)
-            .map(|floor| floor / 1000)
-            .and_then(|retries| retries.checked_mul(cost))
-            .and_then(|units| i64::try_from(units).ok())
-            .ok_or_else(|| {
-                ConfigError::new(
-                    "min_per_second",
-                    format!(
-                        "{} retries per second over {:?} is too many to count",
-                        self.min_per_second, self.window
-                    ),
-                )
-            })?;
+        // At most 2^32 retries of at most 10^6 units: no overflow.
+        let reserve = i64::from(self.reserve) * cost as i64;
 
         let slots = self.slots.max(1);
         Ok(RatioBudget {
             slots: (0..slots)
                 .map(|_| Slot {
-                    first_attempts: AtomicU64::new(0),
+                    earned: AtomicU64::new(0),
                     retries: AtomicU64::new(0),
                 })
                 .collect(),
             reserve,
             deposit: deposit as i64,
             cost: cost as i64,
+            earn: self.earn,
             slot_nanos: (self.window.as_nanos() / slots as u128) as u64,
             origin: Instant::now(),
             window: self.window,
             ratio: self.ratio,
-            min_per_second: self.min_per_second,
+            reserve_retries: self.reserve,
         })
     }
 }

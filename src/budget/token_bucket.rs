@@ -20,13 +20,19 @@ const MAX_TOKENS: u64 = 1 << 40;
 /// A retry budget that charges each retry tokens and refunds some on success,
 /// as the AWS SDKs' standard retry mode does.
 ///
-/// The bucket starts full. A retry takes its cost out (5 tokens, 10 after a
-/// [timeout](Cause::Timeout)) and is refused when the bucket holds less. A
-/// success puts back 1 token when no retry was needed, or the cost of the
-/// retry that led to it. So while requests mostly succeed the bucket stays
-/// full, and in a full outage it allows `capacity / cost` retries in all (100
-/// with the defaults) and then none until successes, or the optional refill,
-/// put tokens back.
+/// A retry takes its cost out (5 tokens, 10 after a [timeout](Cause::Timeout))
+/// and is refused when the bucket holds less. A success puts back 1 token
+/// when no retry was needed, or the cost of the retry that led to it. So while
+/// requests mostly succeed the bucket stays full, and while nothing succeeds
+/// it only drains.
+///
+/// # The bound
+/// The bucket starts full: its capacity is a **reserve**, not a rate. A cold
+/// burst may spend it at once, `capacity / cost` retries (100 transient or 50
+/// timeout retries with the defaults), and after that every retry is paid by
+/// a success or the refill. Over any run, the tokens retries took are at most
+/// `capacity + refunds + refill × seconds`: in a full outage, with no refill,
+/// at most `capacity / cost` retries go out in all, however long it lasts.
 ///
 /// Defaults: capacity 500, retry cost 5, timeout cost 10, throttling cost 5,
 /// success refund 1, no refill. Every operation is a few atomic instructions,
@@ -116,10 +122,11 @@ impl TokenBucket {
         if amount == 0 || self.tokens.load(Ordering::Relaxed) >= self.capacity {
             return;
         }
+        // Saturating: a refill owed for a long idle spell can be any size.
         let _ = self
             .tokens
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
-                (tokens < self.capacity).then(|| (tokens + amount).min(self.capacity))
+                (tokens < self.capacity).then(|| tokens.saturating_add(amount).min(self.capacity))
             });
     }
 
@@ -223,7 +230,8 @@ impl Default for TokenBucketBuilder {
 }
 
 impl TokenBucketBuilder {
-    /// Tokens in a full bucket, which is also where it starts (default 500).
+    /// Tokens in a full bucket, which is also where it starts (default 500):
+    /// the reserve a cold burst of retries may spend at once.
     pub fn capacity(mut self, tokens: u64) -> Self {
         self.capacity = tokens;
         self

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::task::LocalSet;
 use tower_service::Service;
 
+use super::budgets::BudgetKind;
 use super::connection::{Connection, Request};
 use super::server::{Server, ServerModel};
 use super::strategy::storm_budget;
@@ -213,6 +214,21 @@ impl Amplification {
                 })
             }
         }
+    }
+
+    /// Runs the outage with the layer's defaults and `kind` of budget, one
+    /// layer for all clones (so they share its budget). [`BudgetKind::Default`]
+    /// is `BackoffLayer::builder().seed(seed).build()`: what a user gets.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming a setting that cannot work.
+    pub fn run_with(
+        &self,
+        kind: BudgetKind,
+        seed: u64,
+    ) -> Result<AmplificationReport, ConfigError> {
+        let layer = kind.apply(BackoffLayer::builder().seed(seed))?.build()?;
+        self.run(|c| tower_layer::Layer::layer(&layer, c))
     }
 
     /// Runs the outage with a client made by `make_client` for each clone,

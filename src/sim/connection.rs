@@ -28,6 +28,8 @@ pub enum AttemptError {
     TimedOut,
     /// The server was dropped; only happens when a simulation ends.
     ServerGone,
+    /// The server answered with an error.
+    Failed,
 }
 
 impl fmt::Display for AttemptError {
@@ -35,6 +37,7 @@ impl fmt::Display for AttemptError {
         f.write_str(match self {
             AttemptError::TimedOut => "attempt timed out",
             AttemptError::ServerGone => "server gone",
+            AttemptError::Failed => "server answered with an error",
         })
     }
 }

@@ -19,6 +19,9 @@
 //!   the fewest calls.
 //! - [`Amplification`]: a full outage; how many attempts each request turns
 //!   into, with and without a retry budget.
+//! - [`PartialFailure`]: a server that fails each attempt at random; what
+//!   share of requests succeed and at what load.
+//! - [`BudgetKind`]: the retry budgets the tables compare.
 //!
 //! Everything runs on one thread, on tokio's paused clock: a run is a pure
 //! function of its settings and seeds (seed your layer too), and two minutes
@@ -40,8 +43,10 @@
 //! ```
 
 mod amplification;
+mod budgets;
 mod connection;
 mod contention;
+mod partial;
 mod report;
 mod server;
 mod storm;
@@ -49,17 +54,19 @@ mod strategy;
 mod workload;
 
 pub use amplification::{Amplification, AmplificationReport, BudgetSharing};
+pub use budgets::BudgetKind;
 pub use connection::{Attempt, AttemptError, Connection, Request};
 pub use contention::{
     Conflict, Contention, ContentionReport, Record, Write, WriteAttempt, CONTENTION_FIRST_DELAY,
     CONTENTION_MAX_DELAY,
 };
+pub use partial::{FlakyAttempt, FlakyServer, PartialFailure, PartialFailureReport};
 pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECOVERY_WINDOW};
 pub use server::{Server, ServerGone, ServerModel, ServerSample, Submission};
 pub use storm::Storm;
 pub use strategy::{
     storm_budget, AnySchedule, RetryErrors, Strategy, BUDGET_RATIO, FIRST_DELAY, FIXED_INTERVAL,
-    MAX_ATTEMPTS, MAX_DELAY,
+    MAX_ATTEMPTS, MAX_DELAY, UNTIL_SUCCESS_FACTOR, UNTIL_SUCCESS_MAX_DELAY,
 };
 pub use workload::ClientSample;
 

@@ -33,6 +33,12 @@ use crate::jitter::Rng;
 /// beyond that they are lost and their clients time out (Linux drops a SYN
 /// when the accept queue is full).
 ///
+/// With [`retransmit`](Self::retransmit) on, what arrives during the outage
+/// is neither kept in the backlog nor lost: the network holds it (as TCP
+/// retransmits a SYN) and delivers it when the outage ends, every request
+/// whose client still waits for it; those whose client gave up were
+/// abandoned with their connection.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_backoff::sim::ServerModel;
@@ -51,6 +57,7 @@ pub struct ServerModel {
     slowdown: f64,
     slowdown_step: f64,
     backlog: usize,
+    retransmit: bool,
     outage_start: Duration,
     outage: Duration,
 }
@@ -60,13 +67,17 @@ impl std::fmt::Display for ServerModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "server: {:?} per request (±{:.0} %) up to {} in flight, then ×{} per {} more; backlog {}",
+            "server: {:?} per request (±{:.0} %) up to {} in flight, then ×{} per {} more; {}",
             self.base_latency,
             self.work_spread * 100.0,
             self.capacity,
             self.slowdown,
             self.slowdown_step,
-            self.backlog,
+            if self.retransmit {
+                "arrivals during the outage delivered when it ends".to_string()
+            } else {
+                format!("backlog {}", self.backlog)
+            },
         )
     }
 }
@@ -89,6 +100,7 @@ impl ServerModel {
             slowdown: 1.05,
             slowdown_step: 15.0,
             backlog: 512,
+            retransmit: false,
             outage_start: Duration::ZERO,
             outage: Duration::ZERO,
         }
@@ -124,6 +136,14 @@ impl ServerModel {
     /// How many requests wait in the accept backlog while the server is down.
     pub const fn backlog(mut self, requests: usize) -> Self {
         self.backlog = requests;
+        self
+    }
+
+    /// Whether requests arriving during the outage are delivered when it
+    /// ends (those whose client still waits) instead of going to the backlog
+    /// (default `false`).
+    pub const fn retransmit(mut self, on: bool) -> Self {
+        self.retransmit = on;
         self
     }
 
@@ -228,6 +248,7 @@ impl Server {
             progress: 0.0,
             jobs: BinaryHeap::new(),
             backlog: VecDeque::new(),
+            held: Vec::new(),
             next_job: 0,
             resumed: model.outage.is_zero(),
             rng: Rng::stream(seed, 0x5E87E5),
@@ -322,6 +343,8 @@ struct State {
     progress: f64,
     jobs: BinaryHeap<Job>,
     backlog: VecDeque<Job>,
+    /// With retransmission: what arrived during the outage, in the network.
+    held: Vec<Job>,
     next_job: u64,
     resumed: bool,
     rng: Rng,
@@ -358,6 +381,14 @@ impl State {
         let bucket = self.bucket(now);
         self.series[bucket].arrivals += 1;
         if !self.running(now) {
+            if self.model.retransmit {
+                self.held.push(Job {
+                    finish: work,
+                    order,
+                    reply,
+                });
+                return (Some(rx), false);
+            }
             if self.backlog.len() >= self.model.backlog {
                 return (None, false);
             }
@@ -434,6 +465,13 @@ impl State {
         while let Some(mut job) = self.backlog.pop_front() {
             job.finish += self.progress;
             self.jobs.push(job);
+        }
+        // A client that gave up closed its connection: no more retransmits.
+        for mut job in std::mem::take(&mut self.held) {
+            if !job.reply.is_closed() {
+                job.finish += self.progress;
+                self.jobs.push(job);
+            }
         }
         self.note(at);
     }

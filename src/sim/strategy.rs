@@ -12,6 +12,8 @@ use crate::layer::BackoffLayer;
 use crate::policy::{Cause, Decision, Policy};
 use crate::schedule::{Constant, Exponential, Schedule};
 
+use super::budgets::BudgetKind;
+
 /// A schedule of any type, so that every strategy builds the same layer type.
 pub type AnySchedule = Arc<dyn Schedule + Send + Sync>;
 
@@ -28,6 +30,13 @@ pub const FIRST_DELAY: Duration = Duration::from_millis(100);
 
 /// The longest wait of the exponential strategies.
 pub const MAX_DELAY: Duration = Duration::from_secs(20);
+
+/// Growth of the seed-003 variant's exponential schedule, from the article it
+/// reproduces: each wait 2.7 times the last, from [`FIXED_INTERVAL`], ±10 %.
+pub const UNTIL_SUCCESS_FACTOR: f64 = 2.7;
+
+/// The longest wait of the seed-003 variant's exponential schedule.
+pub const UNTIL_SUCCESS_MAX_DELAY: Duration = Duration::from_secs(600);
 
 /// Retries the budgeted strategies allow per first attempt in the budget's
 /// window (10 s), on top of its floor of 10 retries per second.
@@ -71,17 +80,47 @@ pub enum Strategy {
     /// answer, only timeouts, so its policy reports timeouts as
     /// [`Cause::Throttled`] to let the pacing react.
     Adaptive,
+    /// The layer as a user gets it: `BackoffLayer::builder()` with this
+    /// simulation's policy and seed, nothing else (3 attempts, 100 ms
+    /// doubling to 20 s, full jitter, the default budget).
+    Defaults,
+    /// [`Defaults`](Strategy::Defaults) with another budget: the budget
+    /// comparison.
+    WithBudget(BudgetKind),
+    /// The seed-003 variant: retry until success, every [`FIXED_INTERVAL`]
+    /// with no jitter, with the default budget or none.
+    FixedUntilSuccess {
+        /// Whether the default budget is on.
+        budget: bool,
+    },
+    /// The seed-003 variant: retry until success, from [`FIXED_INTERVAL`]
+    /// growing by [`UNTIL_SUCCESS_FACTOR`] up to [`UNTIL_SUCCESS_MAX_DELAY`],
+    /// ±10 % jitter, with the default budget or none.
+    ExponentialUntilSuccess {
+        /// Whether the default budget is on.
+        budget: bool,
+    },
 }
 
 impl Strategy {
-    /// Every strategy, in the order the tables show them.
-    pub const ALL: [Strategy; 6] = [
+    /// The storm table's strategies, in its order.
+    pub const ALL: [Strategy; 7] = [
         Strategy::NoRetries,
         Strategy::FixedInterval,
         Strategy::Exponential,
         Strategy::ExponentialJitter,
         Strategy::Budgeted,
         Strategy::Adaptive,
+        Strategy::Defaults,
+    ];
+
+    /// The seed-003 variant's strategies: fixed interval against exponential
+    /// backoff, retrying until success, without and with the default budget.
+    pub const UNTIL_SUCCESS: [Strategy; 4] = [
+        Strategy::FixedUntilSuccess { budget: false },
+        Strategy::ExponentialUntilSuccess { budget: false },
+        Strategy::FixedUntilSuccess { budget: true },
+        Strategy::ExponentialUntilSuccess { budget: true },
     ];
 
     /// A short name for tables and charts.
@@ -93,6 +132,16 @@ impl Strategy {
             Strategy::ExponentialJitter => "exponential + jitter",
             Strategy::Budgeted => "+ ratio budget 10 %",
             Strategy::Adaptive => "+ adaptive pacing",
+            Strategy::Defaults => "defaults",
+            Strategy::WithBudget(kind) => kind.name(),
+            Strategy::FixedUntilSuccess { budget: false } => "fixed 1 s until success",
+            Strategy::FixedUntilSuccess { budget: true } => {
+                "fixed 1 s until success + default budget"
+            }
+            Strategy::ExponentialUntilSuccess { budget: false } => "×2.7 ±10 % until success",
+            Strategy::ExponentialUntilSuccess { budget: true } => {
+                "×2.7 ±10 % until success + default budget"
+            }
         }
     }
 
@@ -140,6 +189,32 @@ impl Strategy {
                 .budget(storm_budget()?)
                 .pacing(AdaptivePacing::new())
                 .build(),
+            Strategy::Defaults => BackoffLayer::builder()
+                .policy(RetryErrors::new(Cause::Timeout))
+                .schedule(exponential)
+                .seed(seed)
+                .build(),
+            Strategy::WithBudget(kind) => kind
+                .apply(
+                    BackoffLayer::builder()
+                        .policy(RetryErrors::new(Cause::Timeout))
+                        .schedule(exponential)
+                        .seed(seed),
+                )?
+                .build(),
+            Strategy::FixedUntilSuccess { budget } => {
+                let builder = builder.schedule(fixed).jitter(Jitter::None);
+                until_success(builder, budget).build()
+            }
+            Strategy::ExponentialUntilSuccess { budget } => {
+                let schedule: AnySchedule = Arc::new(
+                    Exponential::new(FIXED_INTERVAL)
+                        .factor(UNTIL_SUCCESS_FACTOR)
+                        .max_delay(UNTIL_SUCCESS_MAX_DELAY),
+                );
+                let builder = builder.schedule(schedule).jitter(Jitter::Proportional(0.1));
+                until_success(builder, budget).build()
+            }
         }
     }
 
@@ -164,6 +239,24 @@ impl Strategy {
     ) -> Result<super::StormReport, ConfigError> {
         let layer = self.layer(seed)?;
         storm.run_with_progress(|c| tower_layer::Layer::layer(&layer, c), progress)
+    }
+}
+
+/// The seed-003 strategies keep the default budget unless told to drop it.
+/// "Until success": no attempt limit, and without the budget a time limit of
+/// a day, longer than any simulated run, since the layer refuses retries that
+/// nothing at all would end.
+fn until_success<P, S>(
+    builder: crate::layer::BackoffBuilder<P, S>,
+    budget: bool,
+) -> crate::layer::BackoffBuilder<P, S> {
+    let builder = builder.unlimited_attempts();
+    if budget {
+        builder
+    } else {
+        builder
+            .no_budget()
+            .max_elapsed(Duration::from_secs(24 * 60 * 60))
     }
 }
 
