@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::adaptive::AdaptivePacing;
-use crate::budget::Budget;
+use crate::budget::{Budget, TokenBucket};
 use crate::deadline::NoTimeout;
 use crate::jitter::{Jitter, Rng};
+use crate::policy::Cause;
 use crate::stats::{Event, Stats};
 
 /// Everything a [`Backoff`](crate::Backoff) service and its response futures read: plain data,
@@ -48,8 +49,8 @@ impl<P, S, T> Config<P, S, T> {
         }
     }
 
-    pub(crate) fn budget(&self) -> Option<&dyn Budget> {
-        self.shared.as_deref()?.budget.as_deref()
+    pub(crate) fn budget(&self) -> Option<&LayerBudget> {
+        self.shared.as_deref()?.budget.as_ref()
     }
 
     pub(crate) fn pacing(&self) -> Option<&AdaptivePacing> {
@@ -93,12 +94,54 @@ impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for Config<P, S, T> {
 
 /// State shared by every clone of one layer's services.
 pub(crate) struct Shared {
-    pub(crate) budget: Option<Box<dyn Budget>>,
+    pub(crate) budget: Option<LayerBudget>,
     pub(crate) pacing: Option<AdaptivePacing>,
     pub(crate) stats: Option<Stats>,
     pub(crate) seed: Option<u64>,
     /// Hands each retrying request its own jitter stream of a seeded family.
     pub(crate) streams: AtomicU64,
+}
+
+/// The budget every clone of one layer shares: the default one by value, so
+/// the happy path calls it directly and the compiler inlines it (a full
+/// bucket's refund is one relaxed load), or a given one behind a box.
+pub(crate) enum LayerBudget {
+    Default(TokenBucket),
+    Given(Box<dyn Budget>),
+}
+
+impl Budget for LayerBudget {
+    #[inline]
+    fn on_first_attempt(&self) {
+        match self {
+            LayerBudget::Default(bucket) => bucket.on_first_attempt(),
+            LayerBudget::Given(budget) => budget.on_first_attempt(),
+        }
+    }
+
+    #[inline]
+    fn would_allow(&self, cause: Cause) -> bool {
+        match self {
+            LayerBudget::Default(bucket) => bucket.would_allow(cause),
+            LayerBudget::Given(budget) => budget.would_allow(cause),
+        }
+    }
+
+    #[inline]
+    fn try_retry(&self, cause: Cause) -> bool {
+        match self {
+            LayerBudget::Default(bucket) => bucket.try_retry(cause),
+            LayerBudget::Given(budget) => budget.try_retry(cause),
+        }
+    }
+
+    #[inline]
+    fn on_success(&self, last_retry: Option<Cause>) {
+        match self {
+            LayerBudget::Default(bucket) => bucket.on_success(last_retry),
+            LayerBudget::Given(budget) => budget.on_success(last_retry),
+        }
+    }
 }
 
 impl Shared {

@@ -19,6 +19,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use crate::budget::Budget;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::jitter::Rng;
 use crate::limits::reached_cap;

@@ -10,7 +10,7 @@ use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
 use crate::budget::{self, Budget};
-use crate::config::{Config, Shared};
+use crate::config::{Config, LayerBudget, Shared};
 use crate::deadline::{AttemptTimeout, NoTimeout};
 use crate::error::{check_duration, ConfigError};
 use crate::jitter::Jitter;
@@ -397,8 +397,8 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
         }
         limits.check_bounded(!matches!(budget, BudgetChoice::None))?;
         let budget = match budget {
-            BudgetChoice::Default => Some(budget::default_budget()),
-            BudgetChoice::Given(budget) => Some(budget),
+            BudgetChoice::Default => Some(LayerBudget::Default(budget::default_budget())),
+            BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
             BudgetChoice::None => None,
         };
         let shares_something =

@@ -373,7 +373,7 @@ where
                         }
                     }
                     if matches!(settings.budget, BudgetChoice::Default) && this.budget.is_none() {
-                        let budget: Arc<dyn Budget> = Arc::from(budget::default_budget());
+                        let budget: Arc<dyn Budget> = Arc::new(budget::default_budget());
                         budget.on_first_attempt();
                         *this.budget = Some(budget);
                     }

@@ -130,6 +130,6 @@ impl<B: Budget + ?Sized> Budget for &'static B {
 /// defaults (see [the module docs](self) for why). On the happy path it costs
 /// one relaxed load: `on_first_attempt` is empty, and a success's refund
 /// finds the bucket full.
-pub(crate) fn default_budget() -> Box<dyn Budget> {
-    Box::new(TokenBucket::default())
+pub(crate) fn default_budget() -> TokenBucket {
+    TokenBucket::default()
 }

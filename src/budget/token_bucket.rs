@@ -116,6 +116,7 @@ impl TokenBucket {
     }
 
     /// Puts `amount` back, up to the capacity.
+    #[inline]
     fn deposit(&self, amount: u64) {
         // A healthy service keeps the bucket full: then a refund is one read,
         // not a write that would bounce the cache line between cores.
@@ -179,6 +180,7 @@ impl Budget for TokenBucket {
         self.withdraw(self.cost(cause))
     }
 
+    #[inline]
     fn on_success(&self, last_retry: Option<Cause>) {
         self.deposit(match last_retry {
             None => self.success_refund,
