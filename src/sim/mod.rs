@@ -42,6 +42,7 @@
 mod amplification;
 mod connection;
 mod contention;
+mod pacing;
 mod report;
 mod server;
 mod storm;
@@ -54,6 +55,7 @@ pub use contention::{
     Conflict, Contention, ContentionReport, Record, Write, WriteAttempt, CONTENTION_FIRST_DELAY,
     CONTENTION_MAX_DELAY,
 };
+pub use pacing::{Admission, Answer, Demand, Pacing, PacingReport, PacingSample, Store, ThrottledWrites};
 pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECOVERY_WINDOW};
 pub use server::{Server, ServerGone, ServerModel, ServerSample, Submission};
 pub use storm::Storm;

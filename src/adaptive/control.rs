@@ -1,0 +1,275 @@
+//! The rate law: what one round of outcomes does to the send rate. Pure
+//! arithmetic on plain numbers, so every rule can be read and tested alone.
+
+/// The cubic's scale, per round³: a cut to 0.9 of the peak is back at it in
+/// about 2 rounds, 1 round later 0.6 % above, 2 rounds later 6 % above.
+const CUBIC_SCALE: f64 = 0.01;
+
+/// The most a clean round raises the rate above the peak: a probe crosses
+/// the server's rate by at most 15 % for one round.
+const MAX_PROBE: f64 = 1.15;
+
+/// A clean round turns pacing off when the rate it would set is at least this
+/// many times what was sent: pacing no longer holds anything back.
+const HEADROOM: f64 = 2.0;
+
+/// The settings the law reads, as rates (per second) and plain factors.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Law {
+    /// Share of the accepted rate a throttled round sets.
+    pub(super) down: f64,
+    /// Most the rate changes, either way, in one round.
+    pub(super) up: f64,
+    /// Successes a round needs to measure the accepted rate.
+    pub(super) threshold: u64,
+    /// The rate when nothing could be measured: 1 / initial interval.
+    pub(super) initial_rate: f64,
+    /// The lowest rate: 1 / max interval.
+    pub(super) min_rate: f64,
+}
+
+/// What one round saw, counted from attempts sent at the rate in force.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Round {
+    /// Its length, in rounds (1.0 for a round of exactly the configured length).
+    pub(super) length: f64,
+    /// Attempts sent, per round.
+    pub(super) sent: f64,
+    /// Successes.
+    pub(super) accepted: u64,
+    /// Throttled outcomes.
+    pub(super) throttled: u64,
+}
+
+/// Where the rate stands between rounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Course {
+    /// Sends per round; infinite when not pacing.
+    pub(super) rate: f64,
+    /// The accepted rate measured at the last cut (per round); zero when
+    /// unknown.
+    pub(super) peak: f64,
+    /// The rate the last cut set, per round.
+    pub(super) floor: f64,
+    /// Rounds since the last cut.
+    pub(super) since_cut: f64,
+}
+
+/// What a round decides.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Change {
+    /// Nothing to learn: no throttling and no success.
+    Keep,
+    /// Throttled: the new rate, and the peak to climb back to.
+    Cut { rate: f64, peak: f64 },
+    /// Clean: the new, higher rate.
+    Raise(f64),
+    /// Clean, and the rate is far above what is sent: stop pacing.
+    Off,
+}
+
+impl Law {
+    /// The change one finished round makes to `course`.
+    pub(super) fn decide(&self, course: Course, round: Round) -> Change {
+        let length = round.length.max(f64::MIN_POSITIVE);
+        if round.throttled > 0 {
+            return self.cut(course, round, length);
+        }
+        if !course.rate.is_finite() {
+            // Measuring since a throttle, and nothing throttled since.
+            return Change::Off;
+        }
+        if round.accepted == 0 {
+            return Change::Keep;
+        }
+        let next = self.climb(course);
+        if next >= HEADROOM * round.sent / length {
+            Change::Off
+        } else {
+            Change::Raise(next)
+        }
+    }
+
+    /// A throttled round. The successes it saw are what the server accepts
+    /// (a throttling server admits up to its rate and turns away the rest),
+    /// so the rate is set just under that, not divided blindly: one round
+    /// finds the rate, where halving per throttle overshoots by orders of
+    /// magnitude when many workers are throttled together.
+    fn cut(&self, course: Course, round: Round, length: f64) -> Change {
+        let sent = round.sent / length;
+        // What was really going out: the rate in force, or less if demand was.
+        let going = if course.rate.is_finite() {
+            course.rate.min(sent.max(f64::MIN_POSITIVE))
+        } else {
+            sent
+        };
+        let (rate, peak) = if round.accepted >= self.threshold {
+            let accepted = round.accepted as f64 / length;
+            // Never more than `up` slower in one round: a capacity that
+            // halved is found in two rounds, a bad measurement costs little.
+            let floor = if course.rate.is_finite() {
+                going / self.up
+            } else {
+                0.0
+            };
+            ((accepted * self.down).max(floor), accepted)
+        } else if going > 0.0 {
+            // Too little got through to measure (an outage, or a rate this
+            // round cannot resolve): back off from what was sent, and climb
+            // back to it once throttling stops.
+            (going / self.up, course.peak.max(going))
+        } else {
+            (self.initial_rate, course.peak)
+        };
+        let rate = rate.max(self.min_rate);
+        Change::Cut {
+            rate,
+            peak: peak.max(rate),
+        }
+    }
+
+    /// The rate after a clean round: CUBIC's curve through the peak, concave
+    /// below it (back quickly to where the server throttled), flat around it
+    /// (probe carefully), convex beyond (find new capacity fast). Bounded by
+    /// `up` per round below the peak and by [`MAX_PROBE`] above it, so a rise
+    /// never bursts.
+    fn climb(&self, course: Course) -> f64 {
+        let rate = course.rate;
+        let target = if course.peak > 0.0 {
+            let reach = ((1.0 - (course.floor / course.peak).min(1.0)) / CUBIC_SCALE).cbrt();
+            let t = course.since_cut - reach;
+            course.peak * (1.0 + CUBIC_SCALE * t * t * t)
+        } else {
+            // No peak measured (only outages so far): slow start.
+            rate * self.up
+        };
+        let step = if target > course.peak.max(rate) {
+            MAX_PROBE.min(self.up)
+        } else {
+            self.up
+        };
+        target.clamp(rate, rate * step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn law() -> Law {
+        Law {
+            down: 0.9,
+            up: 1.5,
+            threshold: 5,
+            initial_rate: 2.0,
+            min_rate: 1.0 / 900.0,
+        }
+    }
+
+    fn round(sent: f64, accepted: u64, throttled: u64) -> Round {
+        Round {
+            length: 1.0,
+            sent,
+            accepted,
+            throttled,
+        }
+    }
+
+    #[test]
+    fn a_throttled_round_sets_the_rate_under_what_was_accepted() {
+        let unpaced = Course {
+            rate: f64::INFINITY,
+            ..Course::default()
+        };
+        let change = law().decide(unpaced, round(900.0, 100, 800));
+        assert_eq!(
+            change,
+            Change::Cut {
+                rate: 90.0,
+                peak: 100.0
+            }
+        );
+    }
+
+    #[test]
+    fn a_cut_never_slows_more_than_the_up_multiplier_in_one_round() {
+        let paced = Course {
+            rate: 100.0,
+            peak: 100.0,
+            floor: 90.0,
+            since_cut: 3.0,
+        };
+        let Change::Cut { rate, .. } = law().decide(paced, round(100.0, 10, 90)) else {
+            panic!("a throttled round cuts");
+        };
+        assert!((rate - 100.0 / 1.5).abs() < 1e-9, "{rate}");
+    }
+
+    #[test]
+    fn an_outage_round_backs_off_from_what_was_sent() {
+        let paced = Course {
+            rate: 300.0,
+            peak: 0.0,
+            floor: 200.0,
+            since_cut: 1.0,
+        };
+        let change = law().decide(paced, round(150.0, 0, 150));
+        assert_eq!(
+            change,
+            Change::Cut {
+                rate: 100.0,
+                peak: 150.0
+            }
+        );
+    }
+
+    #[test]
+    fn clean_rounds_climb_back_to_the_peak_slowly_near_it_then_fast_beyond() {
+        let law = law();
+        let mut course = Course {
+            rate: 90.0,
+            peak: 100.0,
+            floor: 90.0,
+            since_cut: 0.0,
+        };
+        let mut rates = Vec::new();
+        for _ in 0..8 {
+            course.since_cut += 1.0;
+            let Change::Raise(rate) = law.decide(course, round(course.rate, 50, 0)) else {
+                panic!("a clean round that sent at the rate raises it");
+            };
+            course.rate = rate;
+            rates.push(rate);
+        }
+        // Back near the peak in two rounds, barely above it for one, then
+        // faster and faster, never more than 15 % a round above the peak.
+        assert!(rates[1] > 99.0 && rates[1] <= 100.0, "{rates:?}");
+        assert!(rates[2] < 101.0, "{rates:?}");
+        assert!(rates[7] > 170.0, "{rates:?}");
+        for pair in rates.windows(2) {
+            assert!(pair[1] >= pair[0] && pair[1] <= pair[0] * 1.15 + 1e-9);
+        }
+    }
+
+    #[test]
+    fn a_clean_round_far_below_the_rate_turns_pacing_off() {
+        let course = Course {
+            rate: 100.0,
+            peak: 50.0,
+            floor: 45.0,
+            since_cut: 20.0,
+        };
+        assert_eq!(law().decide(course, round(40.0, 40, 0)), Change::Off);
+    }
+
+    #[test]
+    fn a_round_with_no_success_and_no_throttling_changes_nothing() {
+        let course = Course {
+            rate: 100.0,
+            peak: 50.0,
+            floor: 45.0,
+            since_cut: 2.0,
+        };
+        assert_eq!(law().decide(course, round(10.0, 0, 0)), Change::Keep);
+    }
+}

@@ -1,0 +1,185 @@
+//! The send schedule: how a service clone waits for its turn to send at the
+//! shared rate.
+//!
+//! Every send takes a slot on one shared timeline (a virtual-time token
+//! bucket, GCRA): the slot after the last one taken, one interval later, or
+//! now if the timeline has fallen behind, so time nobody used is not saved up
+//! for a burst. A clone takes its slot in `poll_ready` and sleeps until it;
+//! slots are taken at most two intervals ahead, so a rate that changes is
+//! obeyed at once and a caller that gives up wastes little. When the rate is cut, slots taken at the old rate are void:
+//! their holders take new ones at the new rate.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+
+use super::AdaptivePacing;
+use crate::jitter::Rng;
+
+/// What one service clone holds while it waits for its turn: nothing until
+/// pacing first makes it wait. Cloning a service gives the clone a fresh gate.
+#[derive(Default)]
+pub(crate) struct Gate {
+    /// Its slot on the shared timeline (nanoseconds since the pacing's
+    /// origin) and the epoch of the rate it was taken at.
+    slot: Option<(u64, u64)>,
+    /// When it started waiting, for the metrics.
+    waiting_since: Option<u64>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    ready: bool,
+    rng: Option<Rng>,
+}
+
+impl AdaptivePacing {
+    /// Ready when the service clone owning `gate` may send its next attempt;
+    /// it stays ready until [`sent`](Self::sent) consumes the readiness.
+    /// Called from `Backoff::poll_ready`, so pacing is backpressure: the
+    /// service that was readied is the one that sends, and a clone that waits
+    /// holds nothing of the inner service.
+    pub(crate) fn poll_send(
+        &self,
+        gate: &mut Gate,
+        cx: &mut Context<'_>,
+        new_rng: impl FnOnce() -> Rng,
+    ) -> Poll<()> {
+        if gate.ready {
+            return Poll::Ready(());
+        }
+        let s = &*self.state;
+        let mut new_rng = Some(new_rng);
+        loop {
+            let interval = s.interval.load(Ordering::Acquire);
+            if interval == 0 {
+                return self.open(gate, None);
+            }
+            let now = self.now_nanos();
+            let epoch = s.epoch.load(Ordering::Acquire);
+            let wake = match gate.slot {
+                Some((slot, taken)) if taken == epoch => {
+                    if slot <= now {
+                        return self.open(gate, Some(now));
+                    }
+                    slot
+                }
+                _ => {
+                    let rng = gate
+                        .rng
+                        .get_or_insert_with(|| (new_rng.take().expect("drawn once"))());
+                    let gap = self.gap(interval, rng);
+                    let horizon = now.saturating_add(lookahead(interval, s.settings.round));
+                    let taken = s
+                        .last_slot
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+                            let slot = last.saturating_add(gap).max(now);
+                            (slot <= horizon).then_some(slot)
+                        });
+                    match taken {
+                        Ok(last) => {
+                            let slot = last.saturating_add(gap).max(now);
+                            gate.slot = Some((slot, epoch));
+                            if slot <= now {
+                                return self.open(gate, Some(now));
+                            }
+                            slot
+                        }
+                        // The timeline is full for a round ahead: look again
+                        // when its end comes within reach, spread out so the
+                        // waiters do not all look at once.
+                        Err(last) => {
+                            gate.slot = None;
+                            let due = last
+                                .saturating_add(gap)
+                                .saturating_sub(lookahead(interval, s.settings.round));
+                            let spread = rng.next_u64() % interval.max(1);
+                            due.max(now).saturating_add(spread).min(horizon)
+                        }
+                    }
+                }
+            };
+            gate.waiting_since.get_or_insert(now);
+            let deadline = s.origin + Duration::from_nanos(wake);
+            match gate.sleep.as_mut() {
+                Some(sleep) => sleep.as_mut().reset(deadline),
+                None => gate.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            let sleep = gate.sleep.as_mut().expect("set just above");
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// The clone owning `gate` may send: counts the wait it ends, if any.
+    fn open(&self, gate: &mut Gate, now: Option<u64>) -> Poll<()> {
+        gate.slot = None;
+        gate.ready = true;
+        if let Some(since) = gate.waiting_since.take() {
+            let now = now.unwrap_or_else(|| self.now_nanos());
+            let s = &*self.state;
+            s.sleeps.fetch_add(1, Ordering::Relaxed);
+            s.slept_nanos
+                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+        }
+        Poll::Ready(())
+    }
+
+    /// The spacing before the next slot: the interval, randomized by ± the
+    /// randomization factor (at most the max spread); the mean stays the
+    /// interval, so the rate does too.
+    fn gap(&self, interval: u64, rng: &mut Rng) -> u64 {
+        let s = &self.state.settings;
+        let spread = ((interval as f64 * s.randomization) as u64).min(s.max_spread);
+        if spread == 0 {
+            return interval;
+        }
+        interval - spread + rng.next_u64() % (2 * spread + 1)
+    }
+
+    /// Nanoseconds since the pacing was built, on tokio's clock (paused in
+    /// tests and simulations).
+    pub(super) fn now_nanos(&self) -> u64 {
+        let since = Instant::now().saturating_duration_since(self.state.origin);
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// An attempt goes out through the clone owning `gate`: uses up its
+    /// readiness, counts the send, and returns the stamp to hand back to
+    /// [`observe`](Self::observe) with its outcome: the epoch of the rate it
+    /// went out at, in the two bytes a response future has spare.
+    pub(crate) fn sent(&self, gate: &mut Gate) -> u16 {
+        gate.ready = false;
+        let s = &*self.state;
+        s.invocations.fetch_add(1, Ordering::Relaxed);
+        if s.round_start.load(Ordering::Relaxed) != super::IDLE {
+            s.sends.fetch_add(1, Ordering::Relaxed);
+        }
+        s.epoch.load(Ordering::Acquire) as u16
+    }
+}
+
+/// How far ahead a slot may be taken: two intervals, within a round. A slot
+/// taken far ahead is lost if its holder gives up waiting (a caller's
+/// deadline), and is sent at a rate that may no longer hold.
+fn lookahead(interval: u64, round: u64) -> u64 {
+    interval.saturating_mul(2).min(round)
+}
+
+impl Clone for Gate {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("slot", &self.slot)
+            .field("ready", &self.ready)
+            .finish()
+    }
+}
