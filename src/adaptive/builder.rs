@@ -185,6 +185,8 @@ impl AdaptivePacingBuilder {
                 sends: AtomicU64::new(0),
                 successes: AtomicU64::new(0),
                 throttles: AtomicU64::new(0),
+                queued: AtomicU64::new(0),
+                settling: AtomicBool::new(false),
                 closing: AtomicBool::new(false),
                 peak: AtomicU64::new(0),
                 floor: AtomicU64::new(0),

@@ -53,6 +53,8 @@ pub(super) struct Course {
     pub(super) floor: f64,
     /// Rounds since the last cut.
     pub(super) since_cut: f64,
+    /// Whether the last round cut the rate.
+    pub(super) settling: bool,
 }
 
 /// What a round decides.
@@ -73,6 +75,13 @@ impl Law {
     pub(super) fn decide(&self, course: Course, round: Round) -> Change {
         let length = round.length.max(f64::MIN_POSITIVE);
         if round.throttled > 0 {
+            // The round after a cut still sees the server digest what was
+            // sent before it (a server counting over a rolling window keeps
+            // turning writes away until the window has moved past the
+            // burst): judging the cut needs a round that is all its own.
+            if course.settling && round.accepted > 0 {
+                return Change::Keep;
+            }
             return self.cut(course, round, length);
         }
         if !course.rate.is_finite() {
@@ -114,10 +123,13 @@ impl Law {
             };
             ((accepted * self.down).max(floor), accepted)
         } else if going > 0.0 {
-            // Too little got through to measure (an outage, or a rate this
-            // round cannot resolve): back off from what was sent, and climb
-            // back to it once throttling stops.
-            (going / self.up, course.peak.max(going))
+            // Too little got through to measure: an outage, or a rate this
+            // round cannot resolve. One step below the fastest rate that was
+            // going, and no further: an outage says nothing about the rate
+            // the server will accept when it is back, and every step down is
+            // a step to climb back.
+            let peak = course.peak.max(going);
+            (peak / self.up, peak)
         } else {
             (self.initial_rate, course.peak)
         };
@@ -181,6 +193,14 @@ mod tests {
             rate: f64::INFINITY,
             ..Course::default()
         };
+        let settling = Course {
+            rate: 90.0,
+            peak: 100.0,
+            floor: 90.0,
+            since_cut: 1.0,
+            settling: true,
+        };
+        assert_eq!(law().decide(settling, round(90.0, 80, 10)), Change::Keep);
         let change = law().decide(unpaced, round(900.0, 100, 800));
         assert_eq!(
             change,
@@ -198,6 +218,7 @@ mod tests {
             peak: 100.0,
             floor: 90.0,
             since_cut: 3.0,
+            settling: false,
         };
         let Change::Cut { rate, .. } = law().decide(paced, round(100.0, 10, 90)) else {
             panic!("a throttled round cuts");
@@ -212,6 +233,7 @@ mod tests {
             peak: 0.0,
             floor: 200.0,
             since_cut: 1.0,
+            settling: false,
         };
         let change = law().decide(paced, round(150.0, 0, 150));
         assert_eq!(
@@ -231,6 +253,7 @@ mod tests {
             peak: 100.0,
             floor: 90.0,
             since_cut: 0.0,
+            settling: false,
         };
         let mut rates = Vec::new();
         for _ in 0..8 {
@@ -258,6 +281,7 @@ mod tests {
             peak: 50.0,
             floor: 45.0,
             since_cut: 20.0,
+            settling: false,
         };
         assert_eq!(law().decide(course, round(40.0, 40, 0)), Change::Off);
     }
@@ -269,6 +293,7 @@ mod tests {
             peak: 50.0,
             floor: 45.0,
             since_cut: 2.0,
+            settling: false,
         };
         assert_eq!(law().decide(course, round(10.0, 0, 0)), Change::Keep);
     }

@@ -3,8 +3,8 @@
 //!
 //! Every send takes a slot on one shared timeline (a virtual-time token
 //! bucket, GCRA): the slot after the last one taken, one interval later, or
-//! now if the timeline has fallen behind, so time nobody used is not saved up
-//! for a burst. A clone takes its slot in `poll_ready` and sleeps until it;
+//! two intervals ago if the timeline has fallen further behind, so time
+//! nobody used is not saved up for more than two extra sends. A clone takes its slot in `poll_ready` and sleeps until it;
 //! slots are taken at most two intervals ahead, so a rate that changes is
 //! obeyed at once and a caller that gives up wastes little. When the rate is cut, slots taken at the old rate are void:
 //! their holders take new ones at the new rate.
@@ -33,6 +33,41 @@ pub(crate) struct Gate {
     sleep: Option<Pin<Box<Sleep>>>,
     ready: bool,
     rng: Option<Rng>,
+    /// The pacing this clone waits on, once it waited.
+    pacing: Option<AdaptivePacing>,
+    /// Whether it is counted among the clones queued without a slot.
+    queued: bool,
+}
+
+impl Gate {
+    fn dequeue(&mut self) {
+        if std::mem::take(&mut self.queued) {
+            if let Some(pacing) = &self.pacing {
+                pacing.state.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for Gate {
+    /// A clone dropped while waiting (its caller gave up) leaves the queue,
+    /// and gives its slot back if it was the last one taken, so a caller's
+    /// deadline does not cost the others a send.
+    fn drop(&mut self) {
+        self.dequeue();
+        if let (Some(pacing), Some((slot, epoch))) = (&self.pacing, self.slot) {
+            let s = &*pacing.state;
+            if s.epoch.load(Ordering::Acquire) == epoch {
+                let before = slot.saturating_sub(s.interval.load(Ordering::Relaxed));
+                let _ = s.last_slot.compare_exchange(
+                    slot,
+                    before,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+    }
 }
 
 impl AdaptivePacing {
@@ -72,36 +107,53 @@ impl AdaptivePacing {
                         .get_or_insert_with(|| (new_rng.take().expect("drawn once"))());
                     let gap = self.gap(interval, rng);
                     let horizon = now.saturating_add(lookahead(interval, s.settings.round));
+                    // A slot missed by at most two intervals is still taken:
+                    // waiters wake at random and may come a little late.
+                    let earliest = now.saturating_sub(lookahead(interval, s.settings.round));
                     let taken = s
                         .last_slot
                         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
-                            let slot = last.saturating_add(gap).max(now);
+                            let slot = last.saturating_add(gap).max(earliest);
                             (slot <= horizon).then_some(slot)
                         });
                     match taken {
                         Ok(last) => {
-                            let slot = last.saturating_add(gap).max(now);
+                            gate.dequeue();
+                            let slot = last.saturating_add(gap).max(earliest);
                             gate.slot = Some((slot, epoch));
                             if slot <= now {
                                 return self.open(gate, Some(now));
                             }
                             slot
                         }
-                        // The timeline is full for a round ahead: look again
-                        // when its end comes within reach, spread out so the
-                        // waiters do not all look at once.
+                        // The timeline is full as far ahead as slots are
+                        // taken: look again when its end comes within reach,
+                        // at a random place among the clones queued, so that
+                        // about one looks per slot, not all of them.
                         Err(last) => {
                             gate.slot = None;
+                            if !gate.queued {
+                                s.queued.fetch_add(1, Ordering::Relaxed);
+                                gate.queued = true;
+                            }
                             let due = last
                                 .saturating_add(gap)
                                 .saturating_sub(lookahead(interval, s.settings.round));
-                            let spread = rng.next_u64() % interval.max(1);
-                            due.max(now).saturating_add(spread).min(horizon)
+                            let queue = s.queued.load(Ordering::Relaxed).max(1);
+                            // About eight look per slot: one might be late.
+                            let span = interval.saturating_mul(queue) / 8;
+                            let spread = rng.next_u64() % span.max(1);
+                            due.max(now)
+                                .saturating_add(spread)
+                                .min(now.saturating_add(s.settings.round))
                         }
                     }
                 }
             };
             gate.waiting_since.get_or_insert(now);
+            if gate.pacing.is_none() {
+                gate.pacing = Some(self.clone());
+            }
             let deadline = s.origin + Duration::from_nanos(wake);
             match gate.sleep.as_mut() {
                 Some(sleep) => sleep.as_mut().reset(deadline),
@@ -116,6 +168,7 @@ impl AdaptivePacing {
 
     /// The clone owning `gate` may send: counts the wait it ends, if any.
     fn open(&self, gate: &mut Gate, now: Option<u64>) -> Poll<()> {
+        gate.dequeue();
         gate.slot = None;
         gate.ready = true;
         if let Some(since) = gate.waiting_since.take() {

@@ -129,6 +129,10 @@ struct State {
     sends: AtomicU64,
     successes: AtomicU64,
     throttles: AtomicU64,
+    /// Whether the last round cut the rate.
+    settling: AtomicBool,
+    /// Clones waiting for a slot without one.
+    queued: AtomicU64,
     /// Held by the one outcome that closes a round.
     closing: AtomicBool,
     /// The accepted rate at the last cut, per second (f64 bits).
@@ -291,7 +295,9 @@ impl AdaptivePacing {
             peak: per_round(f64::from_bits(s.peak.load(Ordering::Relaxed))),
             floor: per_round(f64::from_bits(s.floor.load(Ordering::Relaxed))),
             since_cut: now.saturating_sub(s.cut_at.load(Ordering::Relaxed)) as f64 / round,
+            settling: s.settling.load(Ordering::Relaxed),
         };
+        s.settling.store(false, Ordering::Relaxed);
         let next_start = match s.settings.law.decide(course, counted) {
             Change::Keep => now,
             Change::Cut { rate, peak } => {
@@ -304,6 +310,7 @@ impl AdaptivePacing {
                 s.last_slot.store(now, Ordering::Release);
                 s.epoch.fetch_add(1, Ordering::AcqRel);
                 s.raised.fetch_add(1, Ordering::Relaxed);
+                s.settling.store(true, Ordering::Relaxed);
                 now
             }
             Change::Raise(rate) => {

@@ -537,20 +537,22 @@ impl PacingReport {
     }
 
     /// The first second from `from` on after which the mean goodput of every
-    /// 5 s window stays at least `share` of the store's rate, in seconds
-    /// after `from`; `None` if it never does.
+    /// window of [`RECOVERY_WINDOW`](super::RECOVERY_WINDOW) (10 s, as the
+    /// storm measures recovery) stays at least `share` of the store's rate,
+    /// in seconds after `from`; `None` if it never does.
     pub fn settled(&self, share: f64, from: usize) -> Option<usize> {
         let n = self.seconds.len();
+        let width = super::RECOVERY_WINDOW.as_secs() as usize;
         let good = |start: usize| {
-            let cap = self.capacity[start..start + 5]
+            let cap = self.capacity[start..start + width]
                 .iter()
                 .map(|c| c.map_or(f64::INFINITY, f64::from))
                 .sum::<f64>()
-                / 5.0;
-            self.goodput(start..start + 5) >= share * cap
+                / width as f64;
+            self.goodput(start..start + width) >= share * cap
         };
         let mut settled = None;
-        for start in from..n.saturating_sub(4) {
+        for start in from..(n + 1).saturating_sub(width) {
             if good(start) {
                 settled.get_or_insert(start - from);
             } else {
