@@ -61,8 +61,14 @@ fn assert_steady(report: &PacingReport, r: f64, label: &str) {
         100.0 * throttled
     );
     assert!(goodput >= 0.9 * r, "{label}: goodput {goodput}: {picture}");
-    assert!(throttled <= 0.05, "{label}: throttled {throttled}: {picture}");
-    assert!(settled.is_some_and(|s| s <= 10), "{label}: settled {settled:?}: {picture}");
+    assert!(
+        throttled <= 0.05,
+        "{label}: throttled {throttled}: {picture}"
+    );
+    assert!(
+        settled.is_some_and(|s| s <= 10),
+        "{label}: settled {settled:?}: {picture}"
+    );
     assert!(peak <= 1.2, "{label}: peak {peak}: {picture}");
 }
 
@@ -162,7 +168,11 @@ fn four_independent_layers_share_the_store_fairly() {
         report.client_goodput(60..120)
     );
     assert!(goodput >= 85.0, "goodput {goodput}: {}", describe(&report));
-    assert!(throttled <= 0.10, "throttled {throttled}: {}", describe(&report));
+    assert!(
+        throttled <= 0.10,
+        "throttled {throttled}: {}",
+        describe(&report)
+    );
     assert!(fairness >= 0.9, "fairness {fairness}");
 }
 

@@ -44,7 +44,7 @@ impl Default for AdaptivePacingBuilder {
             initial_interval: Duration::from_millis(500),
             up_multiplier: 1.5,
             down_multiplier: 0.9,
-            success_threshold: 5,
+            success_threshold: 1,
             randomization: 0.1,
             max_interval: Duration::from_secs(15 * 60),
             max_spread: None,
@@ -85,8 +85,9 @@ impl AdaptivePacingBuilder {
     }
 
     /// Successes a throttled round needs to measure the rate the server
-    /// accepts (default 5); with fewer, the interval grows by the
-    /// up-multiplier instead.
+    /// accepts (default 1); with fewer (an outage), the rate falls one
+    /// up-multiplier step below the fastest rate that was going, and stays
+    /// there until something gets through.
     pub fn success_threshold(mut self, successes: u32) -> Self {
         self.success_threshold = successes;
         self
@@ -144,7 +145,10 @@ impl AdaptivePacingBuilder {
         if !(self.up_multiplier.is_finite() && self.up_multiplier > 1.0) {
             return Err(ConfigError::new(
                 "up_multiplier",
-                format!("must be a finite number above 1, got {}", self.up_multiplier),
+                format!(
+                    "must be a finite number above 1, got {}",
+                    self.up_multiplier
+                ),
             ));
         }
         if !(self.down_multiplier > 0.0 && self.down_multiplier < 1.0) {

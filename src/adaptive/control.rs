@@ -79,7 +79,9 @@ impl Law {
             // sent before it (a server counting over a rolling window keeps
             // turning writes away until the window has moved past the
             // burst): judging the cut needs a round that is all its own.
-            if course.settling && round.accepted > 0 {
+            let far_off = (round.accepted as f64 * self.down)
+                < course.rate.min(round.sent / length) / self.up;
+            if course.settling && round.accepted > 0 && !far_off {
                 return Change::Keep;
             }
             return self.cut(course, round, length);
@@ -92,7 +94,9 @@ impl Law {
             return Change::Keep;
         }
         let next = self.climb(course);
-        if next >= HEADROOM * round.sent / length {
+        // Off only past the peak: below it, clients queued behind the pacing
+        // would all leave at once into a server that just recovered.
+        if next >= HEADROOM * round.sent / length && next > course.peak {
             Change::Off
         } else {
             Change::Raise(next)
@@ -114,20 +118,23 @@ impl Law {
         };
         let (rate, peak) = if round.accepted >= self.threshold {
             let accepted = round.accepted as f64 / length;
-            // Never more than `up` slower in one round: a capacity that
-            // halved is found in two rounds, a bad measurement costs little.
+            // Measuring at full speed, never more than `up` slower than what
+            // was going: a server that admitted its whole second in a burst
+            // before the round began shows too few successes in it. Paced
+            // rounds measure a rate that held all round.
             let floor = if course.rate.is_finite() {
-                going / self.up
-            } else {
                 0.0
+            } else {
+                going / self.up
             };
             ((accepted * self.down).max(floor), accepted)
         } else if going > 0.0 {
-            // Too little got through to measure: an outage, or a rate this
-            // round cannot resolve. One step below the fastest rate that was
-            // going, and no further: an outage says nothing about the rate
-            // the server will accept when it is back, and every step down is
-            // a step to climb back.
+            // Too little got through to measure: an outage. One step below
+            // the fastest rate that was going, and no further: an outage says
+            // nothing about the rate the server accepts when it is back, and
+            // every step down is a step to climb back while the clients'
+            // queue grows (measured in the storm: backing off further
+            // delays recovery or prevents it).
             let peak = course.peak.max(going);
             (peak / self.up, peak)
         } else {
@@ -143,8 +150,8 @@ impl Law {
     /// The rate after a clean round: CUBIC's curve through the peak, concave
     /// below it (back quickly to where the server throttled), flat around it
     /// (probe carefully), convex beyond (find new capacity fast). Bounded by
-    /// `up` per round below the peak and by [`MAX_PROBE`] above it, so a rise
-    /// never bursts.
+    /// [`MAX_PROBE`] per round above the peak, so a rise never bursts past a
+    /// rate that was not known to work.
     fn climb(&self, course: Course) -> f64 {
         let rate = course.rate;
         let target = if course.peak > 0.0 {
@@ -155,10 +162,12 @@ impl Law {
             // No peak measured (only outages so far): slow start.
             rate * self.up
         };
+        // Below the peak the curve itself is the bound: back to a rate that
+        // worked, fast, however far an outage pushed it down.
         let step = if target > course.peak.max(rate) {
             MAX_PROBE.min(self.up)
         } else {
-            self.up
+            f64::INFINITY
         };
         target.clamp(rate, rate * step)
     }
@@ -172,7 +181,7 @@ mod tests {
         Law {
             down: 0.9,
             up: 1.5,
-            threshold: 5,
+            threshold: 1,
             initial_rate: 2.0,
             min_rate: 1.0 / 900.0,
         }
@@ -201,7 +210,7 @@ mod tests {
             settling: true,
         };
         assert_eq!(law().decide(settling, round(90.0, 80, 10)), Change::Keep);
-        let change = law().decide(unpaced, round(900.0, 100, 800));
+        let change = law().decide(unpaced, round(120.0, 100, 20));
         assert_eq!(
             change,
             Change::Cut {
@@ -209,10 +218,19 @@ mod tests {
                 peak: 100.0
             }
         );
+        // Flooded at 9 times the rate: one step of the up-multiplier.
+        let change = law().decide(unpaced, round(900.0, 100, 800));
+        assert_eq!(
+            change,
+            Change::Cut {
+                rate: 600.0,
+                peak: 600.0
+            }
+        );
     }
 
     #[test]
-    fn a_cut_never_slows_more_than_the_up_multiplier_in_one_round() {
+    fn a_paced_round_that_halved_its_successes_halves_the_rate() {
         let paced = Course {
             rate: 100.0,
             peak: 100.0,
@@ -220,10 +238,19 @@ mod tests {
             since_cut: 3.0,
             settling: false,
         };
-        let Change::Cut { rate, .. } = law().decide(paced, round(100.0, 10, 90)) else {
+        let Change::Cut { rate, .. } = law().decide(paced, round(100.0, 50, 50)) else {
             panic!("a throttled round cuts");
         };
-        assert!((rate - 100.0 / 1.5).abs() < 1e-9, "{rate}");
+        assert!((rate - 45.0).abs() < 1e-9, "{rate}");
+        // Right after a cut, the same round is still cut: it is far off.
+        let settling = Course {
+            settling: true,
+            ..paced
+        };
+        assert!(matches!(
+            law().decide(settling, round(100.0, 50, 50)),
+            Change::Cut { .. }
+        ));
     }
 
     #[test]

@@ -59,12 +59,9 @@ impl Drop for Gate {
             let s = &*pacing.state;
             if s.epoch.load(Ordering::Acquire) == epoch {
                 let before = slot.saturating_sub(s.interval.load(Ordering::Relaxed));
-                let _ = s.last_slot.compare_exchange(
-                    slot,
-                    before,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                );
+                let _ =
+                    s.last_slot
+                        .compare_exchange(slot, before, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
     }
@@ -110,12 +107,12 @@ impl AdaptivePacing {
                     // A slot missed by at most two intervals is still taken:
                     // waiters wake at random and may come a little late.
                     let earliest = now.saturating_sub(lookahead(interval, s.settings.round));
-                    let taken = s
-                        .last_slot
-                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
-                            let slot = last.saturating_add(gap).max(earliest);
-                            (slot <= horizon).then_some(slot)
-                        });
+                    let taken =
+                        s.last_slot
+                            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+                                let slot = last.saturating_add(gap).max(earliest);
+                                (slot <= horizon).then_some(slot)
+                            });
                     match taken {
                         Ok(last) => {
                             gate.dequeue();

@@ -244,8 +244,7 @@ impl AdaptivePacing {
             s.successes.fetch_add(1, Ordering::Relaxed);
         }
         let now = self.now_nanos();
-        if now.saturating_sub(start) >= s.settings.round
-            && !s.closing.swap(true, Ordering::Acquire)
+        if now.saturating_sub(start) >= s.settings.round && !s.closing.swap(true, Ordering::Acquire)
         {
             // Only the holder of `closing` closes a round, and only the one
             // it read: a reset in between has already ended it.
@@ -261,8 +260,7 @@ impl AdaptivePacing {
     fn engage(&self) {
         let s = &*self.state;
         let now = self.now_nanos();
-        if s
-            .round_start
+        if s.round_start
             .compare_exchange(IDLE, now, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {

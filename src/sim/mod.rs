@@ -55,7 +55,9 @@ pub use contention::{
     Conflict, Contention, ContentionReport, Record, Write, WriteAttempt, CONTENTION_FIRST_DELAY,
     CONTENTION_MAX_DELAY,
 };
-pub use pacing::{Admission, Answer, Demand, Pacing, PacingReport, PacingSample, Store, ThrottledWrites};
+pub use pacing::{
+    Admission, Answer, Demand, Pacing, PacingReport, PacingSample, Store, ThrottledWrites,
+};
 pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECOVERY_WINDOW};
 pub use server::{Server, ServerGone, ServerModel, ServerSample, Submission};
 pub use storm::Storm;

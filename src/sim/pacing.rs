@@ -198,7 +198,10 @@ impl Pacing {
                 give_up,
             } => {
                 if !(per_second.is_finite() && per_second > 0.0 && per_second <= 1e6) {
-                    return Err(ConfigError::new("demand", "must be within (0, 1e6] per second"));
+                    return Err(ConfigError::new(
+                        "demand",
+                        "must be within (0, 1e6] per second",
+                    ));
                 }
                 check_duration("give_up", give_up)?;
             }
@@ -468,7 +471,9 @@ pub struct Answer {
 
 impl std::fmt::Debug for Answer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Answer").field("write", &self.write).finish()
+        f.debug_struct("Answer")
+            .field("write", &self.write)
+            .finish()
     }
 }
 
@@ -566,7 +571,11 @@ impl PacingReport {
     pub fn client_goodput(&self, seconds: Range<usize>) -> Vec<u64> {
         self.clients
             .iter()
-            .map(|c| c[seconds.start.min(c.len())..seconds.end.min(c.len())].iter().sum())
+            .map(|c| {
+                c[seconds.start.min(c.len())..seconds.end.min(c.len())]
+                    .iter()
+                    .sum()
+            })
             .collect()
     }
 
