@@ -453,3 +453,125 @@ fn pacing_rejects_settings_that_cannot_work() {
         .build()
         .is_ok());
 }
+
+/// A hyper server on 127.0.0.1 that admits `limit` requests in any rolling
+/// `window` and answers 429 above; returns its address and its log of
+/// (when, admitted).
+async fn throttling_server(
+    limit: usize,
+    window: Duration,
+) -> (std::net::SocketAddr, Arc<Mutex<Vec<(Instant, bool)>>>) {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let admitted = Arc::new(Mutex::new(VecDeque::<Instant>::new()));
+    let server_log = log.clone();
+    // Stops with the test's runtime.
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (log, admitted) = (server_log.clone(), admitted.clone());
+            let answer = hyper::service::service_fn(move |request: http::Request<_>| {
+                let (log, admitted) = (log.clone(), admitted.clone());
+                async move {
+                    let _ = BodyExt::collect(request.into_body()).await;
+                    let now = Instant::now();
+                    let ok = {
+                        let mut admitted = admitted.lock().unwrap();
+                        while admitted.front().is_some_and(|&t| now - t >= window) {
+                            admitted.pop_front();
+                        }
+                        let ok = admitted.len() < limit;
+                        if ok {
+                            admitted.push_back(now);
+                        }
+                        ok
+                    };
+                    log.lock().unwrap().push((now, ok));
+                    let mut response =
+                        http::Response::new(http_body_util::Empty::<bytes::Bytes>::new());
+                    if !ok {
+                        *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+                    }
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), answer),
+            );
+        }
+    });
+    (addr, log)
+}
+
+/// Over real sockets and the real clock: hyper-util clients through
+/// `HttpPolicy` find the rate of a server that answers 429 above 60 writes a
+/// second (15 per rolling 250 ms; rounds of 250 ms to match, so the test
+/// takes 3 s).
+#[tokio::test]
+async fn hyper_clients_find_the_rate_of_a_real_server_answering_429() {
+    use tower_backoff::http::HttpPolicy;
+    let (addr, log) = throttling_server(15, Duration::from_millis(250)).await;
+    let pacing = AdaptivePacing::builder()
+        .round(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let service = ServiceBuilder::new()
+        .layer(
+            BackoffLayer::builder()
+                .policy(HttpPolicy::new())
+                .max_attempts(10)
+                .pacing(pacing.clone())
+                .build()
+                .unwrap(),
+        )
+        .service(client);
+    let started = Instant::now();
+    let until = started + Duration::from_secs(3);
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let mut service = service.clone();
+            tokio::spawn(async move {
+                let mut n = 0;
+                while Instant::now() < until {
+                    let request = http::Request::put(format!("http://{addr}/records/{w}-{n}"))
+                        .body(http_body_util::Full::new(bytes::Bytes::from("record")))
+                        .unwrap();
+                    let response = service.ready().await.unwrap().call(request).await.unwrap();
+                    assert!(response.status().is_success() || response.status() == 429);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    // The last 1.5 s: goodput near 60 a second, few 429s.
+    let late: Vec<bool> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(at, _)| *at - started >= Duration::from_millis(1500))
+        .map(|&(_, ok)| ok)
+        .collect();
+    let admitted = late.iter().filter(|&&ok| ok).count() as f64;
+    let share_429 = 1.0 - admitted / late.len().max(1) as f64;
+    let metrics = pacing.metrics();
+    println!(
+        "found {:.0} sends/s; last 1.5 s: {:.0} writes/s, 429 share {:.1} %; {metrics:?}",
+        1.0 / metrics.interval.as_secs_f64(),
+        admitted / 1.5,
+        100.0 * share_429
+    );
+    assert!(
+        admitted / 1.5 >= 0.8 * 60.0,
+        "{admitted} in 1.5 s; {metrics:?}"
+    );
+    assert!(share_429 <= 0.15, "{share_429}; {metrics:?}");
+    assert!(metrics.raised >= 1 && metrics.sleeps > 0);
+}
