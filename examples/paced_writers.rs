@@ -226,7 +226,7 @@ fn print_run(run: &Run, rate: usize) {
         100.0 * goodput / rate as f64,
     );
     println!(
-        "attempts answered 429: {} of {} ({:.1} %); requests that gave up: {}",
+        "attempts answered 429: {} of {} ({:.1} %); requests the layer gave up on (written again): {}",
         run.throttled,
         run.ok + run.throttled,
         100.0 * run.throttled as f64 / (run.ok + run.throttled).max(1) as f64,
@@ -276,11 +276,8 @@ async fn write(addr: SocketAddr, options: &Options, writes: u64) -> Result<Run, 
             let (mut service, next) = (service.clone(), next.clone());
             let (ok, failed) = (ok.clone(), failed.clone());
             tokio::spawn(async move {
-                loop {
-                    let record = next.fetch_add(1, Ordering::Relaxed);
-                    if record >= writes || Instant::now() >= deadline {
-                        return;
-                    }
+                let mut record = next.fetch_add(1, Ordering::Relaxed);
+                while record < writes && Instant::now() < deadline {
                     let request = Request::put(format!("http://{addr}/records/{record}"))
                         .body(Full::new(Bytes::from(format!("record {record}"))))
                         .expect("a valid request");
@@ -292,7 +289,10 @@ async fn write(addr: SocketAddr, options: &Options, writes: u64) -> Result<Run, 
                         Ok(response) if response.status().is_success() => {
                             let _ = response.into_body().collect().await;
                             ok.fetch_add(1, Ordering::Relaxed);
+                            record = next.fetch_add(1, Ordering::Relaxed);
                         }
+                        // The layer gave up (attempts or budget): the job
+                        // keeps the record and writes it again.
                         _ => {
                             failed.fetch_add(1, Ordering::Relaxed);
                         }

@@ -178,6 +178,7 @@ impl AdaptivePacingBuilder {
             threshold: u64::from(self.success_threshold),
             initial_rate: round / nanos(self.initial_interval) as f64,
             min_rate: round / nanos(self.max_interval) as f64,
+            cubic: 0.4 * (round / 1e9).powi(4),
         };
         Ok(AdaptivePacing {
             state: Arc::new(State {

@@ -26,6 +26,9 @@ pub(super) struct Law {
     pub(super) initial_rate: f64,
     /// The lowest rate: 1 / max interval.
     pub(super) min_rate: f64,
+    /// CUBIC's constant in sends per round per round³ (AWS's 0.4 per s⁴,
+    /// in rounds).
+    pub(super) cubic: f64,
 }
 
 /// What one round saw, counted from attempts sent at the rate in force.
@@ -155,9 +158,18 @@ impl Law {
     fn climb(&self, course: Course) -> f64 {
         let rate = course.rate;
         let target = if course.peak > 0.0 {
-            let reach = ((1.0 - (course.floor / course.peak).min(1.0)) / CUBIC_SCALE).cbrt();
-            let t = course.since_cut - reach;
-            course.peak * (1.0 + CUBIC_SCALE * t * t * t)
+            let t = course.since_cut;
+            let drop = (course.peak - course.floor).max(0.0);
+            // Scaled to the peak: the same shape at any rate.
+            let reach = (drop / course.peak / CUBIC_SCALE).cbrt();
+            let scaled = course.peak * (1.0 + CUBIC_SCALE * (t - reach).powi(3));
+            // In absolute sends, as CUBIC and AWS do: the same gain for
+            // every client, so a client that got a small share gains on one
+            // that got a large one (fairness), where the scaled curve alone
+            // would keep their ratio forever.
+            let reach = (drop / self.cubic).cbrt();
+            let absolute = course.peak + self.cubic * (t - reach).powi(3);
+            scaled.max(absolute)
         } else {
             // No peak measured (only outages so far): slow start.
             rate * self.up
@@ -184,6 +196,7 @@ mod tests {
             threshold: 1,
             initial_rate: 2.0,
             min_rate: 1.0 / 900.0,
+            cubic: 0.4,
         }
     }
 
