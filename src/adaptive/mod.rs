@@ -23,21 +23,32 @@
 //!    successes of a throttled round *are* its rate. The cut sets the rate to
 //!    `down_multiplier` (0.9) times that: one round finds the rate, with 10 %
 //!    headroom, where a fixed factor either overshoots by orders of magnitude
-//!    or takes many rounds. When too little got through to measure (fewer
-//!    than `success_threshold` successes: an outage), the interval grows by
-//!    `up_multiplier` (×1.5) per round instead, from what was really being
-//!    sent. No round slows down by more than that factor, so one bad
-//!    measurement costs little.
+//!    or takes many rounds. Two guards against a bad measurement: the round
+//!    that measures at full speed slows down by at most `up_multiplier`
+//!    (×1.5; a server that admitted its whole second in a burst before the
+//!    round began shows too few successes in it), and the round right after
+//!    a cut does not cut again unless it is far off (a server counting over
+//!    a rolling window keeps refusing until the window has moved past the
+//!    burst). When nothing got through (fewer than `success_threshold`
+//!    successes: an outage), the rate falls one ×1.5 step below the fastest
+//!    rate that was going, and no further: an outage says nothing about the
+//!    rate the server will accept when it is back, and in the storm
+//!    simulation backing off further delayed or prevented recovery.
 //! 3. **Climb along CUBIC's curve, per round.** Each clean round (successes
-//!    and no throttling) raises the rate along `peak × (1 + 0.02 (t − K)³)`,
+//!    and no throttling) raises the rate along `peak × (1 + 0.01 (t − K)³)`,
 //!    `t` rounds after the cut: concave below the peak measured at the cut
 //!    (back within two rounds), flat around it (probing costs a few percent
 //!    throttled), convex beyond (a capacity that doubled is found in about
-//!    five rounds). Never more than ×`up_multiplier` per round, so a rising
-//!    rate never releases a burst.
+//!    six rounds). Never more than 15 % per round above the peak, so a
+//!    rising rate never releases a burst. Where CUBIC's own curve in absolute
+//!    sends (`peak + 0.4 (t − K)³` per second, AWS's constant) is faster, it
+//!    is taken: it gives every client the same gain whatever its share, so
+//!    independent clients that started unequal converge on fair shares; the
+//!    scaled curve alone would keep their ratio forever.
 //!
-//! Pacing turns itself off when a clean round would set a rate at least twice
-//! what was sent: it no longer holds anything back. It turns back on at the
+//! Pacing turns itself off when a clean round would set a rate above the peak
+//! and at least twice what was sent: it no longer holds anything back (below
+//! the peak, clients queued behind it would all leave at once). It turns back on at the
 //! next throttled outcome, with one round of measuring at full speed.
 //!
 //! **Backpressure, not sleeps.** Sends take slots on one shared timeline,
@@ -87,10 +98,11 @@ const IDLE: u64 = u64::MAX;
 /// no clock.
 ///
 /// Defaults: rounds of 1 s; a cut to 0.9 × the accepted rate
-/// (`down_multiplier`); at most ×1.5 per round either way (`up_multiplier`);
-/// 5 successes to measure a rate (`success_threshold`); 500 ms between sends
-/// when nothing could be measured (`initial_interval`); at most 15 min
-/// between sends (`max_interval`); slots spaced ±10 % at random.
+/// (`down_multiplier`); ×1.5 slower per round at most while measuring, and
+/// one ×1.5 step in an outage (`up_multiplier`); 1 success to measure a rate
+/// (`success_threshold`); 500 ms between sends when nothing was sent to
+/// measure (`initial_interval`); at most 15 min between sends
+/// (`max_interval`); slots spaced ±10 % at random.
 ///
 /// The handle is cheap to clone; clones share the rate and the metrics.
 ///
