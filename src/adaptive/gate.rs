@@ -21,42 +21,45 @@ use tokio::time::{Instant, Sleep};
 use super::AdaptivePacing;
 use crate::jitter::Rng;
 
-/// What one service clone holds while it waits for its turn: nothing until
-/// pacing first makes it wait. Cloning a service gives the clone a fresh gate.
+/// What one service clone holds to wait for its turn: a flag, and nothing
+/// else until pacing is on when it asks (so a service, and a response future
+/// holding one, stay small). Cloning a service gives the clone a fresh gate.
 #[derive(Default)]
 pub(crate) struct Gate {
+    ready: bool,
+    waiting: Option<Box<Waiting>>,
+}
+
+/// A gate's state once pacing is on.
+struct Waiting {
+    pacing: AdaptivePacing,
     /// Its slot on the shared timeline (nanoseconds since the pacing's
     /// origin) and the epoch of the rate it was taken at.
     slot: Option<(u64, u64)>,
     /// When it started waiting, for the metrics.
-    waiting_since: Option<u64>,
+    since: Option<u64>,
     sleep: Option<Pin<Box<Sleep>>>,
-    ready: bool,
-    rng: Option<Rng>,
-    /// The pacing this clone waits on, once it waited.
-    pacing: Option<AdaptivePacing>,
+    rng: Rng,
     /// Whether it is counted among the clones queued without a slot.
     queued: bool,
 }
 
-impl Gate {
+impl Waiting {
     fn dequeue(&mut self) {
         if std::mem::take(&mut self.queued) {
-            if let Some(pacing) = &self.pacing {
-                pacing.state.queued.fetch_sub(1, Ordering::Relaxed);
-            }
+            self.pacing.state.queued.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
 
-impl Drop for Gate {
+impl Drop for Waiting {
     /// A clone dropped while waiting (its caller gave up) leaves the queue,
     /// and gives its slot back if it was the last one taken, so a caller's
     /// deadline does not cost the others a send.
     fn drop(&mut self) {
         self.dequeue();
-        if let (Some(pacing), Some((slot, epoch))) = (&self.pacing, self.slot) {
-            let s = &*pacing.state;
+        if let Some((slot, epoch)) = self.slot {
+            let s = &*self.pacing.state;
             if s.epoch.load(Ordering::Acquire) == epoch {
                 let before = slot.saturating_sub(s.interval.load(Ordering::Relaxed));
                 let _ =
@@ -83,7 +86,19 @@ impl AdaptivePacing {
             return Poll::Ready(());
         }
         let s = &*self.state;
-        let mut new_rng = Some(new_rng);
+        if s.interval.load(Ordering::Acquire) == 0 {
+            return self.open(gate, None);
+        }
+        let w = gate.waiting.get_or_insert_with(|| {
+            Box::new(Waiting {
+                pacing: self.clone(),
+                slot: None,
+                since: None,
+                sleep: None,
+                rng: new_rng(),
+                queued: false,
+            })
+        });
         loop {
             let interval = s.interval.load(Ordering::Acquire);
             if interval == 0 {
@@ -91,7 +106,7 @@ impl AdaptivePacing {
             }
             let now = self.now_nanos();
             let epoch = s.epoch.load(Ordering::Acquire);
-            let wake = match gate.slot {
+            let wake = match w.slot {
                 Some((slot, taken)) if taken == epoch => {
                     if slot <= now {
                         return self.open(gate, Some(now));
@@ -99,14 +114,12 @@ impl AdaptivePacing {
                     slot
                 }
                 _ => {
-                    let rng = gate
-                        .rng
-                        .get_or_insert_with(|| (new_rng.take().expect("drawn once"))());
-                    let gap = self.gap(interval, rng);
-                    let horizon = now.saturating_add(lookahead(interval, s.settings.round));
+                    let gap = self.gap(interval, &mut w.rng);
+                    let ahead = lookahead(interval, s.settings.round);
+                    let horizon = now.saturating_add(ahead);
                     // A slot missed by at most two intervals is still taken:
                     // waiters wake at random and may come a little late.
-                    let earliest = now.saturating_sub(lookahead(interval, s.settings.round));
+                    let earliest = now.saturating_sub(ahead);
                     let taken =
                         s.last_slot
                             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
@@ -115,9 +128,9 @@ impl AdaptivePacing {
                             });
                     match taken {
                         Ok(last) => {
-                            gate.dequeue();
+                            w.dequeue();
                             let slot = last.saturating_add(gap).max(earliest);
-                            gate.slot = Some((slot, epoch));
+                            w.slot = Some((slot, epoch));
                             if slot <= now {
                                 return self.open(gate, Some(now));
                             }
@@ -126,20 +139,18 @@ impl AdaptivePacing {
                         // The timeline is full as far ahead as slots are
                         // taken: look again when its end comes within reach,
                         // at a random place among the clones queued, so that
-                        // about one looks per slot, not all of them.
+                        // a few look per slot, not all of them.
                         Err(last) => {
-                            gate.slot = None;
-                            if !gate.queued {
+                            w.slot = None;
+                            if !w.queued {
                                 s.queued.fetch_add(1, Ordering::Relaxed);
-                                gate.queued = true;
+                                w.queued = true;
                             }
-                            let due = last
-                                .saturating_add(gap)
-                                .saturating_sub(lookahead(interval, s.settings.round));
+                            let due = last.saturating_add(gap).saturating_sub(ahead);
                             let queue = s.queued.load(Ordering::Relaxed).max(1);
                             // About eight look per slot: one might be late.
                             let span = interval.saturating_mul(queue) / 8;
-                            let spread = rng.next_u64() % span.max(1);
+                            let spread = w.rng.next_u64() % span.max(1);
                             due.max(now)
                                 .saturating_add(spread)
                                 .min(now.saturating_add(s.settings.round))
@@ -147,16 +158,15 @@ impl AdaptivePacing {
                     }
                 }
             };
-            gate.waiting_since.get_or_insert(now);
-            if gate.pacing.is_none() {
-                gate.pacing = Some(self.clone());
-            }
+            w.since.get_or_insert(now);
             let deadline = s.origin + Duration::from_nanos(wake);
-            match gate.sleep.as_mut() {
-                Some(sleep) => sleep.as_mut().reset(deadline),
-                None => gate.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
-            }
-            let sleep = gate.sleep.as_mut().expect("set just above");
+            let sleep = match w.sleep.as_mut() {
+                Some(sleep) => {
+                    sleep.as_mut().reset(deadline);
+                    sleep
+                }
+                None => w.sleep.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            };
             if sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
@@ -165,15 +175,17 @@ impl AdaptivePacing {
 
     /// The clone owning `gate` may send: counts the wait it ends, if any.
     fn open(&self, gate: &mut Gate, now: Option<u64>) -> Poll<()> {
-        gate.dequeue();
-        gate.slot = None;
         gate.ready = true;
-        if let Some(since) = gate.waiting_since.take() {
-            let now = now.unwrap_or_else(|| self.now_nanos());
-            let s = &*self.state;
-            s.sleeps.fetch_add(1, Ordering::Relaxed);
-            s.slept_nanos
-                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+        if let Some(w) = gate.waiting.as_mut() {
+            w.dequeue();
+            w.slot = None;
+            if let Some(since) = w.since.take() {
+                let now = now.unwrap_or_else(|| self.now_nanos());
+                let s = &*self.state;
+                s.sleeps.fetch_add(1, Ordering::Relaxed);
+                s.slept_nanos
+                    .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+            }
         }
         Poll::Ready(())
     }
@@ -228,8 +240,8 @@ impl Clone for Gate {
 impl fmt::Debug for Gate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gate")
-            .field("slot", &self.slot)
             .field("ready", &self.ready)
+            .field("slot", &self.waiting.as_ref().and_then(|w| w.slot))
             .finish()
     }
 }
