@@ -86,7 +86,7 @@ impl AdaptivePacing {
             return Poll::Ready(());
         }
         let s = &*self.state;
-        if s.interval.load(Ordering::Acquire) == 0 {
+        if self.pacing_interval() == 0 {
             return self.open(gate, None);
         }
         let w = gate.waiting.get_or_insert_with(|| {
@@ -100,7 +100,7 @@ impl AdaptivePacing {
             })
         });
         loop {
-            let interval = s.interval.load(Ordering::Acquire);
+            let interval = self.pacing_interval();
             if interval == 0 {
                 return self.open(gate, None);
             }

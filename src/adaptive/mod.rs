@@ -203,7 +203,19 @@ impl AdaptivePacing {
 
     /// The interval between sends now; zero when not pacing.
     pub fn interval(&self) -> Duration {
-        Duration::from_nanos(self.state.interval.load(Ordering::Relaxed))
+        Duration::from_nanos(self.pacing_interval())
+    }
+
+    /// Nanoseconds between sends; zero when off. Off is a round that is not
+    /// running: a reset racing with the close of a round may leave an
+    /// interval behind, never a pace.
+    pub(super) fn pacing_interval(&self) -> u64 {
+        let s = &*self.state;
+        let interval = s.interval.load(Ordering::Acquire);
+        if interval != 0 && s.round_start.load(Ordering::Acquire) == IDLE {
+            return 0;
+        }
+        interval
     }
 
     /// Turns pacing off now, as if it had never been throttled: waiting
@@ -211,9 +223,9 @@ impl AdaptivePacing {
     /// ignored. The next throttled answer turns it back on.
     pub fn reset(&self) {
         let s = &*self.state;
+        s.round_start.store(IDLE, Ordering::Release);
         s.interval.store(0, Ordering::Release);
         s.epoch.fetch_add(1, Ordering::AcqRel);
-        s.round_start.store(IDLE, Ordering::Release);
         s.peak.store(0, Ordering::Relaxed);
     }
 
@@ -276,6 +288,7 @@ impl AdaptivePacing {
             .compare_exchange(IDLE, now, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
+            s.interval.store(0, Ordering::Release);
             s.sends.store(0, Ordering::Relaxed);
             s.successes.store(0, Ordering::Relaxed);
             s.throttles.store(1, Ordering::Relaxed);
