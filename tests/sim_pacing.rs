@@ -236,3 +236,27 @@ fn pacing_on_the_default_budget_never_recovers_later_nor_fails_more_in_the_storm
         }
     }
 }
+
+#[test]
+fn four_independent_layers_started_5_s_apart_converge_on_fair_shares() {
+    let layers: Vec<_> = (0..4)
+        .map(|i| paced(&AdaptivePacing::new(), i as u64 + 1))
+        .collect();
+    let report = Pacing::new()
+        .capacity(100)
+        .workers(64)
+        .clients(4)
+        .stagger(Duration::from_secs(5))
+        .run(|i, store| tower_layer::Layer::layer(&layers[i], store))
+        .unwrap();
+    let goodput = report.goodput(60..120);
+    let fairness = report.fairness(60..120);
+    println!(
+        "4 independent layers started 5 s apart, R = 100: goodput {goodput:.1} % of R, throttled {:.2} %, Jain {fairness:.3}, shares {:?}",
+        100.0 * report.throttled_share(60..120),
+        report.client_goodput(60..120)
+    );
+    assert!(goodput >= 85.0, "goodput {goodput}: {}", describe(&report));
+    assert!(report.throttled_share(60..120) <= 0.10);
+    assert!(fairness >= 0.9, "fairness {fairness}");
+}

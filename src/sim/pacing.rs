@@ -76,6 +76,7 @@ pub struct Pacing {
     change: Option<(Duration, Option<u32>)>,
     demand: Demand,
     clients: usize,
+    stagger: Duration,
     latency: Duration,
     horizon: Duration,
     seed: u64,
@@ -121,6 +122,7 @@ impl Pacing {
             change: None,
             demand: Demand::ClosedLoop { workers: 64 },
             clients: 1,
+            stagger: Duration::ZERO,
             latency: Duration::from_millis(50),
             horizon: Duration::from_secs(120),
             seed: 1,
@@ -155,6 +157,13 @@ impl Pacing {
     /// How many independent clients share the workers.
     pub fn clients(mut self, clients: usize) -> Self {
         self.clients = clients;
+        self
+    }
+
+    /// Client `i`'s closed-loop workers start `i × stagger` into the run (default
+    /// zero): a newcomer meets a store the others already saturate.
+    pub fn stagger(mut self, stagger: Duration) -> Self {
+        self.stagger = stagger;
         self
     }
 
@@ -211,6 +220,7 @@ impl Pacing {
             return Err(ConfigError::new("clients", "must be within 1..=1000"));
         }
         check_duration("latency", self.latency)?;
+        check_duration("stagger", self.stagger)?;
         check_duration("horizon", self.horizon)?;
         if self.horizon < Duration::from_secs(1) || self.horizon > Duration::from_secs(86_400) {
             return Err(ConfigError::new("horizon", "must be within 1 s and a day"));
@@ -277,10 +287,12 @@ impl Pacing {
                 Demand::ClosedLoop { workers } => {
                     for worker in 0..workers {
                         let index = worker % self.clients;
+                        let start = started + self.stagger * index as u32;
                         tasks.push(tokio::task::spawn_local(closed_loop(
                             clients[index].clone(),
                             index,
                             worker as u64,
+                            start,
                             log.clone(),
                         )));
                     }
@@ -319,10 +331,16 @@ impl Pacing {
     }
 }
 
-async fn closed_loop<S>(mut client: S, index: usize, worker: u64, log: Rc<RefCell<Log>>)
-where
+async fn closed_loop<S>(
+    mut client: S,
+    index: usize,
+    worker: u64,
+    start: Instant,
+    log: Rc<RefCell<Log>>,
+) where
     S: Service<u64, Response = Admission>,
 {
+    tokio::time::sleep_until(start).await;
     let mut id = worker << 32;
     loop {
         if poll_fn(|cx| client.poll_ready(cx)).await.is_err() {
