@@ -260,3 +260,23 @@ fn four_independent_layers_started_5_s_apart_converge_on_fair_shares() {
     assert!(report.throttled_share(60..120) <= 0.10);
     assert!(fairness >= 0.9, "fairness {fairness}");
 }
+
+#[test]
+fn the_pacing_scenario_rejects_settings_that_cannot_work() {
+    let field = |scenario: Pacing| scenario.validate().unwrap_err().field();
+    assert_eq!(field(Pacing::new().capacity(0)), "capacity");
+    assert_eq!(field(Pacing::new().workers(0)), "workers");
+    assert_eq!(field(Pacing::new().clients(0)), "clients");
+    assert_eq!(field(Pacing::new().horizon(Duration::ZERO)), "horizon");
+    assert_eq!(
+        field(Pacing::new().clients(4).stagger(Duration::from_secs(60))),
+        "stagger"
+    );
+    assert_eq!(
+        field(Pacing::new().demand(Demand::OpenLoop {
+            per_second: f64::NAN,
+            give_up: Duration::from_secs(1),
+        })),
+        "demand"
+    );
+}

@@ -221,6 +221,12 @@ impl Pacing {
         }
         check_duration("latency", self.latency)?;
         check_duration("stagger", self.stagger)?;
+        if self.stagger * (self.clients as u32).saturating_sub(1) > self.horizon {
+            return Err(ConfigError::new(
+                "stagger",
+                "the last client would start after the run ends",
+            ));
+        }
         check_duration("horizon", self.horizon)?;
         if self.horizon < Duration::from_secs(1) || self.horizon > Duration::from_secs(86_400) {
             return Err(ConfigError::new("horizon", "must be within 1 s and a day"));
