@@ -104,6 +104,8 @@ struct Retry<O> {
     cause: Cause,
     delay: Duration,
     transparent: bool,
+    // When its sleep ends, if the request has a deadline.
+    due: Option<Instant>,
 }
 
 /// An attempt that went out: its future, the timer it races and its pacing
@@ -240,27 +242,29 @@ where
             Decision::Retry { after, cause } => (after, cause),
         };
         match self.schedule(after, cause) {
-            Ok((delay, transparent)) => {
+            Ok((delay, transparent, due)) => {
                 *self.previous_delay = delay;
                 Step::Next(wait(Retry {
                     outcome,
                     cause,
                     delay,
                     transparent,
+                    due,
                 }))
             }
             Err(ending) => self.finish(outcome, ending),
         }
     }
 
-    /// The delay before a retry for `cause` and whether it is the transparent
-    /// one, or how the request ends instead. Charges nothing: the budget pays
-    /// when the retry is sent.
+    /// The delay before a retry for `cause`, whether it is the transparent
+    /// one and when its sleep ends (if there is a deadline), or how the
+    /// request ends instead. Charges nothing: the budget pays when the retry
+    /// is sent.
     fn schedule(
         &mut self,
         after: Option<Duration>,
         cause: Cause,
-    ) -> Result<(Duration, bool), Event> {
+    ) -> Result<(Duration, bool, Option<Instant>), Event> {
         let config = self.service.config();
         let transparent = cause == Cause::NotSent && !*self.transparent_used;
         let counted = *self.attempts - u32::from(*self.transparent_used);
@@ -285,19 +289,18 @@ where
                     .delay(&config.schedule, counted, *self.previous_delay, rng)
             }
         };
+        let mut due = None;
         if let Some(deadline) = *self.deadline {
-            if Instant::now()
-                .checked_add(delay)
-                .is_none_or(|at| at > deadline)
-            {
-                return Err(Event::OutOfTime);
+            match Instant::now().checked_add(delay) {
+                Some(at) if at <= deadline => due = Some(at),
+                _ => return Err(Event::OutOfTime),
             }
         }
         if !transparent && config.budget().is_some_and(|b| !b.would_allow(cause)) {
             budget_refused(*self.attempts, cause);
             return Err(Event::BudgetRefused);
         }
-        Ok((delay, transparent))
+        Ok((delay, transparent, due))
     }
 
     /// The sleep before a retry is over.
@@ -328,9 +331,14 @@ where
             return self.finish(retry.outcome, Event::Final);
         }
         let config = self.service.config();
-        // No attempt starts once the deadline has passed. A sleep allowed to
-        // end at the deadline wakes up to one timer tick after it.
-        let late = |deadline: Instant| Instant::now() > deadline + TIMER_RESOLUTION;
+        // No attempt starts once the deadline has passed; but a sleep allowed
+        // to end at the deadline wakes up to one timer tick after it, and
+        // that alone does not make it late. Waiting for readiness does.
+        let late = |deadline: Instant| {
+            let now = Instant::now();
+            let woke_on_time = retry.due.is_some_and(|due| now <= due + TIMER_RESOLUTION);
+            now > deadline && !woke_on_time
+        };
         if self.deadline.is_some_and(late) {
             return self.finish(retry.outcome, Event::OutOfTime);
         }

@@ -46,6 +46,7 @@ mod amplification;
 mod budgets;
 mod connection;
 mod contention;
+mod pacing;
 mod partial;
 mod report;
 mod server;
@@ -59,6 +60,9 @@ pub use connection::{Attempt, AttemptError, Connection, Request};
 pub use contention::{
     Conflict, Contention, ContentionReport, Record, Write, WriteAttempt, CONTENTION_FIRST_DELAY,
     CONTENTION_MAX_DELAY,
+};
+pub use pacing::{
+    Admission, Answer, Demand, Pacing, PacingReport, PacingSample, Store, ThrottledWrites,
 };
 pub use partial::{FlakyAttempt, FlakyServer, PartialFailure, PartialFailureReport};
 pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECOVERY_WINDOW};

@@ -1,0 +1,340 @@
+//! The rate law: what one round of outcomes does to the send rate. Pure
+//! arithmetic on plain numbers, so every rule can be read and tested alone.
+
+/// The cubic's scale, per round³: a cut to 0.9 of the peak is back at it in
+/// about 2 rounds, 1 round later 0.6 % above, 2 rounds later 6 % above.
+const CUBIC_SCALE: f64 = 0.01;
+
+/// The most a clean round raises the rate above the peak: a probe crosses
+/// the server's rate by at most 15 % for one round.
+const MAX_PROBE: f64 = 1.15;
+
+/// A clean round turns pacing off when the rate it would set is at least this
+/// many times what was sent: pacing no longer holds anything back.
+const HEADROOM: f64 = 2.0;
+
+/// The settings the law reads, as rates (per second) and plain factors.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Law {
+    /// Share of the accepted rate a throttled round sets.
+    pub(super) down: f64,
+    /// Most the rate changes, either way, in one round.
+    pub(super) up: f64,
+    /// Successes a round needs to measure the accepted rate.
+    pub(super) threshold: u64,
+    /// The rate when nothing could be measured: 1 / initial interval.
+    pub(super) initial_rate: f64,
+    /// The lowest rate: 1 / max interval.
+    pub(super) min_rate: f64,
+    /// CUBIC's constant in sends per round per round³ (AWS's 0.4 per s⁴,
+    /// in rounds).
+    pub(super) cubic: f64,
+}
+
+/// What one round saw, counted from attempts sent at the rate in force.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Round {
+    /// Its length, in rounds (1.0 for a round of exactly the configured length).
+    pub(super) length: f64,
+    /// Attempts sent, per round.
+    pub(super) sent: f64,
+    /// Successes.
+    pub(super) accepted: u64,
+    /// Throttled outcomes.
+    pub(super) throttled: u64,
+}
+
+/// Where the rate stands between rounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Course {
+    /// Sends per round; infinite when not pacing.
+    pub(super) rate: f64,
+    /// The accepted rate measured at the last cut (per round); zero when
+    /// unknown.
+    pub(super) peak: f64,
+    /// The rate the last cut set, per round.
+    pub(super) floor: f64,
+    /// Rounds since the last cut.
+    pub(super) since_cut: f64,
+    /// Whether the last round cut the rate.
+    pub(super) settling: bool,
+}
+
+/// What a round decides.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Change {
+    /// Nothing to learn: no throttling and no success.
+    Keep,
+    /// Throttled: the new rate, and the peak to climb back to.
+    Cut { rate: f64, peak: f64 },
+    /// Clean: the new, higher rate.
+    Raise(f64),
+    /// Clean, and the rate is far above what is sent: stop pacing.
+    Off,
+}
+
+impl Law {
+    /// The change one finished round makes to `course`.
+    pub(super) fn decide(&self, course: Course, round: Round) -> Change {
+        let length = round.length.max(f64::MIN_POSITIVE);
+        if round.throttled > 0 {
+            // The round after a cut still sees the server digest what was
+            // sent before it (a server counting over a rolling window keeps
+            // turning writes away until the window has moved past the
+            // burst): judging the cut needs a round that is all its own.
+            let far_off = (round.accepted as f64 * self.down)
+                < course.rate.min(round.sent / length) / self.up;
+            if course.settling && round.accepted > 0 && !far_off {
+                return Change::Keep;
+            }
+            return self.cut(course, round, length);
+        }
+        if !course.rate.is_finite() {
+            // Measuring since a throttle, and nothing throttled since.
+            return Change::Off;
+        }
+        if round.accepted == 0 {
+            return Change::Keep;
+        }
+        let next = self.climb(course);
+        // Off only past the peak: below it, clients queued behind the pacing
+        // would all leave at once into a server that just recovered.
+        if next >= HEADROOM * round.sent / length && next > course.peak {
+            Change::Off
+        } else {
+            Change::Raise(next)
+        }
+    }
+
+    /// A throttled round. The successes it saw are what the server accepts
+    /// (a throttling server admits up to its rate and turns away the rest),
+    /// so the rate is set just under that, not divided blindly: one round
+    /// finds the rate, where halving per throttle overshoots by orders of
+    /// magnitude when many workers are throttled together.
+    fn cut(&self, course: Course, round: Round, length: f64) -> Change {
+        let sent = round.sent / length;
+        // What was really going out: the rate in force, or less if demand was.
+        let going = if course.rate.is_finite() {
+            course.rate.min(sent.max(f64::MIN_POSITIVE))
+        } else {
+            sent
+        };
+        let (rate, peak) = if round.accepted >= self.threshold {
+            let accepted = round.accepted as f64 / length;
+            // Measuring at full speed, never more than `up` slower than what
+            // was going: a server that admitted its whole second in a burst
+            // before the round began shows too few successes in it. Paced
+            // rounds measure a rate that held all round.
+            let floor = if course.rate.is_finite() {
+                0.0
+            } else {
+                going / self.up
+            };
+            ((accepted * self.down).max(floor), accepted)
+        } else if going > 0.0 {
+            // Too little got through to measure: an outage. One step below
+            // the fastest rate that was going, and no further: an outage says
+            // nothing about the rate the server accepts when it is back, and
+            // every step down is a step to climb back while the clients'
+            // queue grows (measured in the storm: backing off further
+            // delays recovery or prevents it).
+            let peak = course.peak.max(going);
+            (peak / self.up, peak)
+        } else {
+            (self.initial_rate, course.peak)
+        };
+        let rate = rate.max(self.min_rate);
+        Change::Cut {
+            rate,
+            peak: peak.max(rate),
+        }
+    }
+
+    /// The rate after a clean round: CUBIC's curve through the peak, concave
+    /// below it (back quickly to where the server throttled), flat around it
+    /// (probe carefully), convex beyond (find new capacity fast). Bounded by
+    /// [`MAX_PROBE`] per round above the peak, so a rise never bursts past a
+    /// rate that was not known to work.
+    fn climb(&self, course: Course) -> f64 {
+        let rate = course.rate;
+        let target = if course.peak > 0.0 {
+            let t = course.since_cut;
+            let drop = (course.peak - course.floor).max(0.0);
+            // Scaled to the peak: the same shape at any rate.
+            let reach = (drop / course.peak / CUBIC_SCALE).cbrt();
+            let scaled = course.peak * (1.0 + CUBIC_SCALE * (t - reach).powi(3));
+            // In absolute sends, as CUBIC and AWS do: the same gain for
+            // every client, so a client that got a small share gains on one
+            // that got a large one (fairness), where the scaled curve alone
+            // would keep their ratio forever.
+            let reach = (drop / self.cubic).cbrt();
+            let absolute = course.peak + self.cubic * (t - reach).powi(3);
+            scaled.max(absolute)
+        } else {
+            // No peak measured (only outages so far): slow start.
+            rate * self.up
+        };
+        // Below the peak the curve itself is the bound: back to a rate that
+        // worked, fast, however far an outage pushed it down.
+        let step = if target > course.peak.max(rate) {
+            MAX_PROBE.min(self.up)
+        } else {
+            f64::INFINITY
+        };
+        target.clamp(rate, rate * step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn law() -> Law {
+        Law {
+            down: 0.9,
+            up: 1.5,
+            threshold: 1,
+            initial_rate: 2.0,
+            min_rate: 1.0 / 900.0,
+            cubic: 0.4,
+        }
+    }
+
+    fn round(sent: f64, accepted: u64, throttled: u64) -> Round {
+        Round {
+            length: 1.0,
+            sent,
+            accepted,
+            throttled,
+        }
+    }
+
+    #[test]
+    fn a_throttled_round_sets_the_rate_under_what_was_accepted() {
+        let unpaced = Course {
+            rate: f64::INFINITY,
+            ..Course::default()
+        };
+        let settling = Course {
+            rate: 90.0,
+            peak: 100.0,
+            floor: 90.0,
+            since_cut: 1.0,
+            settling: true,
+        };
+        assert_eq!(law().decide(settling, round(90.0, 80, 10)), Change::Keep);
+        let change = law().decide(unpaced, round(120.0, 100, 20));
+        assert_eq!(
+            change,
+            Change::Cut {
+                rate: 90.0,
+                peak: 100.0
+            }
+        );
+        // Flooded at 9 times the rate: one step of the up-multiplier.
+        let change = law().decide(unpaced, round(900.0, 100, 800));
+        assert_eq!(
+            change,
+            Change::Cut {
+                rate: 600.0,
+                peak: 600.0
+            }
+        );
+    }
+
+    #[test]
+    fn a_paced_round_that_halved_its_successes_halves_the_rate() {
+        let paced = Course {
+            rate: 100.0,
+            peak: 100.0,
+            floor: 90.0,
+            since_cut: 3.0,
+            settling: false,
+        };
+        let Change::Cut { rate, .. } = law().decide(paced, round(100.0, 50, 50)) else {
+            panic!("a throttled round cuts");
+        };
+        assert!((rate - 45.0).abs() < 1e-9, "{rate}");
+        // Right after a cut, the same round is still cut: it is far off.
+        let settling = Course {
+            settling: true,
+            ..paced
+        };
+        assert!(matches!(
+            law().decide(settling, round(100.0, 50, 50)),
+            Change::Cut { .. }
+        ));
+    }
+
+    #[test]
+    fn an_outage_round_backs_off_from_what_was_sent() {
+        let paced = Course {
+            rate: 300.0,
+            peak: 0.0,
+            floor: 200.0,
+            since_cut: 1.0,
+            settling: false,
+        };
+        let change = law().decide(paced, round(150.0, 0, 150));
+        assert_eq!(
+            change,
+            Change::Cut {
+                rate: 100.0,
+                peak: 150.0
+            }
+        );
+    }
+
+    #[test]
+    fn clean_rounds_climb_back_to_the_peak_slowly_near_it_then_fast_beyond() {
+        let law = law();
+        let mut course = Course {
+            rate: 90.0,
+            peak: 100.0,
+            floor: 90.0,
+            since_cut: 0.0,
+            settling: false,
+        };
+        let mut rates = Vec::new();
+        for _ in 0..8 {
+            course.since_cut += 1.0;
+            let Change::Raise(rate) = law.decide(course, round(course.rate, 50, 0)) else {
+                panic!("a clean round that sent at the rate raises it");
+            };
+            course.rate = rate;
+            rates.push(rate);
+        }
+        // Back near the peak in two rounds, barely above it for one, then
+        // faster and faster, never more than 15 % a round above the peak.
+        assert!(rates[1] > 99.0 && rates[1] <= 100.0, "{rates:?}");
+        assert!(rates[2] < 101.0, "{rates:?}");
+        assert!(rates[7] > 170.0, "{rates:?}");
+        for pair in rates.windows(2) {
+            assert!(pair[1] >= pair[0] && pair[1] <= pair[0] * 1.15 + 1e-9);
+        }
+    }
+
+    #[test]
+    fn a_clean_round_far_below_the_rate_turns_pacing_off() {
+        let course = Course {
+            rate: 100.0,
+            peak: 50.0,
+            floor: 45.0,
+            since_cut: 20.0,
+            settling: false,
+        };
+        assert_eq!(law().decide(course, round(40.0, 40, 0)), Change::Off);
+    }
+
+    #[test]
+    fn a_round_with_no_success_and_no_throttling_changes_nothing() {
+        let course = Course {
+            rate: 100.0,
+            peak: 50.0,
+            floor: 45.0,
+            since_cut: 2.0,
+            settling: false,
+        };
+        assert_eq!(law().decide(course, round(10.0, 0, 0)), Change::Keep);
+    }
+}

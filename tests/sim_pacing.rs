@@ -1,0 +1,282 @@
+//! The pacing goals, measured in the simulation on tokio's paused clock: a
+//! store that admits R writes per rolling second and throttles the rest.
+
+use std::time::Duration;
+
+use tower_backoff::sim::{
+    Demand, Pacing, PacingReport, RetryErrors, ServerModel, Storm, ThrottledWrites,
+};
+use tower_backoff::{AdaptivePacing, BackoffLayer, Cause, PacingMetrics};
+
+/// Seeds of each storm setting: each run of 1,000 clients takes a few
+/// seconds in a debug build.
+const SEEDS: u64 = 2;
+
+/// The layer a batch job would use: the default schedule and budget, retries
+/// enough to get every write through, and pacing.
+fn paced(pacing: &AdaptivePacing, seed: u64) -> BackoffLayer<ThrottledWrites> {
+    BackoffLayer::builder()
+        .policy(ThrottledWrites)
+        .max_attempts(10)
+        .seed(seed)
+        .pacing(pacing.clone())
+        .build()
+        .unwrap()
+}
+
+/// Runs `scenario` through one paced layer; returns the report and the
+/// pacing's metrics at the end of each second.
+fn run(scenario: &Pacing) -> (PacingReport, Vec<PacingMetrics>) {
+    let pacing = AdaptivePacing::new();
+    let layer = paced(&pacing, 7);
+    let mut metrics = Vec::new();
+    let report = scenario
+        .run_with_progress(
+            |_, store| tower_layer::Layer::layer(&layer, store),
+            |_| metrics.push(pacing.metrics()),
+        )
+        .unwrap();
+    (report, metrics)
+}
+
+fn describe(report: &PacingReport) -> String {
+    let per_second: Vec<String> = report
+        .seconds
+        .iter()
+        .map(|s| format!("{}/{}", s.accepted, s.throttled))
+        .collect();
+    per_second.join(" ")
+}
+
+/// The goals every steady workload must meet at rate `r`.
+fn assert_steady(report: &PacingReport, r: f64, label: &str) {
+    let picture = describe(report);
+    let goodput = report.goodput(60..120);
+    let throttled = report.throttled_share(60..120);
+    let settled = report.settled(0.9, 0);
+    let peak = report.peak_load(10..120);
+    println!(
+        "{label}: goodput {:.1} % of R over 60..120 s, throttled {:.2} %, settled after {settled:?} s, peak {peak:.2}x R",
+        100.0 * goodput / r,
+        100.0 * throttled
+    );
+    assert!(goodput >= 0.9 * r, "{label}: goodput {goodput}: {picture}");
+    assert!(
+        throttled <= 0.05,
+        "{label}: throttled {throttled}: {picture}"
+    );
+    assert!(
+        settled.is_some_and(|s| s <= 10),
+        "{label}: settled {settled:?}: {picture}"
+    );
+    assert!(peak <= 1.2, "{label}: peak {peak}: {picture}");
+}
+
+#[test]
+fn eight_workers_run_at_90_percent_of_a_20_per_second_store() {
+    let (report, _) = run(&Pacing::new().capacity(20).workers(8));
+    assert_steady(&report, 20.0, "8 workers, R = 20");
+}
+
+#[test]
+fn sixty_four_workers_run_at_90_percent_of_a_100_per_second_store() {
+    let (report, _) = run(&Pacing::new().capacity(100).workers(64));
+    assert_steady(&report, 100.0, "64 workers, R = 100");
+}
+
+#[test]
+fn open_loop_demand_at_twice_the_rate_gets_90_percent_of_it() {
+    let scenario = Pacing::new().capacity(50).demand(Demand::OpenLoop {
+        per_second: 100.0,
+        give_up: Duration::from_secs(5),
+    });
+    let (report, _) = run(&scenario);
+    assert_steady(&report, 50.0, "open loop at 2R, R = 50");
+}
+
+#[test]
+fn when_capacity_doubles_goodput_reaches_90_percent_of_it_within_30_s() {
+    let scenario = Pacing::new()
+        .capacity(50)
+        .workers(64)
+        .change_capacity(Duration::from_secs(60), Some(100));
+    let (report, _) = run(&scenario);
+    let settled = report.settled(0.9, 60);
+    let peak = report.peak_load(10..120);
+    println!(
+        "capacity 50 -> 100 at 60 s: 90 % of the new rate after {settled:?} s, goodput 90..120 s {:.1}/s, peak {peak:.2}x R",
+        report.goodput(90..120)
+    );
+    assert!(
+        settled.is_some_and(|s| s <= 30),
+        "settled {settled:?}: {}",
+        describe(&report)
+    );
+    assert!(peak <= 1.2, "peak {peak}: {}", describe(&report));
+}
+
+#[test]
+fn when_throttling_stops_pacing_returns_to_zero_within_30_s() {
+    let scenario = Pacing::new()
+        .capacity(100)
+        .workers(64)
+        .change_capacity(Duration::from_secs(60), None);
+    let (report, metrics) = run(&scenario);
+    // `metrics[i]` is read at the end of second i + 1.
+    let intervals: Vec<Duration> = metrics.iter().map(|m| m.interval).collect();
+    assert!(intervals[59] > Duration::ZERO, "paced while throttled");
+    let off = intervals
+        .iter()
+        .rposition(|i| !i.is_zero())
+        .map_or(0, |i| i + 1);
+    println!(
+        "limit lifted at 60 s: pacing off from {off} s ({} s later); goodput 100..120 s {:.0}/s",
+        off.saturating_sub(60),
+        report.goodput(100..120)
+    );
+    assert!(off <= 90, "pacing still on at {off} s: {intervals:?}");
+    assert!(report.throttled_share(60..120) == 0.0);
+    // Off means no send waits any more.
+    assert_eq!(metrics[off].slept, metrics[119].slept);
+    assert_eq!(metrics[off].sleeps, metrics[119].sleeps);
+    assert!(metrics[119].invocations > metrics[off].invocations);
+    // Unpaced, 64 workers at 50 ms a write send about 1,280 a second.
+    assert!(report.goodput(100..120) > 1000.0, "{}", describe(&report));
+}
+
+#[test]
+fn four_independent_layers_share_the_store_fairly() {
+    let pacings: Vec<AdaptivePacing> = (0..4).map(|_| AdaptivePacing::new()).collect();
+    let layers: Vec<_> = pacings
+        .iter()
+        .enumerate()
+        .map(|(i, p)| paced(p, i as u64 + 1))
+        .collect();
+    let report = Pacing::new()
+        .capacity(100)
+        .workers(64)
+        .clients(4)
+        .run(|i, store| tower_layer::Layer::layer(&layers[i], store))
+        .unwrap();
+    let goodput = report.goodput(60..120);
+    let throttled = report.throttled_share(60..120);
+    let fairness = report.fairness(60..120);
+    println!(
+        "4 independent layers, R = 100: goodput {:.1} % of R, throttled {:.2} %, Jain {fairness:.3}, shares {:?}",
+        goodput,
+        100.0 * throttled,
+        report.client_goodput(60..120)
+    );
+    assert!(goodput >= 85.0, "goodput {goodput}: {}", describe(&report));
+    assert!(
+        throttled <= 0.10,
+        "throttled {throttled}: {}",
+        describe(&report)
+    );
+    assert!(fairness >= 0.9, "fairness {fairness}");
+}
+
+/// The storm's sensitivity settings: the default, and the three where the
+/// default budget is closest to losing.
+fn storms() -> Vec<(&'static str, Storm)> {
+    let outage = |storm: Storm| storm.outage(Duration::from_secs(20), Duration::from_secs(10));
+    vec![
+        ("defaults", Storm::new()),
+        ("clients 2000", Storm::new().clients(2000)),
+        (
+            "backlog 1024",
+            outage(Storm::new().server(ServerModel::new().backlog(1024))),
+        ),
+        (
+            "outage 30",
+            Storm::new().outage(Duration::from_secs(20), Duration::from_secs(30)),
+        ),
+    ]
+}
+
+#[test]
+fn pacing_on_the_default_budget_never_recovers_later_nor_fails_more_in_the_storm() {
+    // The storm's server never says "slow down", only times out: this policy
+    // reports timeouts as throttling, so the pacing reacts to them.
+    let layer = |seed: u64, pacing: Option<AdaptivePacing>| {
+        let builder = BackoffLayer::builder()
+            .policy(RetryErrors::new(Cause::Throttled))
+            .seed(seed);
+        match pacing {
+            Some(pacing) => builder.pacing(pacing).build().unwrap(),
+            None => builder.build().unwrap(),
+        }
+    };
+    let never = Duration::MAX;
+    for (name, storm) in storms() {
+        for seed in 1..=SEEDS {
+            let storm = storm.clone().seed(seed);
+            let alone = layer(seed, None);
+            let alone = storm
+                .run(|c| tower_layer::Layer::layer(&alone, c))
+                .unwrap()
+                .summary();
+            let paced = layer(seed, Some(AdaptivePacing::new()));
+            let paced = storm
+                .run(|c| tower_layer::Layer::layer(&paced, c))
+                .unwrap()
+                .summary();
+            println!(
+                "{name}, seed {seed}: budget alone recovers {:?}, fails {}; with pacing {:?}, fails {}",
+                alone.recovery, alone.failed, paced.recovery, paced.failed
+            );
+            assert!(
+                paced.recovery.unwrap_or(never) <= alone.recovery.unwrap_or(never),
+                "{name}, seed {seed}: {paced:?} against {alone:?}"
+            );
+            assert!(
+                paced.failed <= alone.failed,
+                "{name}, seed {seed}: {paced:?} against {alone:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn four_independent_layers_started_5_s_apart_converge_on_fair_shares() {
+    let layers: Vec<_> = (0..4)
+        .map(|i| paced(&AdaptivePacing::new(), i as u64 + 1))
+        .collect();
+    let report = Pacing::new()
+        .capacity(100)
+        .workers(64)
+        .clients(4)
+        .stagger(Duration::from_secs(5))
+        .run(|i, store| tower_layer::Layer::layer(&layers[i], store))
+        .unwrap();
+    let goodput = report.goodput(60..120);
+    let fairness = report.fairness(60..120);
+    println!(
+        "4 independent layers started 5 s apart, R = 100: goodput {goodput:.1} % of R, throttled {:.2} %, Jain {fairness:.3}, shares {:?}",
+        100.0 * report.throttled_share(60..120),
+        report.client_goodput(60..120)
+    );
+    assert!(goodput >= 85.0, "goodput {goodput}: {}", describe(&report));
+    assert!(report.throttled_share(60..120) <= 0.10);
+    assert!(fairness >= 0.9, "fairness {fairness}");
+}
+
+#[test]
+fn the_pacing_scenario_rejects_settings_that_cannot_work() {
+    let field = |scenario: Pacing| scenario.validate().unwrap_err().field();
+    assert_eq!(field(Pacing::new().capacity(0)), "capacity");
+    assert_eq!(field(Pacing::new().workers(0)), "workers");
+    assert_eq!(field(Pacing::new().clients(0)), "clients");
+    assert_eq!(field(Pacing::new().horizon(Duration::ZERO)), "horizon");
+    assert_eq!(
+        field(Pacing::new().clients(4).stagger(Duration::from_secs(60))),
+        "stagger"
+    );
+    assert_eq!(
+        field(Pacing::new().demand(Demand::OpenLoop {
+            per_second: f64::NAN,
+            give_up: Duration::from_secs(1),
+        })),
+        "demand"
+    );
+}
