@@ -87,6 +87,15 @@ fn invalid_schedules_name_their_field() {
     assert_eq!(field(Linear::new(ms(1), Duration::MAX).validate()), "step");
     assert_eq!(field(Jitter::Proportional(1.5).validate()), "jitter");
     assert_eq!(field(Jitter::Proportional(-0.1).validate()), "jitter");
+    assert_eq!(field(Jitter::Proportional(f64::NAN).validate()), "jitter");
+    assert_eq!(
+        field(Jitter::Proportional(f64::INFINITY).validate()),
+        "jitter"
+    );
+    assert_eq!(
+        field(Exponential::new(ms(1)).factor(f64::INFINITY).validate()),
+        "factor"
+    );
 }
 
 /// Draws `n` jittered delays for retries 1..=8 of `schedule`, the way the layer
@@ -194,4 +203,83 @@ fn streams_of_one_seed_are_independent() {
     };
     assert_ne!(a, b);
     assert!(a.iter().all(|x| !b.contains(x)));
+}
+
+/// A custom schedule that keeps the trait's default cap, `Duration::MAX`.
+struct Uncapped(Duration);
+
+impl Schedule for Uncapped {
+    fn delay(&self, _retry: u32) -> Duration {
+        self.0
+    }
+}
+
+#[test]
+fn every_jitter_of_an_uncapped_custom_schedule_stays_within_its_delay_range() {
+    let mut rng = Rng::seeded(3);
+    for delay in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+        let s = Uncapped(delay);
+        for jitter in [
+            Jitter::None,
+            Jitter::Full,
+            Jitter::Equal,
+            Jitter::Decorrelated,
+            Jitter::Proportional(0.0),
+            Jitter::Proportional(0.5),
+            Jitter::Proportional(1.0),
+        ] {
+            for previous in [Duration::ZERO, delay, Duration::MAX] {
+                let d = jitter.apply(delay, previous, &s, &mut rng);
+                match jitter {
+                    Jitter::None => assert_eq!(d, delay),
+                    // Decorrelated ignores `delay`: at least its base, which is `delay`.
+                    Jitter::Decorrelated => assert!(d >= delay, "{d:?} < {delay:?}"),
+                    // `[d(1 − r), d(1 + r)]`, to f64 precision at the top of the range.
+                    Jitter::Proportional(r) => {
+                        let low = delay.as_nanos() as f64 * (1.0 - r);
+                        assert!(d.as_nanos() as f64 >= low * (1.0 - 1e-15) - 1.0);
+                    }
+                    _ => assert!(d <= delay, "{jitter:?} of {delay:?} gave {d:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn proportional_jitter_of_the_longest_delay_spreads_below_it() {
+    let s = Uncapped(Duration::MAX);
+    let mut rng = Rng::seeded(5);
+    let draws: Vec<_> = (0..64)
+        .map(|_| Jitter::Proportional(1.0).apply(Duration::MAX, Duration::MAX, &s, &mut rng))
+        .collect();
+    // Capped at `Duration::MAX` from above, uniform from zero below it.
+    assert!(draws.iter().any(|&d| d < Duration::MAX / 2));
+}
+
+#[test]
+fn full_jitter_spreads_delays_longer_than_u64_nanoseconds() {
+    // 2^64 ns is about 584 years; a draw up to `Duration::MAX` must reach past it.
+    let mut rng = Rng::seeded(11);
+    let limit = Duration::from_nanos(u64::MAX);
+    let draws: Vec<_> = (0..64).map(|_| rng.duration_up_to(Duration::MAX)).collect();
+    assert!(draws.iter().any(|&d| d > limit * 1000));
+    assert!(draws.iter().all(|&d| d <= Duration::MAX));
+}
+
+#[test]
+fn exponential_from_zero_stays_zero_whatever_the_factor() {
+    let s = Exponential::new(Duration::ZERO).factor(1e300);
+    assert_eq!(s.delay(1), Duration::ZERO);
+    assert_eq!(s.delay(3), Duration::ZERO);
+    assert_eq!(s.delay(u32::MAX), Duration::ZERO);
+}
+
+#[test]
+fn exponential_with_an_unvalidated_huge_cap_grows_past_u64_nanoseconds() {
+    // Not accepted by the builder (over a year), but `delay` must still saturate
+    // exactly, not at 2^64 ns.
+    let s = Exponential::new(Duration::from_secs(1 << 40)).max_delay(Duration::MAX);
+    assert_eq!(s.delay(2), Duration::from_secs(1 << 41));
+    assert_eq!(s.delay(u32::MAX), Duration::MAX);
 }
