@@ -127,7 +127,8 @@ impl Schedule for Exponential {
         }
         let exponent = retry.saturating_sub(1).min(i32::MAX as u32) as i32;
         let nanos = self.initial.as_nanos() as f64 * self.factor.powi(exponent);
-        nanos_capped(nanos, self.max)
+        // Past 2^53 ns (104 days) f64 rounds `initial` itself; never below it.
+        nanos_capped(nanos, self.max).max(self.initial.min(self.max))
     }
 
     fn cap(&self) -> Duration {

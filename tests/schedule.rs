@@ -283,3 +283,14 @@ fn exponential_with_an_unvalidated_huge_cap_grows_past_u64_nanoseconds() {
     assert_eq!(s.delay(2), Duration::from_secs(1 << 41));
     assert_eq!(s.delay(u32::MAX), Duration::MAX);
 }
+
+#[test]
+fn exponential_starts_exactly_at_a_long_initial_delay() {
+    // 2^53 ns is about 104 days: past it f64 cannot hold every nanosecond.
+    let initial = Duration::new(11_227_536, 947_935_257);
+    let s = Exponential::new(initial)
+        .factor(1.0)
+        .max_delay(Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(s.delay(1), initial);
+    assert_eq!(s.delay(1_000), initial);
+}
