@@ -527,6 +527,32 @@ mod tests {
         assert_eq!(read_all(copy).await, "");
     }
 
+    #[tokio::test]
+    async fn a_copy_hints_what_is_left_to_replay_plus_the_unread_source() {
+        let frames = data(&["ab", "cde"]);
+        let body = ReplayBody::new(http_body_util::BodyExt::boxed(streaming(frames)));
+        let mut copy = body.clone_body().unwrap();
+        assert_eq!(read_all(body).await, "abcde");
+        assert_eq!(copy.size_hint().exact(), Some(5));
+        assert!(!copy.is_end_stream());
+        copy.frame().await.unwrap().unwrap();
+        assert_eq!(copy.size_hint().exact(), Some(3));
+        assert!(!copy.is_end_stream());
+        copy.frame().await.unwrap().unwrap();
+        assert_eq!(copy.size_hint().exact(), Some(0));
+        assert!(copy.is_end_stream());
+    }
+
+    #[tokio::test]
+    async fn a_copy_that_caught_up_with_an_open_source_hints_the_source() {
+        let full = http_body_util::Full::new(Bytes::from("0123456789"));
+        let body = ReplayBody::new(full);
+        assert!(!body.is_end_stream());
+        let copy = body.clone_body().unwrap();
+        assert_eq!(copy.size_hint().exact(), Some(10));
+        assert_eq!(read_all(copy).await, "0123456789");
+    }
+
     #[test]
     fn size_hint_of_the_original_is_the_source_hint() {
         let body = ReplayBody::new(http_body_util::Full::new(Bytes::from("abc")));
