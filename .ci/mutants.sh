@@ -17,7 +17,8 @@
 # `git checkout -- src` undoes anything an interrupted run left behind.
 #
 # Environment: MUTANTS_TIMEOUT (seconds per mutant's tests, default 120),
-# MUTANTS_ARGS (extra arguments for cargo mutants, e.g. "--re jitter").
+# MUTANTS_BUILD_TIMEOUT (seconds per build, default 900), MUTANTS_ARGS (extra
+# arguments for cargo mutants, e.g. "--re Rng").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -75,12 +76,15 @@ for file in "${files[@]}"; do
     [ -d "$file" ] && glob="${file%/}/**/*.rs"
     out="target/mutants/$(echo "${file%/}" | tr / _)"
     mkdir -p "$out"
-    echo "== cargo mutants: $file"
-    # shellcheck disable=SC2046,SC2086  # word splitting of the test targets is wanted
+    # As --cargo-arg, not after `--`: so the build step (`cargo test --no-run`)
+    # builds only these test binaries too, not every one.
+    targets=()
+    for arg in $(tests_for "$file"); do targets+=("--cargo-arg=$arg"); done
+    echo "== cargo mutants: $file (${targets[*]})"
+    # shellcheck disable=SC2086  # MUTANTS_ARGS is split into arguments on purpose
     cargo mutants --all-features --in-place --baseline skip \
-        --timeout "${MUTANTS_TIMEOUT:-120}" \
-        --file "$glob" --output "$out" ${MUTANTS_ARGS:-} \
-        -- $(tests_for "$file") ||
+        --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout "${MUTANTS_BUILD_TIMEOUT:-900}" \
+        --file "$glob" --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} ||
         true # a missed mutant is a finding to report, not a script failure
     for outcome in caught missed unviable timeout; do
         printf '%-9s %s\n' "$outcome" "$(wc -l <"$out/mutants.out/$outcome.txt" 2>/dev/null || echo 0)"
