@@ -46,7 +46,7 @@ CORE=(
 tests_for() {
     case "$1" in
         src/jitter.rs | src/schedule.rs)
-            echo "--lib --test schedule --test proptest_schedule --test layer --test proptest_layer --test retry_fn"
+            echo "--test schedule --test proptest_schedule --test layer --test proptest_layer"
             ;;
         src/budget/*)
             echo "--lib --test budget --test layer --test sim"
@@ -58,7 +58,7 @@ tests_for() {
             echo "--lib --test http --test hyper_client --test reqwest"
             ;;
         src/http/replay.rs)
-            echo "--lib --test http --test replay --test reqwest"
+            echo "--lib --test replay --test http"
             ;;
         *)
             # src/future.rs and anything else: every test binary.

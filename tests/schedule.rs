@@ -421,3 +421,9 @@ fn decorrelated_jitter_draws_the_first_retry_up_to_three_times_the_base() {
     assert!(firsts.iter().all(|&d| d >= ms(100) && d <= ms(300)));
     assert!(firsts.iter().any(|&d| d > ms(200)));
 }
+
+#[test]
+fn a_closure_schedule_prints_its_cap() {
+    let s = schedule::from_fn(ms(250), |n| ms(100) * n);
+    assert_eq!(format!("{s:?}"), "FromFn { max: 250ms }");
+}

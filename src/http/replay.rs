@@ -484,6 +484,7 @@ mod tests {
             Poll::Ready(Some(Ok(frame))) => assert_eq!(frame.into_data().unwrap(), "x"),
             other => panic!("the newer copy got {other:?}"),
         }
+        assert!(!newer_flag.woken(), "a copy polling again woke itself");
     }
 
     #[test]
@@ -551,6 +552,33 @@ mod tests {
         let copy = body.clone_body().unwrap();
         assert_eq!(copy.size_hint().exact(), Some(10));
         assert_eq!(read_all(copy).await, "0123456789");
+    }
+
+    #[tokio::test]
+    async fn the_original_hints_only_what_it_has_not_sent_yet() {
+        let mut body = ReplayBody::new(http_body_util::Full::new(Bytes::from("abc")));
+        assert_eq!(body.size_hint().exact(), Some(3));
+        body.frame().await.unwrap().unwrap();
+        assert_eq!(body.size_hint().exact(), Some(0));
+    }
+
+    #[test]
+    fn a_body_of_exactly_the_limit_is_recorded() {
+        let body = ReplayBody::with_limit(http_body_util::Full::new(Bytes::from("0123")), 4);
+        assert!(body.is_replayable());
+        assert!(body.clone_body().is_some());
+    }
+
+    #[test]
+    fn debug_shows_the_copy_and_the_recording() {
+        let body = ReplayBody::with_limit(http_body_util::Empty::<Bytes>::new(), 8);
+        let copy = body.clone_body().unwrap();
+        let debug = format!("{copy:?}");
+        assert!(debug.starts_with("ReplayBody"), "{debug}");
+        assert!(
+            debug.contains("copy: 1") && debug.contains("limit: 8"),
+            "{debug}"
+        );
     }
 
     #[test]
