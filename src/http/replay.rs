@@ -358,6 +358,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_copy_yields_each_recorded_frame_once_then_ends() {
+        let body = ReplayBody::new(streaming(data(&["a", "bc", "def"])));
+        let mut copy = body.clone_body().unwrap();
+        assert_eq!(read_all(body).await, "abcdef");
+        let mut frames = Vec::new();
+        while let Some(frame) = copy.frame().await {
+            frames.push(frame.unwrap().into_data().unwrap());
+            assert!(frames.len() <= 3, "replayed {frames:?} and more");
+        }
+        assert_eq!(frames, ["a", "bc", "def"]);
+    }
+
+    #[tokio::test]
     async fn a_copy_reads_on_where_an_abandoned_attempt_stopped() {
         let mut body = ReplayBody::new(streaming(data(&["1", "2", "3", "4"])));
         let copy = body.clone_body().unwrap();
