@@ -367,7 +367,8 @@ where
             .policy
             .on_retry(request, *self.attempts, retry.delay, &retry.outcome);
         config.policy.discard(retry.outcome);
-        *self.attempts += 1;
+        // Saturating: `unlimited_attempts` may count past u32::MAX.
+        *self.attempts = self.attempts.saturating_add(1);
         *self.transparent_used |= retry.transparent;
         *self.last_retry = Some(retry.cause);
         config.policy.prepare_retry(&mut copy, *self.attempts);

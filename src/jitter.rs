@@ -6,6 +6,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::schedule::nanos_capped;
 
 /// How a schedule's delay is randomized before the request sleeps.
 ///
@@ -126,8 +127,10 @@ impl Jitter {
                 } else {
                     0.0
                 };
-                let low = d.mul_f64(1.0 - r);
-                let high = d.checked_add(d.mul_f64(r)).unwrap_or(Duration::MAX);
+                // Not `mul_f64`: it panics when rounding carries `d` past
+                // `Duration::MAX`.
+                let low = scaled(d, 1.0 - r).min(d);
+                let high = d.saturating_add(scaled(d, r));
                 low + rng.duration_up_to(high - low)
             }
         };
@@ -184,13 +187,21 @@ impl Rng {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
-    /// A duration uniformly distributed in `[0, max]`, to the nanosecond.
+    /// A duration uniformly distributed in `[0, max]`: to the nanosecond up to
+    /// 584 years (`u64::MAX` nanoseconds), to 53 bits of precision beyond.
     pub fn duration_up_to(&mut self, max: Duration) -> Duration {
-        let span = max.as_nanos().min(u64::MAX as u128 - 1) as u64 + 1;
+        let Ok(nanos) = u64::try_from(max.as_nanos()) else {
+            return nanos_capped(max.as_nanos() as f64 * self.next_f64(), max);
+        };
+        let span = nanos as u128 + 1;
         // Multiply-shift maps 64 random bits onto [0, span) without a division.
-        let nanos = ((self.next_u64() as u128 * span as u128) >> 64) as u64;
-        Duration::from_nanos(nanos)
+        Duration::from_nanos(((self.next_u64() as u128 * span) >> 64) as u64)
     }
+}
+
+/// `d × factor` for a factor in `[0, 1]`, rounded to the nanosecond.
+fn scaled(d: Duration, factor: f64) -> Duration {
+    nanos_capped(d.as_nanos() as f64 * factor, Duration::MAX)
 }
 
 const fn mix(mut z: u64) -> u64 {

@@ -121,9 +121,14 @@ impl Default for Exponential {
 
 impl Schedule for Exponential {
     fn delay(&self, retry: u32) -> Duration {
+        if self.initial.is_zero() {
+            // 0 × ∞ is NaN in floating point; zero times anything is zero here.
+            return Duration::ZERO;
+        }
         let exponent = retry.saturating_sub(1).min(i32::MAX as u32) as i32;
         let nanos = self.initial.as_nanos() as f64 * self.factor.powi(exponent);
-        nanos_capped(nanos, self.max)
+        // Past 2^53 ns (104 days) f64 rounds `initial` itself; never below it.
+        nanos_capped(nanos, self.max).max(self.initial.min(self.max))
     }
 
     fn cap(&self) -> Duration {
@@ -317,10 +322,21 @@ fn check_initial_and_max(initial: Duration, max: Duration) -> Result<(), ConfigE
 }
 
 /// Rounds a delay computed in floating point to whole nanoseconds, saturating
-/// at `max` (NaN and infinities included).
-fn nanos_capped(nanos: f64, max: Duration) -> Duration {
+/// at `max` (NaN and infinities included) and at zero, over the whole range of
+/// `Duration`, not only the 584 years `u64` nanoseconds hold. Never panics,
+/// unlike `Duration::from_secs_f64` and `mul_f64`.
+pub(crate) fn nanos_capped(nanos: f64, max: Duration) -> Duration {
     if nanos.is_nan() || nanos >= max.as_nanos() as f64 {
         return max;
     }
-    Duration::from_nanos(nanos.round().max(0.0) as u64).min(max)
+    if nanos <= 0.0 {
+        return Duration::ZERO;
+    }
+    // Below `max`, so within u128 (`as` saturates in any case).
+    let nanos = nanos.round() as u128;
+    let secs = u64::try_from(nanos / NANOS_PER_SEC).unwrap_or(u64::MAX);
+    let subsec = (nanos % NANOS_PER_SEC) as u32;
+    Duration::new(secs, subsec).min(max)
 }
+
+const NANOS_PER_SEC: u128 = 1_000_000_000;

@@ -131,9 +131,14 @@ impl Stats {
 
     pub(crate) fn record_sleep(&self, slept: Duration) {
         let nanos = u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX);
-        self.counters
-            .slept_nanos
-            .fetch_add(nanos, Ordering::Relaxed);
+        // Saturating: a custom schedule's `Duration::MAX` sleeps would wrap
+        // the total back to small numbers.
+        let _ =
+            self.counters
+                .slept_nanos
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
+                    Some(total.saturating_add(nanos))
+                });
     }
 }
 
@@ -154,4 +159,17 @@ pub(crate) enum Event {
     OutOfTime,
     Final,
     NotClonable,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_slept_saturates_instead_of_wrapping() {
+        let stats = Stats::new();
+        stats.record_sleep(Duration::MAX);
+        stats.record_sleep(Duration::from_secs(1));
+        assert_eq!(stats.snapshot().slept, Duration::from_nanos(u64::MAX));
+    }
 }

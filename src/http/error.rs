@@ -13,7 +13,8 @@ const MAX_DEPTH: usize = 32;
 /// Whether `error`, or any error in its `source()` chain, is worth another
 /// attempt, and why; `None` for anything else.
 ///
-/// Looked for, from the outermost error in:
+/// Looked for, from the outermost error in (an `io::Error` wrapping an error
+/// is followed into it, though its `source()` skips it):
 /// - timeouts, [`Cause::Timeout`]: `tower::timeout::error::Elapsed`,
 ///   `tokio::time::error::Elapsed`, a hyper timeout, an `io::Error` of kind
 ///   `TimedOut`, a `reqwest::Error` whose `is_timeout()` (with the `reqwest`
@@ -47,9 +48,22 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
         if let Some(cause) = classify_one(error) {
             return Some(cause);
         }
-        next = error.source();
+        next = next_link(error);
     }
     None
+}
+
+/// The next error down the chain. `io::Error::source()` skips the error an
+/// `io::Error` wraps and returns that error's own source, so a timeout or a
+/// reset wrapped by an I/O adapter would go unseen: look at it first.
+fn next_link<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'static)> {
+    if let Some(wrapped) = error
+        .downcast_ref::<io::Error>()
+        .and_then(io::Error::get_ref)
+    {
+        return Some(wrapped);
+    }
+    error.source()
 }
 
 fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
@@ -239,6 +253,45 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(classify_error(&elapsed), Some(Cause::Timeout));
+    }
+
+    /// A real `tower::timeout` error, as an I/O adapter wraps it.
+    async fn tower_elapsed_in_an_io_error() -> io::Error {
+        use tower::{Service, ServiceExt};
+        let mut hung = tower::timeout::Timeout::new(
+            tower::service_fn(|()| std::future::pending::<Result<(), io::Error>>()),
+            std::time::Duration::from_millis(1),
+        );
+        let error = hung.ready().await.unwrap().call(()).await.unwrap_err();
+        io::Error::other(error)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tower_elapsed_wrapped_in_an_io_error_is_a_timeout() {
+        let error = tower_elapsed_in_an_io_error().await;
+        assert_eq!(error.kind(), io::ErrorKind::Other);
+        assert!(error.source().is_none(), "std skips the wrapped error");
+        assert_eq!(classify_error(&error), Some(Cause::Timeout));
+        let deeper = Wrapped(Box::new(Wrapped(Box::new(error))));
+        assert_eq!(classify_error(&deeper), Some(Cause::Timeout));
+    }
+
+    #[test]
+    fn a_reset_wrapped_in_an_io_error_of_another_kind_is_transient() {
+        let error = io::Error::new(
+            io::ErrorKind::InvalidData,
+            io::Error::from(io::ErrorKind::ConnectionReset),
+        );
+        assert_eq!(classify_error(&error), Some(Cause::Transient));
+    }
+
+    #[test]
+    fn an_io_error_wrapping_a_final_error_is_still_followed_to_its_sources() {
+        // io::Error(Other) → Wrapped → ConnectionAborted: found two links down.
+        let error = io::Error::other(Wrapped(io(io::ErrorKind::ConnectionAborted)));
+        assert_eq!(classify_error(&error), Some(Cause::Transient));
+        let plain = io::Error::other("a message, not an error type");
+        assert_eq!(classify_error(&plain), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::error::Error;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use ::http::HeaderMap;
 use bytes::{Buf, Bytes};
@@ -36,7 +36,8 @@ type BoxError = Box<dyn Error + Send + Sync>;
 ///
 /// A copy that is still being sent when a newer copy starts (hyper may still
 /// be writing an abandoned attempt's upload) ends with an error, so that
-/// connection is closed rather than left with a truncated request.
+/// connection is closed rather than left with a truncated request. If it is
+/// waiting for the source then, it is woken to end at once.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -79,6 +80,10 @@ struct Recording<B> {
     capped: bool,
     copies: u64,
     newest_polled: u64,
+    /// The waker of the copy waiting on the source. A newer copy that polls
+    /// the source takes the source's waker slot, so the older one would sleep
+    /// until its connection woke it: it is woken here to end instead.
+    parked: Option<Waker>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +116,7 @@ impl<B: Body> ReplayBody<B> {
                 capped,
                 copies: 0,
                 newest_polled: 0,
+                parked: None,
             })),
             copy: 0,
             next_chunk: 0,
@@ -160,7 +166,14 @@ where
         if this.copy < recording.newest_polled {
             return Poll::Ready(Some(Err(ReplayError::Superseded.into())));
         }
-        recording.newest_polled = this.copy;
+        if this.copy > recording.newest_polled {
+            // Taking over from an older copy: if it waits on the source, wake
+            // it, so it ends with `Superseded` and frees its connection now.
+            if let Some(older) = recording.parked.take() {
+                older.wake();
+            }
+            recording.newest_polled = this.copy;
+        }
 
         if this.next_chunk < recording.chunks_read {
             let Some(chunk) = recording.chunks.get(this.next_chunk).cloned() else {
@@ -180,7 +193,12 @@ where
             Source::Failed => return Poll::Ready(Some(Err(ReplayError::SourceFailed.into()))),
         }
 
-        let frame = match ready!(recording.source.as_mut().poll_frame(cx)) {
+        let Poll::Ready(frame) = recording.source.as_mut().poll_frame(cx) else {
+            recording.parked = Some(cx.waker().clone());
+            return Poll::Pending;
+        };
+        recording.parked = None;
+        let frame = match frame {
             None => {
                 recording.source_state = Source::Ended;
                 return Poll::Ready(None);
@@ -321,12 +339,17 @@ mod tests {
         StreamBody::new(stream::iter(frames))
     }
 
+    /// Bounded, so a body that never ends fails its test instead of hanging it.
+    fn bounded<B>(body: B) -> http_body_util::Limited<B> {
+        http_body_util::Limited::new(body, 1 << 16)
+    }
+
     async fn read_all<B>(body: B) -> Bytes
     where
         B: Body<Data = Bytes>,
-        B::Error: fmt::Debug,
+        B::Error: Into<BoxError>,
     {
-        body.collect().await.unwrap().to_bytes()
+        bounded(body).collect().await.unwrap().to_bytes()
     }
 
     #[tokio::test]
@@ -337,6 +360,19 @@ mod tests {
         assert!(copy.is_replayable());
         assert_eq!(copy.size_hint().exact(), Some(6));
         assert_eq!(read_all(copy).await, "abcdef");
+    }
+
+    #[tokio::test]
+    async fn a_copy_yields_each_recorded_frame_once_then_ends() {
+        let body = ReplayBody::new(streaming(data(&["a", "bc", "def"])));
+        let mut copy = body.clone_body().unwrap();
+        assert_eq!(read_all(body).await, "abcdef");
+        let mut frames = Vec::new();
+        while let Some(frame) = copy.frame().await {
+            frames.push(frame.unwrap().into_data().unwrap());
+            assert!(frames.len() <= 3, "replayed {frames:?} and more");
+        }
+        assert_eq!(frames, ["a", "bc", "def"]);
     }
 
     #[tokio::test]
@@ -367,9 +403,9 @@ mod tests {
         frames.push(Ok(Frame::trailers(trailers.clone())));
         let body = ReplayBody::new(streaming(frames));
         let copy = body.clone_body().unwrap();
-        let sent = body.collect().await.unwrap();
+        let sent = bounded(body).collect().await.unwrap();
         assert_eq!(sent.trailers(), Some(&trailers));
-        let resent = copy.collect().await.unwrap();
+        let resent = bounded(copy).collect().await.unwrap();
         assert_eq!(resent.trailers(), Some(&trailers));
         assert_eq!(resent.to_bytes(), "payload");
     }
@@ -412,6 +448,82 @@ mod tests {
         assert_eq!(read_all(copy).await, "2");
     }
 
+    /// A waker that records whether it was woken.
+    #[derive(Default)]
+    struct Flag(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl Flag {
+        fn woken(&self) -> bool {
+            self.0.swap(false, std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    type Polled = Poll<Option<Result<Frame<Bytes>, BoxError>>>;
+
+    fn poll<B>(body: &mut ReplayBody<B>, flag: &Arc<Flag>) -> Polled
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        let waker = Waker::from(Arc::clone(flag));
+        Pin::new(body).poll_frame(&mut Context::from_waker(&waker))
+    }
+
+    #[test]
+    fn a_copy_waiting_on_the_source_is_woken_and_ends_when_a_newer_copy_polls() {
+        let (mut sender, receiver) =
+            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let mut older = ReplayBody::new(StreamBody::new(receiver));
+        let mut newer = older.clone_body().unwrap();
+        let (older_flag, newer_flag) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
+
+        assert!(poll(&mut older, &older_flag).is_pending());
+        assert!(!older_flag.woken());
+        assert!(poll(&mut newer, &newer_flag).is_pending());
+        assert!(older_flag.woken(), "the abandoned copy was left asleep");
+        match poll(&mut older, &older_flag) {
+            Poll::Ready(Some(Err(error))) => assert!(error.to_string().contains("abandoned")),
+            other => panic!("the abandoned copy did not end: {other:?}"),
+        }
+
+        // The source now wakes the newer copy, which sends what it yields.
+        sender
+            .try_send(Ok(Frame::data(Bytes::from_static(b"x"))))
+            .unwrap();
+        assert!(newer_flag.woken());
+        assert!(!older_flag.woken());
+        match poll(&mut newer, &newer_flag) {
+            Poll::Ready(Some(Ok(frame))) => assert_eq!(frame.into_data().unwrap(), "x"),
+            other => panic!("the newer copy got {other:?}"),
+        }
+        assert!(!newer_flag.woken(), "a copy polling again woke itself");
+    }
+
+    #[test]
+    fn a_newer_copy_wakes_nothing_once_the_older_one_got_its_frame() {
+        let (mut sender, receiver) =
+            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let mut older = ReplayBody::new(StreamBody::new(receiver));
+        let mut newer = older.clone_body().unwrap();
+        let (older_flag, newer_flag) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
+        assert!(poll(&mut older, &older_flag).is_pending());
+        sender
+            .try_send(Ok(Frame::data(Bytes::from_static(b"x"))))
+            .unwrap();
+        assert!(older_flag.woken());
+        assert!(poll(&mut older, &older_flag).is_ready());
+        // The older copy waits on nothing: the newer one leaves it alone and
+        // replays the recorded frame.
+        assert!(poll(&mut newer, &newer_flag).is_ready());
+        assert!(!older_flag.woken());
+    }
+
     #[tokio::test]
     async fn a_failed_source_is_not_replayable() {
         let frames: Frames = vec![
@@ -432,6 +544,59 @@ mod tests {
         assert!(body.is_end_stream());
         assert!(copy.is_end_stream());
         assert_eq!(read_all(copy).await, "");
+    }
+
+    #[tokio::test]
+    async fn a_copy_hints_what_is_left_to_replay_plus_the_unread_source() {
+        let frames = data(&["ab", "cde"]);
+        let body = ReplayBody::new(http_body_util::BodyExt::boxed(streaming(frames)));
+        let mut copy = body.clone_body().unwrap();
+        assert_eq!(read_all(body).await, "abcde");
+        assert_eq!(copy.size_hint().exact(), Some(5));
+        assert!(!copy.is_end_stream());
+        copy.frame().await.unwrap().unwrap();
+        assert_eq!(copy.size_hint().exact(), Some(3));
+        assert!(!copy.is_end_stream());
+        copy.frame().await.unwrap().unwrap();
+        assert_eq!(copy.size_hint().exact(), Some(0));
+        assert!(copy.is_end_stream());
+    }
+
+    #[tokio::test]
+    async fn a_copy_that_caught_up_with_an_open_source_hints_the_source() {
+        let full = http_body_util::Full::new(Bytes::from("0123456789"));
+        let body = ReplayBody::new(full);
+        assert!(!body.is_end_stream());
+        let copy = body.clone_body().unwrap();
+        assert_eq!(copy.size_hint().exact(), Some(10));
+        assert_eq!(read_all(copy).await, "0123456789");
+    }
+
+    #[tokio::test]
+    async fn the_original_hints_only_what_it_has_not_sent_yet() {
+        let mut body = ReplayBody::new(http_body_util::Full::new(Bytes::from("abc")));
+        assert_eq!(body.size_hint().exact(), Some(3));
+        body.frame().await.unwrap().unwrap();
+        assert_eq!(body.size_hint().exact(), Some(0));
+    }
+
+    #[test]
+    fn a_body_of_exactly_the_limit_is_recorded() {
+        let body = ReplayBody::with_limit(http_body_util::Full::new(Bytes::from("0123")), 4);
+        assert!(body.is_replayable());
+        assert!(body.clone_body().is_some());
+    }
+
+    #[test]
+    fn debug_shows_the_copy_and_the_recording() {
+        let body = ReplayBody::with_limit(http_body_util::Empty::<Bytes>::new(), 8);
+        let copy = body.clone_body().unwrap();
+        let debug = format!("{copy:?}");
+        assert!(debug.starts_with("ReplayBody"), "{debug}");
+        assert!(
+            debug.contains("copy: 1") && debug.contains("limit: 8"),
+            "{debug}"
+        );
     }
 
     #[test]

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Mutation testing of the core files with cargo-mutants: every surviving
+# mutant is a missing test or dead code. Slow (each mutant rebuilds the crate
+# and reruns its tests), so .ci/run does not call it.
+#
+#   .ci/mutants.sh                                # every core file
+#   .ci/mutants.sh src/jitter.rs src/schedule.rs  # a subset
+#
+# Each file is mutated on its own, running only the test binaries that
+# exercise it (doc tests are left out: they are examples and the slowest to
+# build). Results go to target/mutants/<file>/mutants.out; the last lines
+# printed per file are its caught/missed/unviable/timeout counts.
+#
+# It mutates the working tree in place, reusing the warm target/ instead of
+# copying the tree and building every dependency again; cargo-mutants puts
+# each file back after each mutant. So it insists on a clean git tree, where
+# `git checkout -- src` undoes anything an interrupted run left behind.
+#
+# Environment: MUTANTS_TIMEOUT (seconds per mutant's tests, default 120),
+# MUTANTS_BUILD_TIMEOUT (seconds per build, default 900), MUTANTS_ARGS (extra
+# arguments for cargo mutants, e.g. "--re Rng").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+if ! cargo mutants --version >/dev/null 2>&1; then
+    cargo install --locked cargo-mutants
+fi
+
+if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+    echo "mutants.sh mutates files in place: commit or stash your changes first." >&2
+    exit 1
+fi
+
+CORE=(
+    src/future.rs
+    src/budget/
+    src/jitter.rs
+    src/schedule.rs
+    src/http/retry_after.rs
+    src/http/policy.rs
+    src/http/replay.rs
+)
+
+# The test binaries that exercise each file (`cargo test` target options).
+tests_for() {
+    case "$1" in
+        src/jitter.rs | src/schedule.rs)
+            echo "--test schedule --test proptest_schedule --test layer --test proptest_layer"
+            ;;
+        src/budget/*)
+            echo "--lib --test budget --test layer --test sim"
+            ;;
+        src/http/retry_after.rs)
+            echo "--lib --test http"
+            ;;
+        src/http/policy.rs)
+            echo "--lib --test http --test hyper_client --test reqwest"
+            ;;
+        src/http/replay.rs)
+            echo "--lib --test replay --test http"
+            ;;
+        *)
+            # src/future.rs and anything else: every test binary.
+            echo "--lib --tests"
+            ;;
+    esac
+}
+
+files=("$@")
+[ ${#files[@]} -gt 0 ] || files=("${CORE[@]}")
+
+for file in "${files[@]}"; do
+    # A directory is every .rs file under it.
+    glob="$file"
+    [ -d "$file" ] && glob="${file%/}/**/*.rs"
+    out="target/mutants/$(echo "${file%/}" | tr / _)"
+    mkdir -p "$out"
+    # As --cargo-arg, not after `--`: so the build step (`cargo test --no-run`)
+    # builds only these test binaries too, not every one.
+    targets=()
+    for arg in $(tests_for "$file"); do targets+=("--cargo-arg=$arg"); done
+    echo "== cargo mutants: $file (${targets[*]})"
+    # shellcheck disable=SC2086  # MUTANTS_ARGS is split into arguments on purpose
+    cargo mutants --all-features --in-place --baseline skip \
+        --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout "${MUTANTS_BUILD_TIMEOUT:-900}" \
+        --file "$glob" --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} ||
+        true # a missed mutant is a finding to report, not a script failure
+    for outcome in caught missed unviable timeout; do
+        printf '%-9s %s\n' "$outcome" "$(wc -l <"$out/mutants.out/$outcome.txt" 2>/dev/null || echo 0)"
+    done
+    if [ -s "$out/mutants.out/missed.txt" ]; then
+        echo "-- missed:"
+        cat "$out/mutants.out/missed.txt"
+    fi
+done
