@@ -85,6 +85,7 @@
 //!   Each retry then takes its own slot in the rate.
 
 mod body;
+mod delay_headers;
 mod drain;
 mod error;
 mod info;
@@ -97,11 +98,18 @@ mod retry_after;
 mod status;
 
 pub use body::CloneBody;
+pub use delay_headers::{
+    parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_RESET, RETRY_AFTER_MS,
+    X_RATELIMIT_RESET,
+};
 pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 pub use error::{classify_error, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
-pub use policy::{HttpPolicy, IDEMPOTENCY_KEY};
+pub use policy::{
+    HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
+    IDEMPOTENCY_KEY, X_SHOULD_RETRY,
+};
 pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 pub use retry_after::parse_retry_after;
 pub use status::StatusSet;
