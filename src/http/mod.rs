@@ -90,6 +90,7 @@ mod drain;
 mod error;
 mod info;
 mod method;
+mod per_host;
 mod policy;
 mod replay;
 #[cfg(feature = "reqwest")]
@@ -106,6 +107,7 @@ pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 pub use error::{classify_error, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
+pub use per_host::{Authority, PerHost, PerHostFuture, PerHostLayer, DEFAULT_MAX_HOSTS};
 pub use policy::{
     HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
     IDEMPOTENCY_KEY, X_SHOULD_RETRY,
