@@ -355,3 +355,28 @@ async fn without_server_delay_jitter_they_come_back_together() {
     let fullest = fullest_10ms_bucket(exact()).await;
     assert!(fullest > 900, "{fullest}");
 }
+
+// --- a delay longer than the schedule's cap -------------------------------------
+
+#[tokio::test(start_paused = true)]
+#[ignore = "needs src/future.rs to sleep a server's delay uncapped (the lead's change)"]
+async fn a_server_delay_beyond_the_schedule_cap_is_slept_in_full() {
+    // Issue 14: `Retry-After: 8` with a 5 s cap must wait 8 s, not 5.
+    let server = Server::start(|n, _| {
+        if n == 0 {
+            status_with(503, &[("retry-after", "8")])
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let capped = Exponential::new(STEP).max_delay(Duration::from_secs(5));
+    let svc = ServiceBuilder::new()
+        .layer(layer_with(exact(), capped, 3, None))
+        .service(client());
+    let response = svc.oneshot(get(&server, "/")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response).slept, Duration::from_secs(8));
+    let seen = server.seen();
+    assert!(seen[1].at - seen[0].at >= Duration::from_secs(8));
+}

@@ -304,6 +304,10 @@ pub const COLUMNS: &[&str] = &[
     "tower-resilience-retry",
     "ours",
     "ours + jitter + bucket + stats",
+    #[cfg(feature = "http")]
+    "ours + HttpPolicy",
+    #[cfg(feature = "http")]
+    "ours + HttpPolicy, per host",
 ];
 
 /// The columns that make sense for `scenario`: on the retry path the bare
@@ -364,7 +368,45 @@ pub async fn run_column(scenario: Scenario, column: &str, iters: u64) -> std::ti
         "ours + jitter + bucket + stats" => timed!(ours_full(backend, zero)),
         "ours" if zero => timed!(ours_plain_zero(backend)),
         "ours" => timed!(ours_plain(backend)),
+        #[cfg(feature = "http")]
+        "ours + HttpPolicy" => timed!(tower::Layer::layer(&ours_http(zero), backend)),
+        #[cfg(feature = "http")]
+        "ours + HttpPolicy, per host" => timed!(tower::Layer::layer(
+            &tower_backoff::http::PerHostLayer::new(move || ours_http(zero)),
+            backend
+        )),
         other => panic!("unknown column {other:?}"),
+    }
+}
+
+/// The HTTP policy (without `RetryInfo`, whose box is an allocation) and the
+/// default budget: the baseline of the per-host column.
+#[cfg(feature = "http")]
+pub fn ours_http(
+    zero_delay: bool,
+) -> tower_backoff::BackoffLayer<tower_backoff::http::HttpPolicy, tower_backoff::Constant> {
+    use tower_backoff::{http::HttpPolicy, BackoffLayer, Constant};
+    let delay = if zero_delay {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(100)
+    };
+    BackoffLayer::builder()
+        .policy(
+            HttpPolicy::new()
+                .without_retry_info()
+                // The backend's `Failed` is a transient failure.
+                .on_error(|_| Some(tower_backoff::Cause::Transient)),
+        )
+        .schedule(Constant::new(delay))
+        .build()
+        .unwrap()
+}
+
+#[cfg(feature = "http")]
+impl tower_backoff::http::AsStdError for Failed {
+    fn as_std_error(&self) -> &(dyn std::error::Error + 'static) {
+        self
     }
 }
 
@@ -391,6 +433,18 @@ pub fn future_size(column: &str) -> usize {
         "tower-resilience-retry" => size_of_val(&resilience(backend, false).call(template)),
         "ours" => size_of_val(&ours_plain(backend).call(template)),
         "ours + jitter + bucket + stats" => size_of_val(&ours_full(backend, false).call(template)),
+        #[cfg(feature = "http")]
+        "ours + HttpPolicy" => {
+            size_of_val(&tower::Layer::layer(&ours_http(false), backend).call(template))
+        }
+        #[cfg(feature = "http")]
+        "ours + HttpPolicy, per host" => size_of_val(
+            &tower::Layer::layer(
+                &tower_backoff::http::PerHostLayer::new(|| ours_http(false)),
+                backend,
+            )
+            .call(template),
+        ),
         other => panic!("unknown column {other:?}"),
     }
 }

@@ -68,18 +68,8 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 ///   [`max_server_delay`](Self::max_server_delay) (default one minute) ends
 ///   the request at once with the response. A malformed, zero or past value
 ///   leaves the delay to the schedule.
-///
-/// | Signal | Read as | Effect |
-/// |---|---|---|
-/// | status in [`StatusSet`] | 408, 429, 502, 503, 504 by default | retry after the schedule's delay |
-/// | `x-should-retry: false` | any response | final: returned, never retried |
-/// | `x-should-retry: true` | a 4xx or 5xx | retried, whatever its status |
-/// | `retry-after-ms` | milliseconds (`1500`, `1.5`) | the delay, first choice |
-/// | `Retry-After` | seconds or an HTTP-date | the delay, second choice |
-/// | `RateLimit-Reset` | seconds, or a Unix timestamp (≥ 10⁹) | the delay, third choice |
-/// | `X-RateLimit-Reset` | as `RateLimit-Reset` | the delay, last choice |
-/// | any delay > `max_server_delay` | | give up at once, return the response |
-/// | malformed, zero, past, > 64 bytes | | ignored: the schedule's delay |
+///   The [module docs](super#what-each-server-signal-does) have a table of
+///   every signal.
 ///
 /// A response retried away has its small body read to the end in the
 /// background so its connection can be reused ([`drain_limit`](Self::drain_limit)).
