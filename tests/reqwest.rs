@@ -416,3 +416,14 @@ async fn the_server_sees_the_attempt_number_through_reqwest() {
         .collect();
     assert_eq!(attempts, [None, Some("2".into()), Some("3".into())]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn without_retry_info_responses_carry_none_through_reqwest() {
+    let server = Server::start(busy_once(503)).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new().without_retry_info()))
+        .service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.extensions().get::<RetryInfo>().is_none());
+}

@@ -926,6 +926,103 @@ mod tests {
     }
 
     #[test]
+    fn statuses_replaces_the_whole_set() {
+        let policy = HttpPolicy::new().statuses(StatusSet::EMPTY.with(StatusCode::CONFLICT));
+        let none = HeaderMap::new();
+        assert!(policy.classify_response(status(409), &none).is_retry());
+        assert_eq!(policy.classify_response(status(503), &none), Decision::Fail);
+        assert_eq!(
+            policy.classify_response(status(429), &none),
+            Decision::Success
+        );
+    }
+
+    #[test]
+    fn retry_statuses_adds_a_range_and_never_retry_status_removes_one() {
+        let none = HeaderMap::new();
+        let all_5xx = HttpPolicy::new().retry_statuses(500..=599);
+        for code in [500, 501, 507, 599] {
+            assert!(
+                all_5xx.classify_response(status(code), &none).is_retry(),
+                "{code}"
+            );
+        }
+        assert_eq!(
+            all_5xx.classify_response(status(499), &none),
+            Decision::Success
+        );
+        let no_503 = HttpPolicy::new().never_retry_status(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(no_503.classify_response(status(503), &none), Decision::Fail);
+        assert!(no_503.classify_response(status(502), &none).is_retry());
+    }
+
+    #[test]
+    fn methods_replaces_the_whole_set() {
+        let none = HeaderMap::new();
+        let only_post = HttpPolicy::new().methods(MethodSet::EMPTY.with(Method::POST));
+        assert!(only_post.may_repeat(&Method::POST, &none));
+        assert!(!only_post.may_repeat(&Method::GET, &none));
+        let nothing = HttpPolicy::new()
+            .methods(MethodSet::EMPTY)
+            .without_idempotency_key();
+        assert!(!nothing.may_repeat(&Method::GET, &none));
+    }
+
+    #[test]
+    fn records_info_follows_without_retry_info() {
+        assert!(HttpPolicy::new().records_info());
+        assert!(!HttpPolicy::new().without_retry_info().records_info());
+    }
+
+    #[test]
+    fn finish_records_attempts_and_sleep_unless_told_not_to() {
+        let finish = |policy: &HttpPolicy| {
+            let mut result: Result<Response<String>, std::io::Error> =
+                Ok(Response::new(String::new()));
+            Policy::<Request<String>, _, _>::finish(policy, &mut result, 3, Duration::from_secs(2));
+            result.unwrap().extensions().get::<RetryInfo>().copied()
+        };
+        assert_eq!(
+            finish(&HttpPolicy::new()),
+            Some(RetryInfo::new(3, Duration::from_secs(2)))
+        );
+        assert_eq!(finish(&HttpPolicy::new().without_retry_info()), None);
+    }
+
+    #[test]
+    fn default_is_new() {
+        assert_eq!(
+            format!("{:?}", HttpPolicy::default()),
+            format!("{:?}", HttpPolicy::new())
+        );
+    }
+
+    #[test]
+    fn debug_shows_every_setting() {
+        let policy = HttpPolicy::new()
+            .drain_limit(7)
+            .drain_timeout(Duration::from_millis(1234))
+            .max_server_delay(Duration::from_secs(9))
+            .server_delay_jitter(5, Duration::from_millis(77))
+            .attempt_header(HeaderName::from_static("x-attempt"))
+            .ignore_should_retry()
+            .without_retry_info();
+        let shown = format!("{policy:?}");
+        for part in [
+            "drain_limit: 7",
+            "drain_timeout: 1.234s",
+            "max_server_delay: 9s",
+            "jitter_percent: 5",
+            "jitter_max: 77ms",
+            "should_retry: None",
+            "\"x-attempt\"",
+            "record_info: false",
+        ] {
+            assert!(shown.contains(part), "{part} in {shown}");
+        }
+    }
+
+    #[test]
     fn a_custom_error_classifier_replaces_the_default() {
         let policy = HttpPolicy::new().on_error(|_| Some(Cause::Throttled));
         let error = std::io::Error::other("anything");
