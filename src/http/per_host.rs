@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -258,7 +258,7 @@ impl<T: Service<Req>, Req> fmt::Debug for PerHostFuture<T, Req> {
 /// The hosts' stacks: a table sharded by the authority's hash, each shard
 /// read-locked for a lookup (write-locked only to add a host).
 struct Hosts<T> {
-    shards: [RwLock<HashMap<u64, Entry<T>>>; SHARDS],
+    shards: [RwLock<Table<T>>; SHARDS],
     per_shard: usize,
     hasher: RandomState,
     /// Advances each time a host is added. An entry's `used` is twice the
@@ -267,6 +267,29 @@ struct Hosts<T> {
     /// longest. Written only on a miss, so a hit reads a line no other core
     /// writes, and writes its entry's only when the tick has moved.
     tick: AtomicU64,
+}
+
+/// Keyed by the authority's hash, which is already a keyed SipHash: hashing
+/// it again would only cost time.
+type Table<T> = HashMap<u64, Entry<T>, BuildHasherDefault<Prehashed>>;
+
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys reach here, through `write_u64`; anything else
+        // still hashes, just slowly.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 struct Entry<T> {
