@@ -305,9 +305,7 @@ pub const COLUMNS: &[&str] = &[
     "ours",
     "ours + jitter + bucket + stats",
     #[cfg(feature = "http")]
-    "ours + HttpPolicy",
-    #[cfg(feature = "http")]
-    "ours + HttpPolicy, per host",
+    "ours, per host",
 ];
 
 /// The columns that make sense for `scenario`: on the retry path the bare
@@ -369,45 +367,31 @@ pub async fn run_column(scenario: Scenario, column: &str, iters: u64) -> std::ti
         "ours" if zero => timed!(ours_plain_zero(backend)),
         "ours" => timed!(ours_plain(backend)),
         #[cfg(feature = "http")]
-        "ours + HttpPolicy" => timed!(tower::Layer::layer(&ours_http(zero), backend)),
-        #[cfg(feature = "http")]
-        "ours + HttpPolicy, per host" => timed!(tower::Layer::layer(
-            &tower_backoff::http::PerHostLayer::new(move || ours_http(zero)),
-            backend
-        )),
+        "ours, per host" => timed!(ours_per_host(backend, zero)),
         other => panic!("unknown column {other:?}"),
     }
 }
 
-/// The HTTP policy (without `RetryInfo`, whose box is an allocation) and the
-/// default budget: the baseline of the per-host column.
+/// "ours" (the default layer, so the default budget) behind a
+/// `PerHostLayer`: one layer per authority, found for each request.
 #[cfg(feature = "http")]
-pub fn ours_http(
+pub fn ours_per_host(
+    backend: Backend,
     zero_delay: bool,
-) -> tower_backoff::BackoffLayer<tower_backoff::http::HttpPolicy, tower_backoff::Constant> {
-    use tower_backoff::{http::HttpPolicy, BackoffLayer, Constant};
+) -> impl Service<Req, Response = Res, Error = Failed> {
+    use tower_backoff::{http::PerHostLayer, BackoffLayer, Constant};
     let delay = if zero_delay {
         Duration::ZERO
     } else {
         Duration::from_millis(100)
     };
-    BackoffLayer::builder()
-        .policy(
-            HttpPolicy::new()
-                .without_retry_info()
-                // The backend's `Failed` is a transient failure.
-                .on_error(|_| Some(tower_backoff::Cause::Transient)),
-        )
-        .schedule(Constant::new(delay))
-        .build()
-        .unwrap()
-}
-
-#[cfg(feature = "http")]
-impl tower_backoff::http::AsStdError for Failed {
-    fn as_std_error(&self) -> &(dyn std::error::Error + 'static) {
-        self
-    }
+    let layer = PerHostLayer::new(move || {
+        BackoffLayer::builder()
+            .schedule(Constant::new(delay))
+            .build()
+            .unwrap()
+    });
+    tower::Layer::layer(&layer, backend)
 }
 
 /// The size of one response future of `column`, as a caller would store it.
@@ -434,17 +418,7 @@ pub fn future_size(column: &str) -> usize {
         "ours" => size_of_val(&ours_plain(backend).call(template)),
         "ours + jitter + bucket + stats" => size_of_val(&ours_full(backend, false).call(template)),
         #[cfg(feature = "http")]
-        "ours + HttpPolicy" => {
-            size_of_val(&tower::Layer::layer(&ours_http(false), backend).call(template))
-        }
-        #[cfg(feature = "http")]
-        "ours + HttpPolicy, per host" => size_of_val(
-            &tower::Layer::layer(
-                &tower_backoff::http::PerHostLayer::new(|| ours_http(false)),
-                backend,
-            )
-            .call(template),
-        ),
+        "ours, per host" => size_of_val(&ours_per_host(backend, false).call(template)),
         other => panic!("unknown column {other:?}"),
     }
 }
