@@ -132,7 +132,7 @@ pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 pub use error::{classify_error, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
-pub use per_host::{Authority, PerHost, PerHostFuture, PerHostLayer, DEFAULT_MAX_HOSTS};
+pub use per_host::{PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS};
 pub use policy::{
     HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
     IDEMPOTENCY_KEY, X_SHOULD_RETRY,

@@ -136,48 +136,42 @@ impl<S: fmt::Debug, F, T> fmt::Debug for PerHost<S, F, T> {
     }
 }
 
-/// Where a request goes: its scheme, host and port, read without copying.
-pub trait Authority {
-    /// The scheme (`http`), host and port of the request's URI; the port is
-    /// the scheme's default when the URI names none. Requests without a host
-    /// all share one stack.
-    fn authority(&self) -> (&str, &str, Option<u16>);
+/// Where a request goes: its scheme and authority, read without copying.
+pub trait RequestAuthority {
+    /// The scheme (`http`) and the authority (`host:port`, with any
+    /// user-info) of the request's URI, the port left out when it is the
+    /// scheme's default, so `http://a.example:80/` and `http://a.example/`
+    /// share a stack. Requests without an authority all share one.
+    fn authority(&self) -> (&str, &str);
 }
 
-impl<B> Authority for ::http::Request<B> {
-    fn authority(&self) -> (&str, &str, Option<u16>) {
+impl<B> RequestAuthority for ::http::Request<B> {
+    fn authority(&self) -> (&str, &str) {
         let uri = self.uri();
         let scheme = uri.scheme_str().unwrap_or("http");
-        let port = uri.port_u16().or_else(|| default_port(scheme));
-        (scheme, uri.host().unwrap_or(""), port)
+        let authority = uri.authority().map_or("", |a| a.as_str());
+        // Parsing out the host and port costs more than the rest of the
+        // lookup; only the default port needs recognising.
+        let default = match scheme {
+            "http" => ":80",
+            "https" => ":443",
+            _ => return (scheme, authority),
+        };
+        (scheme, authority.strip_suffix(default).unwrap_or(authority))
     }
 }
 
 #[cfg(feature = "reqwest")]
-impl Authority for reqwest::Request {
-    fn authority(&self) -> (&str, &str, Option<u16>) {
-        let url = self.url();
-        (
-            url.scheme(),
-            url.host_str().unwrap_or(""),
-            url.port_or_known_default(),
-        )
-    }
-}
-
-fn default_port(scheme: &str) -> Option<u16> {
-    if scheme.eq_ignore_ascii_case("http") {
-        Some(80)
-    } else if scheme.eq_ignore_ascii_case("https") {
-        Some(443)
-    } else {
-        None
+impl RequestAuthority for reqwest::Request {
+    fn authority(&self) -> (&str, &str) {
+        // `url` leaves the scheme's default port out already.
+        (self.url().scheme(), self.url().authority())
     }
 }
 
 impl<S, F, L, T, Req> Service<Req> for PerHost<S, F, T>
 where
-    Req: Authority,
+    Req: RequestAuthority,
     S: Clone,
     F: Fn() -> L,
     L: Layer<S, Service = T>,
@@ -260,7 +254,7 @@ impl<T: Service<Req>, Req> fmt::Debug for PerHostFuture<T, Req> {
 struct Hosts<T> {
     shards: [RwLock<Table<T>>; SHARDS],
     per_shard: usize,
-    hasher: RandomState,
+    seed: u64,
     /// Advances each time a host is added. An entry's `used` is twice the
     /// tick it was added at, or twice the tick of its last use plus one (a
     /// use comes after the addition of its tick), so the smallest was idle
@@ -269,8 +263,8 @@ struct Hosts<T> {
     tick: AtomicU64,
 }
 
-/// Keyed by the authority's hash, which is already a keyed SipHash: hashing
-/// it again would only cost time.
+/// Keyed by the authority's hash, already mixed: hashing it again would only
+/// cost time.
 type Table<T> = HashMap<u64, Entry<T>, BuildHasherDefault<Prehashed>>;
 
 #[derive(Default)]
@@ -294,17 +288,16 @@ impl Hasher for Prehashed {
 
 struct Entry<T> {
     scheme: Box<str>,
-    host: Box<str>,
-    port: Option<u16>,
+    authority: Box<str>,
     service: T,
     used: AtomicU64,
 }
 
 impl<T> Entry<T> {
-    fn is(&self, scheme: &str, host: &str, port: Option<u16>) -> bool {
-        self.port == port
-            && self.host.eq_ignore_ascii_case(host)
-            && self.scheme.eq_ignore_ascii_case(scheme)
+    fn is(&self, scheme: &str, authority: &str) -> bool {
+        // Byte equality first: URIs are nearly always written in one case.
+        let same = |a: &str, b: &str| a == b || a.eq_ignore_ascii_case(b);
+        same(&self.authority, authority) && same(&self.scheme, scheme)
     }
 }
 
@@ -313,7 +306,7 @@ impl<T> Hosts<T> {
         Self {
             shards: Default::default(),
             per_shard: max_hosts.div_ceil(SHARDS).max(1),
-            hasher: RandomState::new(),
+            seed: RandomState::new().hash_one(0x5EED_u64),
             tick: AtomicU64::new(0),
         }
     }
@@ -326,15 +319,11 @@ impl<T> Hosts<T> {
 impl<T: Clone> Hosts<T> {
     /// A clone of the stack for this authority, made with `make` if there is
     /// none yet.
-    fn get_or_make(
-        &self,
-        (scheme, host, port): (&str, &str, Option<u16>),
-        make: impl FnOnce() -> T,
-    ) -> T {
-        let hash = self.hash(scheme, host, port);
+    fn get_or_make(&self, (scheme, authority): (&str, &str), make: impl FnOnce() -> T) -> T {
+        let hash = self.hash(scheme, authority);
         let shard = &self.shards[(hash % SHARDS as u64) as usize];
         let used = self.tick.load(Ordering::Relaxed) * 2 + 1;
-        if let Some(entry) = read(shard).get(&hash).filter(|e| e.is(scheme, host, port)) {
+        if let Some(entry) = read(shard).get(&hash).filter(|e| e.is(scheme, authority)) {
             if entry.used.load(Ordering::Relaxed) != used {
                 entry.used.store(used, Ordering::Relaxed);
             }
@@ -343,7 +332,7 @@ impl<T: Clone> Hosts<T> {
         let mut table = shard
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(entry) = table.get(&hash).filter(|e| e.is(scheme, host, port)) {
+        if let Some(entry) = table.get(&hash).filter(|e| e.is(scheme, authority)) {
             return entry.service.clone();
         }
         if table.len() >= self.per_shard && !table.contains_key(&hash) {
@@ -357,14 +346,13 @@ impl<T: Clone> Hosts<T> {
         }
         let added = (self.tick.fetch_add(1, Ordering::Relaxed) + 1) * 2;
         let service = make();
-        // A different authority with the same 64-bit hash (a keyed SipHash:
-        // not something a server can aim for) takes the slot over.
+        // A different authority with the same 64-bit hash takes the slot
+        // over.
         table.insert(
             hash,
             Entry {
                 scheme: scheme.into(),
-                host: host.into(),
-                port,
+                authority: authority.into(),
                 service: service.clone(),
                 used: AtomicU64::new(added),
             },
@@ -372,14 +360,42 @@ impl<T: Clone> Hosts<T> {
         service
     }
 
-    fn hash(&self, scheme: &str, host: &str, port: Option<u16>) -> u64 {
-        let mut hasher = self.hasher.build_hasher();
-        for byte in scheme.bytes().chain([b':']).chain(host.bytes()) {
-            hasher.write_u8(byte.to_ascii_lowercase());
-        }
-        hasher.write_u32(port.map_or(u32::MAX, u32::from));
-        hasher.finish()
+    /// The authority's hash, ASCII case folded: an FxHash-style multiply
+    /// over 8-byte words from a random seed, then a final mix. Not SipHash:
+    /// it runs on every request, and the hosts are the client's own choice,
+    /// not an attacker's (a collision only makes two hosts share a slot in
+    /// turn, never a request reach the wrong host).
+    fn hash(&self, scheme: &str, authority: &str) -> u64 {
+        mix(fold(
+            fold(self.seed, scheme.as_bytes()),
+            authority.as_bytes(),
+        ))
     }
+}
+
+fn fold(mut h: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let mut word = <[u8; 8]>::try_from(word).unwrap_or_default();
+        word.make_ascii_lowercase();
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
+    }
+    let rest = words.remainder();
+    let mut last = [0u8; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    last.make_ascii_lowercase();
+    // The length keeps "ab" + "c" apart from "a" + "bc".
+    h = (h.rotate_left(5) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+    (h.rotate_left(5) ^ bytes.len() as u64).wrapping_mul(K)
+}
+
+/// SplitMix64's finaliser: every bit, the low ones that pick the shard
+/// included, depends on every input bit.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -406,17 +422,30 @@ mod tests {
                 Arc::new(made.get())
             })
         };
-        let a = get(("http", "a.example", Some(80)));
+        let a = get(("http", "a.example"));
         assert_eq!(*a, 1);
         assert!(
-            Arc::ptr_eq(&a, &get(("HTTP", "A.Example", Some(80)))),
+            Arc::ptr_eq(&a, &get(("HTTP", "A.Example"))),
             "case-insensitive"
         );
-        assert_eq!(*get(("http", "a.example", Some(8080))), 2, "another port");
-        assert_eq!(*get(("https", "a.example", Some(80))), 3, "another scheme");
-        assert_eq!(*get(("http", "b.example", Some(80))), 4);
+        assert_eq!(*get(("http", "a.example:8080")), 2, "another port");
+        assert_eq!(*get(("https", "a.example")), 3, "another scheme");
+        assert_eq!(*get(("http", "b.example")), 4);
         assert_eq!(made.get(), 4);
         assert_eq!(table.len(), 4);
+    }
+
+    #[test]
+    fn the_hash_folds_case_and_tells_long_hosts_and_splits_apart() {
+        let table = hosts(16);
+        let h = |scheme, authority| table.hash(scheme, authority);
+        let a = h("https", "service-a.internal.example");
+        assert_eq!(a, h("HTTPS", "Service-A.Internal.EXAMPLE"));
+        assert_ne!(a, h("https", "service-a.internal.examplf"));
+        assert_ne!(a, h("https", "service-b.internal.example"));
+        assert_ne!(a, h("https", "service-a.internal.example:444"));
+        assert_ne!(a, h("http", "service-a.internal.example"));
+        assert_ne!(h("ab", "c"), h("a", "bc"));
     }
 
     #[test]
@@ -425,7 +454,7 @@ mod tests {
         let mut made = 0;
         let host = |i: usize| format!("h{i}.example");
         for i in 0..100 {
-            table.get_or_make(("http", &host(i), Some(80)), || {
+            table.get_or_make(("http", &host(i)), || {
                 made += 1;
                 Arc::new(made)
             });
@@ -433,25 +462,41 @@ mod tests {
         }
         assert_eq!(made, 100);
         // A host used again after others were added survives their eviction.
-        let keep = table.get_or_make(("http", "keep.example", Some(80)), || Arc::new(0));
+        let keep = table.get_or_make(("http", "keep.example"), || Arc::new(0));
         for i in 100..200 {
-            table.get_or_make(("http", "keep.example", Some(80)), || Arc::new(1));
-            table.get_or_make(("http", &host(i), Some(80)), || Arc::new(2));
+            table.get_or_make(("http", "keep.example"), || Arc::new(1));
+            table.get_or_make(("http", &host(i)), || Arc::new(2));
         }
-        let again = table.get_or_make(("http", "keep.example", Some(80)), || Arc::new(3));
+        let again = table.get_or_make(("http", "keep.example"), || Arc::new(3));
         assert!(Arc::ptr_eq(&keep, &again));
     }
 
     #[test]
     fn default_ports_name_the_same_authority() {
-        let explicit = ::http::Request::get("http://a.example:80/x")
-            .body(())
-            .unwrap();
-        let implicit = ::http::Request::get("http://a.example/y").body(()).unwrap();
-        let secure = ::http::Request::get("https://a.example/").body(()).unwrap();
-        assert_eq!(explicit.authority(), implicit.authority());
-        assert_eq!(secure.authority(), ("https", "a.example", Some(443)));
-        let relative = ::http::Request::get("/only-a-path").body(()).unwrap();
-        assert_eq!(relative.authority(), ("http", "", Some(80)));
+        let authority = |uri: &str| {
+            let request = ::http::Request::get(uri).body(()).unwrap();
+            let (scheme, authority) = request.authority();
+            (scheme.to_owned(), authority.to_owned())
+        };
+        let pair = |s: &str, a: &str| (s.to_owned(), a.to_owned());
+        assert_eq!(
+            authority("http://a.example:80/x"),
+            pair("http", "a.example")
+        );
+        assert_eq!(authority("http://a.example/y"), pair("http", "a.example"));
+        assert_eq!(
+            authority("http://a.example:443/"),
+            pair("http", "a.example:443")
+        );
+        assert_eq!(
+            authority("https://a.example:443/"),
+            pair("https", "a.example")
+        );
+        assert_eq!(authority("http://[::1]:80/"), pair("http", "[::1]"));
+        assert_eq!(
+            authority("ftp://a.example:21/"),
+            pair("ftp", "a.example:21")
+        );
+        assert_eq!(authority("/only-a-path"), pair("http", ""));
     }
 }
