@@ -804,7 +804,9 @@ mod tests {
         assert!(fullest <= 80, "{fullest}");
         let without =
             fullest_10ms_bucket(&HttpPolicy::new().server_delay_jitter(0, Duration::ZERO));
-        assert!(without >= 500, "without jitter they cluster: {without}");
+        // Without jitter only the real time the loop takes moves the
+        // delays: a few milliseconds, so at most three buckets.
+        assert!(without >= 300, "without jitter they cluster: {without}");
     }
 
     #[test]
