@@ -347,4 +347,16 @@ mod tests {
         );
         assert_eq!(DelayHeaders::default(), DelayHeaders::ALL);
     }
+
+    #[test]
+    fn a_union_with_a_subset_changes_nothing() {
+        assert_eq!(
+            DelayHeaders::ALL | DelayHeaders::RETRY_AFTER,
+            DelayHeaders::ALL
+        );
+        assert_eq!(
+            DelayHeaders::RETRY_AFTER | DelayHeaders::RETRY_AFTER,
+            DelayHeaders::RETRY_AFTER
+        );
+    }
 }
