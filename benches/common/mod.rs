@@ -313,6 +313,8 @@ pub const COLUMNS: &[&str] = &[
     "tower-resilience-retry",
     "ours",
     "ours + jitter + bucket + stats",
+    #[cfg(feature = "http")]
+    "ours, per host",
 ];
 
 /// The columns that make sense for `scenario`: on the retry path the bare
@@ -373,8 +375,32 @@ pub async fn run_column(scenario: Scenario, column: &str, iters: u64) -> std::ti
         "ours + jitter + bucket + stats" => timed!(ours_full(backend, zero)),
         "ours" if zero => timed!(ours_plain_zero(backend)),
         "ours" => timed!(ours_plain(backend)),
+        #[cfg(feature = "http")]
+        "ours, per host" => timed!(ours_per_host(backend, zero)),
         other => panic!("unknown column {other:?}"),
     }
+}
+
+/// "ours" (the default layer, so the default budget) behind a
+/// `PerHostLayer`: one layer per authority, found for each request.
+#[cfg(feature = "http")]
+pub fn ours_per_host(
+    backend: Backend,
+    zero_delay: bool,
+) -> impl Service<Req, Response = Res, Error = Failed> {
+    use tower_backoff::{http::PerHostLayer, BackoffLayer, Constant};
+    let delay = if zero_delay {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(100)
+    };
+    let layer = PerHostLayer::new(move || {
+        BackoffLayer::builder()
+            .schedule(Constant::new(delay))
+            .build()
+            .unwrap()
+    });
+    tower::Layer::layer(&layer, backend)
 }
 
 /// The size of one response future of `column`, as a caller would store it.
@@ -400,6 +426,8 @@ pub fn future_size(column: &str) -> usize {
         "tower-resilience-retry" => size_of_val(&resilience(backend, false).call(template)),
         "ours" => size_of_val(&ours_plain(backend).call(template)),
         "ours + jitter + bucket + stats" => size_of_val(&ours_full(backend, false).call(template)),
+        #[cfg(feature = "http")]
+        "ours, per host" => size_of_val(&ours_per_host(backend, false).call(template)),
         other => panic!("unknown column {other:?}"),
     }
 }

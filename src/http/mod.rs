@@ -6,6 +6,31 @@
 //! Streaming request bodies become retryable wrapped in a [`ReplayBody`].
 //! Every response returned carries a [`RetryInfo`].
 //!
+//! # What each server signal does
+//! [`HttpPolicy`] reads these, each configurable:
+//!
+//! | Signal | Read as | Effect |
+//! |---|---|---|
+//! | status 408, 429, 502, 503, 504 | [`StatusSet`], configurable | retried after the schedule's delay |
+//! | `x-should-retry: false` | any response | final: returned, never retried |
+//! | `x-should-retry: true` | a 4xx or 5xx | retried whatever the status (a POST stays unrepeatable) |
+//! | `retry-after-ms` | milliseconds, fraction allowed ([`parse_retry_after_ms`]) | the delay (first choice) |
+//! | `Retry-After` | delay-seconds or HTTP-date ([`parse_retry_after`]) | the delay (second choice) |
+//! | `RateLimit-Reset` | delta seconds; ≥ 10⁹ a Unix timestamp, ≥ 10¹² in ms ([`parse_rate_limit_reset`]) | the delay (third choice) |
+//! | `X-RateLimit-Reset` | as `RateLimit-Reset` | the delay (last choice) |
+//! | a delay > [`max_server_delay`](HttpPolicy::max_server_delay) (default 60 s) | | give up at once: the response is returned |
+//! | a delay past the layer's [`max_elapsed`](crate::BackoffBuilder::max_elapsed) | | give up at once: the response is returned |
+//! | malformed, negative, zero, past, > 64 bytes | | ignored: the schedule's delay |
+//!
+//! A server's delay is slept in full, never shortened to the schedule's cap,
+//! plus an upward jitter ([`server_delay_jitter`](HttpPolicy::server_delay_jitter),
+//! default up to 10 % and at most 1 s) so that clients told the same
+//! HTTP-date do not all come back in the same millisecond.
+//!
+//! Upstream, [`attempt_header`](HttpPolicy::attempt_header) sends the attempt
+//! number on every retry. [`PerHostLayer`] gives every authority its own
+//! retry layer, and so its own budget.
+//!
 //! # With hyper-util
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -75,7 +100,7 @@
 //!   get the last real response instead, use the layer's own
 //!   [`max_elapsed`](crate::BackoffBuilder::max_elapsed), which never starts a
 //!   sleep that would end past it (and gives up at once when the server's
-//!   `Retry-After` is longer than the time left). Both together are fine.
+//!   delay is longer than the time left). Both together are fine.
 //! - `tower::timeout`, `tower::buffer` and others change the error type to
 //!   `Box<dyn Error + Send + Sync>`; [`HttpPolicy`] reads through it (see
 //!   [`AsStdError`]).
@@ -85,10 +110,12 @@
 //!   Each retry then takes its own slot in the rate.
 
 mod body;
+mod delay_headers;
 mod drain;
 mod error;
 mod info;
 mod method;
+mod per_host;
 mod policy;
 mod replay;
 #[cfg(feature = "reqwest")]
@@ -97,11 +124,19 @@ mod retry_after;
 mod status;
 
 pub use body::CloneBody;
+pub use delay_headers::{
+    parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_RESET, RETRY_AFTER_MS,
+    X_RATELIMIT_RESET,
+};
 pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 pub use error::{classify_error, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
-pub use policy::{HttpPolicy, IDEMPOTENCY_KEY};
+pub use per_host::{PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS};
+pub use policy::{
+    HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
+    IDEMPOTENCY_KEY, X_SHOULD_RETRY,
+};
 pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 pub use retry_after::parse_retry_after;
 pub use status::StatusSet;

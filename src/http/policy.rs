@@ -4,22 +4,42 @@ use std::error::Error;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use ::http::header::{HeaderMap, HeaderName, RETRY_AFTER};
+use ::http::header::{HeaderMap, HeaderName, HeaderValue};
 use ::http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::CloneBody;
+use super::delay_headers::DelayHeaders;
 use super::drain::{drain, DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 use super::error::{classify_error, AsStdError};
 use super::info::RetryInfo;
 use super::method::MethodSet;
-use super::retry_after::parse_retry_after;
 use super::status::StatusSet;
+use crate::jitter::Rng;
 use crate::policy::{Cause, Decision, Policy, RetryLimits};
 
 /// The header that makes a non-idempotent request safe to retry, from the IETF
 /// draft "The Idempotency-Key HTTP Header Field" (used by Stripe, PayPal, ...).
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// `x-should-retry`: `true` or `false` from the server, overriding the status
+/// (sent by the OpenAI and Anthropic APIs, honoured by their clients).
+pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// The longest server-given delay the policy waits by default: one minute.
+///
+/// The OpenAI and Anthropic client libraries honour `Retry-After` up to 60 s
+/// too. A longer wait holds the caller's request (and the response's
+/// connection) for longer than most callers would wait, and a server that
+/// asks for it is down rather than busy: the policy returns its response at
+/// once instead, never retrying before the time it asked for.
+pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(60);
+
+/// Upward jitter on server delays by default: up to 10 % of the delay...
+pub const DEFAULT_SERVER_JITTER_PERCENT: u8 = 10;
+/// ...and at most one second, which is already a millisecond apart for each
+/// of a thousand clients told the same time.
+pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 
 /// Retries HTTP requests that are safe to repeat, when the outcome says trying
 /// again may help, after the delay the server asked for if it asked.
@@ -37,9 +57,19 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// - **Why**: 429 and 503 are [`Cause::Throttled`], so adaptive pacing slows
 ///   down; 504 and timeouts are [`Cause::Timeout`], which a token bucket charges
 ///   more; the rest is [`Cause::Transient`].
-/// - **When**: `Retry-After` ([`parse_retry_after`]) replaces the schedule's
-///   delay, capped by the schedule's [`cap`](crate::Schedule::cap). A malformed, enormous or past
-///   value leaves the delay to the schedule.
+/// - **Unless the server says**: `x-should-retry: false` makes any response
+///   final, `x-should-retry: true` makes a 4xx or 5xx retryable
+///   ([`should_retry_header`](Self::should_retry_header)).
+/// - **When**: a delay the server names ([`DelayHeaders`]: `retry-after-ms`,
+///   `Retry-After`, `RateLimit-Reset`, `X-RateLimit-Reset`) replaces the
+///   schedule's, plus a little upward jitter
+///   ([`server_delay_jitter`](Self::server_delay_jitter)), and is slept in
+///   full, never shortened to the schedule's cap. A delay longer than
+///   [`max_server_delay`](Self::max_server_delay) (default one minute) ends
+///   the request at once with the response. A malformed, zero or past value
+///   leaves the delay to the schedule.
+///   The [module docs](super#what-each-server-signal-does) have a table of
+///   every signal.
 ///
 /// A response retried away has its small body read to the end in the
 /// background so its connection can be reused ([`drain_limit`](Self::drain_limit)).
@@ -88,7 +118,12 @@ pub struct HttpPolicy {
     statuses: StatusSet,
     methods: MethodSet,
     idempotency_key: Option<HeaderName>,
-    honor_retry_after: bool,
+    delay_headers: DelayHeaders,
+    max_server_delay: Duration,
+    jitter_percent: u8,
+    jitter_max: Duration,
+    should_retry: Option<HeaderName>,
+    attempt_header: Option<HeaderName>,
     drain_limit: usize,
     drain_timeout: Duration,
     record_info: bool,
@@ -102,7 +137,12 @@ impl HttpPolicy {
             statuses: StatusSet::DEFAULT,
             methods: MethodSet::IDEMPOTENT,
             idempotency_key: Some(IDEMPOTENCY_KEY),
-            honor_retry_after: true,
+            delay_headers: DelayHeaders::ALL,
+            max_server_delay: DEFAULT_MAX_SERVER_DELAY,
+            jitter_percent: DEFAULT_SERVER_JITTER_PERCENT,
+            jitter_max: DEFAULT_SERVER_JITTER_MAX,
+            should_retry: Some(X_SHOULD_RETRY),
+            attempt_header: None,
             drain_limit: DEFAULT_DRAIN_LIMIT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             record_info: true,
@@ -165,9 +205,81 @@ impl HttpPolicy {
         self
     }
 
-    /// Ignores `Retry-After`: every delay comes from the schedule.
-    pub fn ignore_retry_after(mut self) -> Self {
-        self.honor_retry_after = false;
+    /// Ignores every delay header (`Retry-After` and the others of
+    /// [`DelayHeaders`]): every delay comes from the schedule. Same as
+    /// `delay_headers(DelayHeaders::NONE)`.
+    pub fn ignore_retry_after(self) -> Self {
+        self.delay_headers(DelayHeaders::NONE)
+    }
+
+    /// Reads the server's delay from exactly these headers (default
+    /// [`DelayHeaders::ALL`]).
+    pub fn delay_headers(mut self, headers: DelayHeaders) -> Self {
+        self.delay_headers = headers;
+        self
+    }
+
+    /// The longest server-given delay the policy waits (default
+    /// [`DEFAULT_MAX_SERVER_DELAY`], one minute). A response asking for more
+    /// is returned at once: waiting less than asked would retry before the
+    /// server is ready, and waiting longer holds the caller. `Duration::MAX`
+    /// waits whatever the server says (the layer's
+    /// [`max_elapsed`](crate::BackoffBuilder::max_elapsed) still ends a
+    /// request whose wait would pass it).
+    pub fn max_server_delay(mut self, limit: Duration) -> Self {
+        self.max_server_delay = limit;
+        self
+    }
+
+    /// Lengthens each server-given delay by a random amount up to `percent`
+    /// of it and at most `at_most` (default 10 %, at most 1 s), so clients
+    /// told the same HTTP-date do not all come back in the same millisecond.
+    /// Only ever upward: a retry never comes before the server asked.
+    /// `percent` above 100 counts as 100; `server_delay_jitter(0, ..)` turns
+    /// it off.
+    ///
+    /// The policy is shared and stateless, so the randomness comes from
+    /// [`Rng::from_entropy`]: a per-thread SplitMix64 sequence, seeded once
+    /// per thread from std's `RandomState`, with no lock, no allocation and
+    /// no system call after the first. It is not reproducible with the
+    /// layer's [`seed`](crate::BackoffBuilder::seed).
+    pub fn server_delay_jitter(mut self, percent: u8, at_most: Duration) -> Self {
+        self.jitter_percent = percent.min(100);
+        self.jitter_max = at_most;
+        self
+    }
+
+    /// Reads the server's retry advice from `header` (default
+    /// [`X_SHOULD_RETRY`]): `true` makes a 4xx or 5xx response retryable
+    /// whatever its status, `false` makes any response final. Other values
+    /// are ignored. Requests that may not be repeated stay unrepeated.
+    pub fn should_retry_header(mut self, header: HeaderName) -> Self {
+        self.should_retry = Some(header);
+        self
+    }
+
+    /// Classifies by status alone: no header overrides it.
+    pub fn ignore_should_retry(mut self) -> Self {
+        self.should_retry = None;
+        self
+    }
+
+    /// Sends the attempt number (`2` for the first retry) in `header` on
+    /// every retry, so servers and proxies can tell retries from first
+    /// attempts and shed them first (as Envoy's `x-envoy-attempt-count` and
+    /// the AWS SDKs' `amz-sdk-request` do). First attempts go out untouched.
+    /// Off by default.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tower_backoff::http::HttpPolicy;
+    ///
+    /// let policy = HttpPolicy::new()
+    ///     .attempt_header(HeaderName::from_static("x-envoy-attempt-count"));
+    /// # drop(policy);
+    /// ```
+    pub fn attempt_header(mut self, header: HeaderName) -> Self {
+        self.attempt_header = Some(header);
         self
     }
 
@@ -230,8 +342,18 @@ impl HttpPolicy {
 
     /// What a response with this status and these headers means.
     pub fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
-        if !self.statuses.contains(status) {
-            return if status.is_server_error() {
+        let advice = self
+            .should_retry
+            .as_ref()
+            .and_then(|name| headers.get(name))
+            .and_then(should_retry);
+        let listed = self.statuses.contains(status);
+        let retryable = match advice {
+            Some(advice) => advice && (status.is_client_error() || status.is_server_error()),
+            None => listed,
+        };
+        if !retryable {
+            return if status.is_server_error() || listed {
                 Decision::Fail
             } else {
                 Decision::Success
@@ -242,16 +364,24 @@ impl HttpPolicy {
             StatusCode::GATEWAY_TIMEOUT => Cause::Timeout,
             _ => Cause::Transient,
         };
-        let asked = self
-            .honor_retry_after
-            .then(|| headers.get(RETRY_AFTER))
-            .flatten()
-            .and_then(|value| parse_retry_after(value, SystemTime::now()));
-        match asked {
-            Some(delay) => Decision::retry_after(delay),
+        match self.delay_headers.delay(headers, SystemTime::now()) {
             None => Decision::retry(),
+            // Asked to wait longer than we would: the answer stands.
+            Some(asked) if asked > self.max_server_delay => return Decision::Fail,
+            Some(asked) => Decision::retry_after(self.jittered(asked)),
         }
         .because(cause)
+    }
+
+    /// `delay` plus its upward jitter.
+    fn jittered(&self, delay: Duration) -> Duration {
+        let spread = (delay / 100)
+            .saturating_mul(u32::from(self.jitter_percent))
+            .min(self.jitter_max);
+        if spread.is_zero() {
+            return delay;
+        }
+        delay.saturating_add(Rng::from_entropy().duration_up_to(spread))
     }
 
     /// What an error means: a retry for the cause the classifier names, else
@@ -284,7 +414,12 @@ impl fmt::Debug for HttpPolicy {
             .field("statuses", &self.statuses)
             .field("methods", &self.methods)
             .field("idempotency_key", &self.idempotency_key)
-            .field("honor_retry_after", &self.honor_retry_after)
+            .field("delay_headers", &self.delay_headers)
+            .field("max_server_delay", &self.max_server_delay)
+            .field("jitter_percent", &self.jitter_percent)
+            .field("jitter_max", &self.jitter_max)
+            .field("should_retry", &self.should_retry)
+            .field("attempt_header", &self.attempt_header)
             .field("drain_limit", &self.drain_limit)
             .field("drain_timeout", &self.drain_timeout)
             .field("record_info", &self.record_info)
@@ -348,6 +483,31 @@ where
                 .insert(RetryInfo::new(attempts, slept));
         }
     }
+
+    fn prepare_retry(&self, request: &mut Request<ReqBody>, attempt: u32) {
+        self.stamp_attempt(request.headers_mut(), attempt);
+    }
+}
+
+impl HttpPolicy {
+    /// Writes the attempt number into the configured attempt header, if any.
+    pub(crate) fn stamp_attempt(&self, headers: &mut HeaderMap, attempt: u32) {
+        if let Some(name) = &self.attempt_header {
+            headers.insert(name.clone(), HeaderValue::from(attempt));
+        }
+    }
+}
+
+/// An `x-should-retry` value: `true` or `false`, any case, else `None`.
+fn should_retry(value: &HeaderValue) -> Option<bool> {
+    let value = value.as_bytes().trim_ascii();
+    if value.eq_ignore_ascii_case(b"true") {
+        Some(true)
+    } else if value.eq_ignore_ascii_case(b"false") {
+        Some(false)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -356,7 +516,7 @@ mod tests {
 
     fn headers(retry_after: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert(RETRY_AFTER, retry_after.parse().unwrap());
+        headers.insert(::http::header::RETRY_AFTER, retry_after.parse().unwrap());
         headers
     }
 
@@ -414,9 +574,280 @@ mod tests {
             .is_retry());
     }
 
+    fn with(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(n, v)| {
+                (
+                    HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn status(code: u16) -> StatusCode {
+        StatusCode::from_u16(code).unwrap()
+    }
+
+    #[test]
+    fn should_retry_false_makes_a_retryable_status_final() {
+        let policy = HttpPolicy::new();
+        for value in ["false", "FALSE", " False "] {
+            let headers = with(&[("x-should-retry", value), ("retry-after", "1")]);
+            assert_eq!(
+                policy.classify_response(status(503), &headers),
+                Decision::Fail,
+                "{value}"
+            );
+            assert_eq!(
+                policy.classify_response(status(429), &headers),
+                Decision::Fail,
+                "{value}"
+            );
+        }
+        // On a status that was final or a success anyway, nothing changes.
+        let no = with(&[("x-should-retry", "false")]);
+        assert_eq!(policy.classify_response(status(500), &no), Decision::Fail);
+        assert_eq!(
+            policy.classify_response(status(404), &no),
+            Decision::Success
+        );
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &no),
+            Decision::Success
+        );
+    }
+
+    #[test]
+    fn should_retry_true_makes_any_4xx_or_5xx_retryable() {
+        let policy = HttpPolicy::new();
+        let yes = with(&[("x-should-retry", "true")]);
+        assert_eq!(
+            policy.classify_response(status(409), &yes),
+            Decision::retry()
+        );
+        assert_eq!(
+            policy.classify_response(status(500), &yes),
+            Decision::retry()
+        );
+        assert_eq!(
+            policy.classify_response(status(429), &yes),
+            Decision::retry().because(Cause::Throttled)
+        );
+        // A success stays a success, a redirect a redirect.
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &yes),
+            Decision::Success
+        );
+        assert_eq!(
+            policy.classify_response(status(302), &yes),
+            Decision::Success
+        );
+    }
+
+    #[test]
+    fn should_retry_garbage_or_absent_leaves_the_status_to_decide() {
+        let policy = HttpPolicy::new();
+        for value in ["yes", "1", "", "truefalse", &"t".repeat(10_000)] {
+            let headers = with(&[("x-should-retry", value)]);
+            assert!(
+                policy.classify_response(status(503), &headers).is_retry(),
+                "{value:.20}"
+            );
+            assert_eq!(
+                policy.classify_response(status(409), &headers),
+                Decision::Success
+            );
+        }
+        assert!(policy
+            .classify_response(status(503), &HeaderMap::new())
+            .is_retry());
+    }
+
+    #[test]
+    fn should_retry_can_be_renamed_or_ignored() {
+        let no = with(&[("x-should-retry", "false"), ("x-retry", "true")]);
+        let ignoring = HttpPolicy::new().ignore_should_retry();
+        assert!(ignoring.classify_response(status(503), &no).is_retry());
+        assert_eq!(
+            ignoring.classify_response(status(409), &no),
+            Decision::Success
+        );
+        let renamed = HttpPolicy::new().should_retry_header(HeaderName::from_static("x-retry"));
+        assert!(renamed.classify_response(status(409), &no).is_retry());
+    }
+
+    #[test]
+    fn a_server_delay_longer_than_the_limit_returns_the_response_at_once() {
+        let policy = HttpPolicy::new().server_delay_jitter(0, Duration::ZERO);
+        let minute = with(&[("retry-after", "60")]);
+        let longer = with(&[("retry-after", "61")]);
+        assert_eq!(
+            policy.classify_response(status(503), &minute),
+            Decision::retry_after(Duration::from_secs(60)).because(Cause::Throttled)
+        );
+        assert_eq!(
+            policy.classify_response(status(503), &longer),
+            Decision::Fail
+        );
+        for huge in ["999999999999", "18446744073709551616", &"9".repeat(64)] {
+            let headers = with(&[("retry-after", huge)]);
+            assert_eq!(
+                policy.classify_response(status(503), &headers),
+                Decision::Fail,
+                "{huge:.20}"
+            );
+        }
+        let patient = policy.max_server_delay(Duration::from_secs(3600));
+        assert!(patient.classify_response(status(503), &longer).is_retry());
+        assert_eq!(
+            patient.classify_response(status(503), &with(&[("retry-after", "3601")])),
+            Decision::Fail
+        );
+        let unlimited = HttpPolicy::new().max_server_delay(Duration::MAX);
+        assert!(unlimited
+            .classify_response(
+                status(503),
+                &with(&[("retry-after", "18446744073709551616")])
+            )
+            .is_retry());
+    }
+
+    #[test]
+    fn every_delay_header_is_read_and_can_be_turned_off() {
+        let policy = HttpPolicy::new().server_delay_jitter(0, Duration::ZERO);
+        let ms = with(&[("retry-after-ms", "1500")]);
+        let reset = with(&[("ratelimit-reset", "3")]);
+        let x_reset = with(&[("x-ratelimit-reset", "4")]);
+        let after = |d| Decision::retry_after(d).because(Cause::Throttled);
+        assert_eq!(
+            policy.classify_response(status(429), &ms),
+            after(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            policy.classify_response(status(429), &reset),
+            after(Duration::from_secs(3))
+        );
+        assert_eq!(
+            policy.classify_response(status(429), &x_reset),
+            after(Duration::from_secs(4))
+        );
+        let only = policy.clone().delay_headers(DelayHeaders::RETRY_AFTER);
+        for headers in [&ms, &reset, &x_reset] {
+            assert_eq!(
+                only.classify_response(status(429), headers),
+                Decision::retry().because(Cause::Throttled)
+            );
+        }
+        let none = policy.ignore_retry_after();
+        assert_eq!(
+            none.classify_response(status(429), &with(&[("retry-after", "61")])),
+            Decision::retry().because(Cause::Throttled),
+            "an ignored header cannot end the request either"
+        );
+    }
+
+    fn delay_of(decision: Decision) -> Duration {
+        match decision {
+            Decision::Retry { after: Some(d), .. } => d,
+            other => panic!("no server delay: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn server_delays_are_jittered_upward_within_the_bound() {
+        let policy = HttpPolicy::new();
+        let two = with(&[("retry-after", "2")]);
+        let sixty = with(&[("retry-after", "60")]);
+        for _ in 0..1_000 {
+            let d = delay_of(policy.classify_response(status(503), &two));
+            assert!(d >= Duration::from_secs(2), "{d:?}");
+            assert!(d <= Duration::from_millis(2200), "10 % of 2 s: {d:?}");
+            let d = delay_of(policy.classify_response(status(503), &sixty));
+            assert!(
+                d >= Duration::from_secs(60) && d <= Duration::from_secs(61),
+                "1 s at most: {d:?}"
+            );
+        }
+        let tight = HttpPolicy::new().server_delay_jitter(50, Duration::from_millis(10));
+        let d = delay_of(tight.classify_response(status(503), &two));
+        assert!(
+            d >= Duration::from_secs(2) && d <= Duration::from_millis(2010),
+            "{d:?}"
+        );
+        let wide = HttpPolicy::new().server_delay_jitter(255, Duration::MAX);
+        let d = delay_of(wide.classify_response(status(503), &two));
+        assert!(
+            d >= Duration::from_secs(2) && d <= Duration::from_secs(4),
+            "over 100 % is 100 %: {d:?}"
+        );
+        let off = HttpPolicy::new().server_delay_jitter(0, Duration::MAX);
+        assert_eq!(
+            delay_of(off.classify_response(status(503), &two)),
+            Duration::from_secs(2)
+        );
+    }
+
+    /// How many of 1,000 classifications of a 503 told to come back at the
+    /// same HTTP-date, 3 s ahead, fall into the fullest 10 ms of delay.
+    fn fullest_10ms_bucket(policy: &HttpPolicy) -> u32 {
+        let date = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3));
+        let told = with(&[("retry-after", &date)]);
+        let mut buckets = std::collections::HashMap::<u128, u32>::new();
+        for _ in 0..1_000 {
+            let delay = delay_of(policy.classify_response(status(503), &told));
+            *buckets.entry(delay.as_millis() / 10).or_default() += 1;
+        }
+        *buckets.values().max().unwrap()
+    }
+
+    #[test]
+    fn a_thousand_clients_told_the_same_http_date_spread_over_many_10ms_buckets() {
+        // 2-3 s ahead in whole seconds, plus up to 10 %: 200-300 ms of spread,
+        // at most 5 % of the requests per 10 ms on average.
+        let fullest = fullest_10ms_bucket(&HttpPolicy::new());
+        assert!(fullest <= 80, "{fullest}");
+        let without =
+            fullest_10ms_bucket(&HttpPolicy::new().server_delay_jitter(0, Duration::ZERO));
+        // Without jitter only the real time the loop takes moves the
+        // delays: a few milliseconds, so at most three buckets.
+        assert!(without >= 300, "without jitter they cluster: {without}");
+    }
+
+    #[test]
+    fn jitter_does_not_overflow_an_unlimited_delay() {
+        let policy = HttpPolicy::new().max_server_delay(Duration::MAX);
+        let huge = with(&[("retry-after-ms", &"9".repeat(64))]);
+        assert_eq!(
+            delay_of(policy.classify_response(status(503), &huge)),
+            Duration::MAX
+        );
+    }
+
+    #[test]
+    fn the_attempt_header_is_stamped_only_when_named() {
+        let mut request = Request::get("http://127.0.0.1/")
+            .body(String::new())
+            .unwrap();
+        let plain = HttpPolicy::new();
+        Policy::<_, Response<String>, std::io::Error>::prepare_retry(&plain, &mut request, 2);
+        assert!(request.headers().is_empty());
+        let named =
+            HttpPolicy::new().attempt_header(HeaderName::from_static("x-envoy-attempt-count"));
+        Policy::<_, Response<String>, std::io::Error>::prepare_retry(&named, &mut request, 2);
+        Policy::<_, Response<String>, std::io::Error>::prepare_retry(&named, &mut request, 3);
+        let values: Vec<_> = request
+            .headers()
+            .get_all("x-envoy-attempt-count")
+            .iter()
+            .collect();
+        assert_eq!(values, ["3"], "replaced, not appended");
+    }
+
     #[test]
     fn retry_after_becomes_the_delay() {
-        let policy = HttpPolicy::new();
+        let policy = HttpPolicy::new().server_delay_jitter(0, Duration::ZERO);
         assert_eq!(
             policy.classify_response(StatusCode::TOO_MANY_REQUESTS, &headers("7")),
             Decision::retry_after(Duration::from_secs(7)).because(Cause::Throttled)
@@ -500,6 +931,103 @@ mod tests {
             &request,
         );
         assert!(copy.is_none());
+    }
+
+    #[test]
+    fn statuses_replaces_the_whole_set() {
+        let policy = HttpPolicy::new().statuses(StatusSet::EMPTY.with(StatusCode::CONFLICT));
+        let none = HeaderMap::new();
+        assert!(policy.classify_response(status(409), &none).is_retry());
+        assert_eq!(policy.classify_response(status(503), &none), Decision::Fail);
+        assert_eq!(
+            policy.classify_response(status(429), &none),
+            Decision::Success
+        );
+    }
+
+    #[test]
+    fn retry_statuses_adds_a_range_and_never_retry_status_removes_one() {
+        let none = HeaderMap::new();
+        let all_5xx = HttpPolicy::new().retry_statuses(500..=599);
+        for code in [500, 501, 507, 599] {
+            assert!(
+                all_5xx.classify_response(status(code), &none).is_retry(),
+                "{code}"
+            );
+        }
+        assert_eq!(
+            all_5xx.classify_response(status(499), &none),
+            Decision::Success
+        );
+        let no_503 = HttpPolicy::new().never_retry_status(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(no_503.classify_response(status(503), &none), Decision::Fail);
+        assert!(no_503.classify_response(status(502), &none).is_retry());
+    }
+
+    #[test]
+    fn methods_replaces_the_whole_set() {
+        let none = HeaderMap::new();
+        let only_post = HttpPolicy::new().methods(MethodSet::EMPTY.with(Method::POST));
+        assert!(only_post.may_repeat(&Method::POST, &none));
+        assert!(!only_post.may_repeat(&Method::GET, &none));
+        let nothing = HttpPolicy::new()
+            .methods(MethodSet::EMPTY)
+            .without_idempotency_key();
+        assert!(!nothing.may_repeat(&Method::GET, &none));
+    }
+
+    #[test]
+    fn records_info_follows_without_retry_info() {
+        assert!(HttpPolicy::new().records_info());
+        assert!(!HttpPolicy::new().without_retry_info().records_info());
+    }
+
+    #[test]
+    fn finish_records_attempts_and_sleep_unless_told_not_to() {
+        let finish = |policy: &HttpPolicy| {
+            let mut result: Result<Response<String>, std::io::Error> =
+                Ok(Response::new(String::new()));
+            Policy::<Request<String>, _, _>::finish(policy, &mut result, 3, Duration::from_secs(2));
+            result.unwrap().extensions().get::<RetryInfo>().copied()
+        };
+        assert_eq!(
+            finish(&HttpPolicy::new()),
+            Some(RetryInfo::new(3, Duration::from_secs(2)))
+        );
+        assert_eq!(finish(&HttpPolicy::new().without_retry_info()), None);
+    }
+
+    #[test]
+    fn default_is_new() {
+        assert_eq!(
+            format!("{:?}", HttpPolicy::default()),
+            format!("{:?}", HttpPolicy::new())
+        );
+    }
+
+    #[test]
+    fn debug_shows_every_setting() {
+        let policy = HttpPolicy::new()
+            .drain_limit(7)
+            .drain_timeout(Duration::from_millis(1234))
+            .max_server_delay(Duration::from_secs(9))
+            .server_delay_jitter(5, Duration::from_millis(77))
+            .attempt_header(HeaderName::from_static("x-attempt"))
+            .ignore_should_retry()
+            .without_retry_info();
+        let shown = format!("{policy:?}");
+        for part in [
+            "drain_limit: 7",
+            "drain_timeout: 1.234s",
+            "max_server_delay: 9s",
+            "jitter_percent: 5",
+            "jitter_max: 77ms",
+            "should_retry: None",
+            "\"x-attempt\"",
+            "record_info: false",
+        ] {
+            assert!(shown.contains(part), "{part} in {shown}");
+        }
     }
 
     #[test]

@@ -65,4 +65,8 @@ where
                 .insert(RetryInfo::new(attempts, slept));
         }
     }
+
+    fn prepare_retry(&self, request: &mut reqwest::Request, attempt: u32) {
+        self.stamp_attempt(request.headers_mut(), attempt);
+    }
 }

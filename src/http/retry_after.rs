@@ -4,13 +4,11 @@ use std::time::{Duration, SystemTime};
 
 use ::http::HeaderValue;
 
-use crate::error::MAX_DURATION;
-
 /// Longest value worth parsing. An IMF-fixdate is 29 bytes, the obsolete
 /// RFC 850 and asctime forms are shorter than 40; no sane delay in seconds has
 /// more than 20 digits. Anything longer is rejected before it is looked at, so
 /// a 10,000-byte header costs one length check.
-const MAX_LEN: usize = 64;
+pub(super) const MAX_LEN: usize = 64;
 
 /// The delay a `Retry-After` value asks for, measured from `now`, or `None`
 /// when the schedule should decide instead.
@@ -20,13 +18,15 @@ const MAX_LEN: usize = 64;
 /// its one-second precision). `None` is returned for:
 /// - a malformed value: `-5`, `1.5`, `abc`, an empty string, anything over
 ///   64 bytes;
-/// - an enormous one: more than a year, or digits that overflow a `u64`;
 /// - zero, or a date that is not after `now`: the server names no particular
 ///   wait, and the schedule's jittered delay spreads clients out where an
 ///   immediate retry from all of them would not.
 ///
-/// The value is never capped here: the layer caps it at the schedule's
-/// [`cap`](crate::Schedule::cap).
+/// An enormous value is returned as it is, and digits that overflow a `u64`
+/// as `Duration::MAX`: the server did say "not before then", and it is the
+/// policy that decides how long a wait it accepts
+/// ([`HttpPolicy::max_server_delay`](super::HttpPolicy::max_server_delay)),
+/// giving up at once past it rather than retrying early.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -55,16 +55,16 @@ pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duratio
         return None;
     }
     let delay = if value.iter().all(u8::is_ascii_digit) {
-        Duration::from_secs(seconds(value)?)
+        seconds(value).map_or(Duration::MAX, Duration::from_secs)
     } else {
         let date = httpdate::parse_http_date(std::str::from_utf8(value).ok()?).ok()?;
         date.duration_since(now).ok()?
     };
-    (!delay.is_zero() && delay <= MAX_DURATION).then_some(delay)
+    (!delay.is_zero()).then_some(delay)
 }
 
 /// Optional whitespace around a field value (RFC 9110 §5.5).
-fn trim(mut bytes: &[u8]) -> &[u8] {
+pub(super) fn trim(mut bytes: &[u8]) -> &[u8] {
     while let [b' ' | b'\t', rest @ ..] = bytes {
         bytes = rest;
     }
@@ -108,13 +108,17 @@ mod tests {
     }
 
     #[test]
-    fn enormous_and_overflowing_values_are_ignored() {
-        let year = MAX_DURATION.as_secs();
-        assert_eq!(parse(&year.to_string()), Some(MAX_DURATION));
-        assert_eq!(parse(&(year + 1).to_string()), None);
-        assert_eq!(parse("999999999999"), None);
-        assert_eq!(parse(&u64::MAX.to_string()), None);
-        assert_eq!(parse("18446744073709551616"), None); // u64::MAX + 1
+    fn enormous_values_are_returned_for_the_policy_to_refuse() {
+        assert_eq!(
+            parse("999999999999"),
+            Some(Duration::from_secs(999_999_999_999))
+        );
+        assert_eq!(
+            parse(&u64::MAX.to_string()),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(parse("18446744073709551616"), Some(Duration::MAX)); // u64::MAX + 1
+        assert_eq!(parse(&"9".repeat(64)), Some(Duration::MAX));
     }
 
     #[test]

@@ -1,0 +1,160 @@
+//! Per-host retry budgets ([`PerHostLayer`]) against two real hyper servers on
+//! 127.0.0.1, through hyper-util's client and reqwest, on tokio's paused
+//! clock: one host's outage cannot spend the other's retries.
+#![cfg(feature = "http")]
+
+mod http_server;
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_backoff::http::{HttpPolicy, PerHostLayer};
+use tower_backoff::{BackoffLayer, Constant, Jitter, TokenBucket};
+
+use http_server::{status, Server, STEP};
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A bucket with room for 4 retries (cost 5 each).
+fn small_bucket() -> Arc<TokenBucket> {
+    Arc::new(TokenBucket::builder().capacity(20).build().unwrap())
+}
+
+fn retry_layer(budget: Arc<TokenBucket>) -> BackoffLayer<HttpPolicy, Constant> {
+    BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .max_attempts(3)
+        .budget(budget)
+        .build()
+        .unwrap()
+}
+
+/// Host A is down (always 503); host B is busy once, then fine.
+async fn two_hosts() -> (Server, Server) {
+    let down = Server::start(|_, _| status(503)).await;
+    let flaky = Server::start(|n, _| if n == 0 { status(503) } else { status(200) }).await;
+    (down, flaky)
+}
+
+fn get(server: &Server) -> Request<Full<Bytes>> {
+    Request::get(server.url("/")).body(Full::default()).unwrap()
+}
+
+/// Three requests to the host that is down, then one to the flaky one: the
+/// status the flaky host's request ends with.
+async fn flaky_after_outage<S>(mut svc: S, down: &Server, flaky: &Server) -> StatusCode
+where
+    S: Service<Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>>,
+    S::Error: std::fmt::Debug,
+{
+    for _ in 0..3 {
+        let response = svc.ready().await.unwrap().call(get(down)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    svc.ready()
+        .await
+        .unwrap()
+        .call(get(flaky))
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_shared_budget_lets_one_hosts_outage_spend_the_others_retries() {
+    // The contrast: what per-host budgets prevent.
+    let (down, flaky) = two_hosts().await;
+    let bucket = small_bucket();
+    let svc = ServiceBuilder::new()
+        .layer(retry_layer(bucket.clone()))
+        .service(client());
+    let status = flaky_after_outage(svc, &down, &flaky).await;
+    assert_eq!(down.requests(), 3 + 4, "4 retries emptied the bucket");
+    assert_eq!(bucket.available(), 0);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(flaky.requests(), 1, "its retry was refused");
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_host_budgets_keep_the_other_hosts_retries() {
+    let (down, flaky) = two_hosts().await;
+    let buckets = Arc::new(Mutex::new(Vec::new()));
+    let made = buckets.clone();
+    let svc = ServiceBuilder::new()
+        .layer(PerHostLayer::new(move || {
+            let bucket = small_bucket();
+            made.lock().unwrap().push(bucket.clone());
+            retry_layer(bucket)
+        }))
+        .service(client());
+    let status = flaky_after_outage(svc, &down, &flaky).await;
+    assert_eq!(status, StatusCode::OK, "the flaky host's retry went out");
+    assert_eq!(flaky.requests(), 2);
+    assert_eq!(down.requests(), 3 + 4, "the down host spent only its own");
+    let buckets = buckets.lock().unwrap();
+    assert_eq!(buckets.len(), 2, "one budget per host, made on first use");
+    assert_eq!(buckets[0].available(), 0);
+    assert_eq!(buckets[1].available(), 20, "the retry's cost came back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_host_stacks_are_shared_by_every_clone_of_the_service() {
+    let (down, _) = two_hosts().await;
+    let made = Arc::new(Mutex::new(0));
+    let counter = made.clone();
+    let svc = ServiceBuilder::new()
+        .layer(PerHostLayer::new(move || {
+            *counter.lock().unwrap() += 1;
+            retry_layer(small_bucket())
+        }))
+        .service(client());
+    for _ in 0..3 {
+        let response = svc.clone().oneshot(get(&down)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(*made.lock().unwrap(), 1);
+    assert_eq!(down.requests(), 3 + 4, "the clones drew on one bucket");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_host_table_stays_bounded() {
+    let servers: Vec<Server> =
+        futures::future::join_all((0..20).map(|_| Server::start(|_, _| status(200)))).await;
+    let svc = ServiceBuilder::new()
+        .layer(PerHostLayer::new(|| retry_layer(small_bucket())).max_hosts(8))
+        .service(client());
+    for server in &servers {
+        let response = svc.clone().oneshot(get(server)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert!(svc.hosts() <= 8, "{}", svc.hosts());
+}
+
+#[cfg(feature = "reqwest")]
+#[tokio::test(start_paused = true)]
+async fn per_host_budgets_keep_the_other_hosts_retries_through_reqwest() {
+    let (down, flaky) = two_hosts().await;
+    let mut svc = ServiceBuilder::new()
+        .layer(PerHostLayer::new(|| retry_layer(small_bucket())))
+        .service(reqwest::Client::builder().no_proxy().build().unwrap());
+    let get = |server: &Server| {
+        reqwest::Request::new(http::Method::GET, server.url("/").parse().unwrap())
+    };
+    for _ in 0..3 {
+        let response = svc.ready().await.unwrap().call(get(&down)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let response = svc.ready().await.unwrap().call(get(&flaky)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(down.requests(), 3 + 4);
+    assert_eq!(flaky.requests(), 2);
+}
