@@ -395,10 +395,19 @@ pub fn ours_per_host(
         Duration::from_millis(100)
     };
     let layer = PerHostLayer::new(move || {
-        BackoffLayer::builder()
-            .schedule(Constant::new(delay))
-            .build()
-            .unwrap()
+        let builder = BackoffLayer::builder().schedule(Constant::new(delay));
+        // On the retry path, a bucket that never runs dry: see `ours_plain_zero`.
+        let builder = if zero_delay {
+            builder.budget(
+                tower_backoff::TokenBucket::builder()
+                    .capacity(1 << 40)
+                    .build()
+                    .unwrap(),
+            )
+        } else {
+            builder
+        };
+        builder.build().unwrap()
     });
     tower::Layer::layer(&layer, backend)
 }
