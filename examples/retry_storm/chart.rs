@@ -13,7 +13,7 @@ const COLORS: [RGBColor; 7] = [
     RGBColor(255, 127, 14),  // exponential
     RGBColor(31, 119, 180),  // exponential + jitter
     RGBColor(44, 160, 44),   // + budget
-    RGBColor(148, 103, 189), // + adaptive pacing
+    RGBColor(148, 103, 189), // defaults + pacing
     RGBColor(0, 0, 0),       // defaults
 ];
 
