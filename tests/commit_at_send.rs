@@ -324,6 +324,40 @@ async fn a_time_limit_passed_while_waiting_for_readiness_returns_the_kept_outcom
     assert_eq!(bucket.available(), 10);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_retry_whose_readiness_ends_exactly_at_the_deadline_still_goes_out() {
+    // Sleep 100 ms, then the service is busy 900 ms: ready at exactly 1 s.
+    let layer = constant(Duration::from_millis(100), 2)
+        .max_elapsed(secs(1))
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let svc = tower::Layer::layer(
+        &layer,
+        SlowToReady {
+            busy: Duration::from_millis(900),
+            calls: calls.clone(),
+            sleep: None,
+        },
+    );
+    assert_eq!(svc.oneshot(()).await, Err(2));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sleep_allowed_to_end_at_the_deadline_is_not_late_for_the_timers_rounding() {
+    // Off the millisecond grid, tokio's timer wakes a 1 s sleep 0.5 ms late:
+    // past the 1 s deadline, but only by the timer's rounding.
+    tokio::time::advance(Duration::from_micros(500)).await;
+    let layer = constant(secs(1), 2).max_elapsed(secs(1)).build().unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let svc = tower::Layer::layer(&layer, failing(calls.clone()));
+    let started = Instant::now();
+    assert_eq!(svc.oneshot(()).await, Err(2));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert!(started.elapsed() > secs(1), "the wake-up was rounded up");
+}
+
 // --- zero delays cooperate with the runtime --------------------------------------
 
 #[tokio::test(flavor = "current_thread")]
