@@ -558,3 +558,14 @@ mod replay {
         assert_eq!(info.attempts, 1);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_response_future_shows_its_attempts_and_time_slept() {
+    let layer = constant(secs(1), 3).build().unwrap();
+    let mut svc = tower::Layer::layer(&layer, failing(Arc::default()));
+    let future = svc.ready().await.unwrap().call(());
+    let shown = format!("{future:?}");
+    assert!(shown.starts_with("ResponseFuture"), "{shown}");
+    assert!(shown.contains("attempts: 1"), "{shown}");
+    assert!(shown.contains("slept: 0ns"), "{shown}");
+}
