@@ -238,7 +238,7 @@ where
                 }
                 return self.finish(outcome, Event::Success);
             }
-            Decision::Fail => return self.finish(outcome, Event::Final),
+            Decision::Final => return self.finish(outcome, Event::Final),
             Decision::Retry { after, cause } => (after, cause),
         };
         match self.schedule(after, cause) {

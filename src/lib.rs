@@ -112,7 +112,7 @@ pub use policy::{
     RetryOnError,
 };
 pub use poll::Poller;
-pub use retry::{retry, Retrying};
+pub use retry::{retry, Retry};
 pub use schedule::{Constant, Exponential, Linear, Schedule, Table};
 pub use service::Backoff;
 pub use stats::{Stats, StatsSnapshot};

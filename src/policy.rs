@@ -24,16 +24,17 @@ use tokio::time::Instant;
 pub enum Decision {
     /// The attempt succeeded: return its outcome.
     Success,
-    /// The attempt failed in a way another attempt will not fix (a 400, a
-    /// non-idempotent request): return its outcome as is.
-    Fail,
+    /// The outcome is final: a failure another attempt will not fix (a 400,
+    /// a non-idempotent request, a server that said not to retry). Return it
+    /// as is, with no retry.
+    Final,
     /// The attempt failed transiently: retry if the limits and budget allow.
     Retry {
         /// A delay the server asked for (`Retry-After`), used instead of the
         /// schedule's and as is: never shortened, since a retry before the
         /// server asked is wasted. The policy decides how long a delay it
         /// accepts (the HTTP policy's `max_server_delay`) and returns
-        /// [`Decision::Fail`] past that. A delay that would end past the
+        /// [`Decision::Final`] past that. A delay that would end past the
         /// layer's time limit ends the request at once.
         after: Option<Duration>,
         /// Why it failed; budgets and adaptive pacing weigh causes differently.
@@ -58,7 +59,7 @@ impl Decision {
         }
     }
 
-    /// The same decision, attributed to `cause`. No effect on `Success` or `Fail`.
+    /// The same decision, attributed to `cause`. No effect on `Success` or `Final`.
     pub const fn because(self, cause: Cause) -> Self {
         match self {
             Decision::Retry { after, .. } => Decision::Retry { after, cause },
@@ -172,7 +173,7 @@ impl RetryLimits {
 ///         match result {
 ///             Ok(_) => Decision::Success,
 ///             Err(e) if e.contains("queue capacity") => Decision::retry(),
-///             Err(_) => Decision::Fail,
+///             Err(_) => Decision::Final,
 ///         }
 ///     }
 ///     fn clone_request(&self, req: &Req) -> Option<Req> {
@@ -326,7 +327,7 @@ where
         match ((self.predicate)(result), result) {
             (true, _) => Decision::retry(),
             (false, Ok(_)) => Decision::Success,
-            (false, Err(_)) => Decision::Fail,
+            (false, Err(_)) => Decision::Final,
         }
     }
 

@@ -44,8 +44,8 @@ use crate::schedule::{Exponential, Schedule};
 /// assert_eq!(value, Ok(3));
 /// # }
 /// ```
-pub fn retry<F>(operation: F) -> Retrying<F> {
-    Retrying {
+pub fn retry<F>(operation: F) -> Retry<F> {
+    Retry {
         operation,
         schedule: Exponential::default(),
         limits: Limits::default(),
@@ -55,7 +55,7 @@ pub fn retry<F>(operation: F) -> Retrying<F> {
     }
 }
 
-/// The budget of a [`Retrying`]: unless told otherwise, a new default one,
+/// The budget of a [`Retry`]: unless told otherwise, a new default one,
 /// made at its first retry so an operation that succeeds at once allocates
 /// nothing.
 #[derive(Clone)]
@@ -68,7 +68,7 @@ enum BudgetChoice {
 /// A retried operation, not started yet: `.await` it to run it. Made by
 /// [`retry`](fn@crate::retry).
 #[must_use = "nothing runs until it is awaited"]
-pub struct Retrying<F, S = Exponential, W = AnyError, N = NoNotify> {
+pub struct Retry<F, S = Exponential, W = AnyError, N = NoNotify> {
     operation: F,
     schedule: S,
     limits: Limits,
@@ -77,7 +77,7 @@ pub struct Retrying<F, S = Exponential, W = AnyError, N = NoNotify> {
     notify: N,
 }
 
-impl<F, S, W, N> Retrying<F, S, W, N> {
+impl<F, S, W, N> Retry<F, S, W, N> {
     /// Attempts in all, the first included (default 3). Zero counts as one.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.limits.max_attempts = attempts;
@@ -122,8 +122,8 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
     }
 
     /// Waits as `schedule` says before each retry.
-    pub fn schedule<S2: Schedule>(self, schedule: S2) -> Retrying<F, S2, W, N> {
-        Retrying {
+    pub fn schedule<S2: Schedule>(self, schedule: S2) -> Retry<F, S2, W, N> {
+        Retry {
             operation: self.operation,
             schedule,
             limits: self.limits,
@@ -135,13 +135,13 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
 
     /// Retries only the errors for which `predicate` is true; others are
     /// returned at once.
-    pub fn when<W2, Fut, T, E>(self, predicate: W2) -> Retrying<F, S, W2, N>
+    pub fn when<W2, Fut, T, E>(self, predicate: W2) -> Retry<F, S, W2, N>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
         W2: Fn(&E) -> bool,
     {
-        Retrying {
+        Retry {
             operation: self.operation,
             schedule: self.schedule,
             limits: self.limits,
@@ -152,13 +152,13 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
     }
 
     /// Calls `notify(&error, delay)` before each sleep, to log or count retries.
-    pub fn notify<N2, Fut, T, E>(self, notify: N2) -> Retrying<F, S, W, N2>
+    pub fn notify<N2, Fut, T, E>(self, notify: N2) -> Retry<F, S, W, N2>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
         N2: FnMut(&E, Duration),
     {
-        Retrying {
+        Retry {
             operation: self.operation,
             schedule: self.schedule,
             limits: self.limits,
@@ -198,12 +198,12 @@ impl<F, S, W, N> Retrying<F, S, W, N> {
     }
 }
 
-impl<F, S, W, N> fmt::Debug for Retrying<F, S, W, N>
+impl<F, S, W, N> fmt::Debug for Retry<F, S, W, N>
 where
     S: fmt::Debug,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Retrying")
+        f.debug_struct("Retry")
             .field("schedule", &self.schedule)
             .field("limits", &self.limits)
             .finish_non_exhaustive()
@@ -252,7 +252,7 @@ impl<E, F: FnMut(&E, Duration)> Notify<E> for F {
     }
 }
 
-impl<F, Fut, T, E, S, W, N> IntoFuture for Retrying<F, S, W, N>
+impl<F, Fut, T, E, S, W, N> IntoFuture for Retry<F, S, W, N>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
@@ -290,7 +290,7 @@ where
 }
 
 pin_project! {
-    /// The future of an awaited [`Retrying`].
+    /// The future of an awaited [`Retry`].
     ///
     /// A retry is paid for (its budget charged) only when it starts, after
     /// its sleep; a budget that refuses then returns the error of the attempt
@@ -305,7 +305,7 @@ pin_project! {
     {
         #[pin]
         state: RetryState<Fut, Fut::Output>,
-        settings: Retrying<F, S, W, N>,
+        settings: Retry<F, S, W, N>,
         // Made at the first retry when the default budget applies.
         budget: Option<Arc<dyn Budget>>,
         attempts: u32,

@@ -154,7 +154,7 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
     ///     Err(e) if *key == 0 && e.kind() == std::io::ErrorKind::ConnectionRefused => {
     ///         Decision::retry()
     ///     }
-    ///     Err(_) => Decision::Fail,
+    ///     Err(_) => Decision::Final,
     /// });
     /// assert_eq!(svc.oneshot(1).await.unwrap(), 201);
     /// # }

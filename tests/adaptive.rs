@@ -75,7 +75,7 @@ impl<E> Policy<u32, u16, E> for Status429 {
         match result {
             Ok(429) => Decision::retry().because(Cause::Throttled),
             Ok(_) => Decision::Success,
-            Err(_) => Decision::Fail,
+            Err(_) => Decision::Final,
         }
     }
 

@@ -50,7 +50,7 @@ impl Policy<Request, (), AttemptError> for CountedByPolicy {
                 Decision::Success
             }
             Err(_) if self.0.record_failure() => Decision::retry().because(Cause::Timeout),
-            Err(_) => Decision::Fail,
+            Err(_) => Decision::Final,
         }
     }
 

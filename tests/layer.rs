@@ -129,7 +129,7 @@ async fn a_final_failure_is_returned_without_retrying() {
     let flaky = Flaky::new(u32::MAX);
     let layer = BackoffLayer::builder()
         .policy(classify_fn(|_: &&str, r: &Result<u32, u32>| match r {
-            Err(_) => Decision::Fail,
+            Err(_) => Decision::Final,
             Ok(_) => Decision::Success,
         }))
         .build()

@@ -43,7 +43,7 @@ impl Policy<&'static str, &'static str, String> for ByName {
     fn classify(&self, request: &&'static str, result: &Outcome) -> Decision {
         match (*request, result) {
             (_, Ok(_)) => Decision::Success,
-            ("final", Err(_)) => Decision::Fail,
+            ("final", Err(_)) => Decision::Final,
             ("slow", Err(_)) => Decision::retry_after(Duration::from_secs(5)),
             ("refused", Err(_)) => Decision::retry().because(Cause::Timeout),
             (_, Err(_)) => Decision::retry(),

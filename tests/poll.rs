@@ -656,7 +656,7 @@ async fn policy_decides_success_and_a_retry_after_sets_the_next_poll() {
             |_: &(), result: &Result<u32, String>| match result {
                 Ok(503) => Decision::retry_after(secs(7)).because(Cause::Throttled),
                 Ok(429) => Decision::retry_after(secs(3600)),
-                Ok(418) => Decision::Fail,
+                Ok(418) => Decision::Final,
                 Ok(_) => Decision::Success,
                 Err(_) => Decision::retry(),
             },

@@ -78,7 +78,7 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///     headers
 /// };
 /// assert!(policy.classify_response(http::StatusCode::OK, &trailers_only("14")).is_retry());
-/// assert_eq!(policy.classify_response(http::StatusCode::OK, &trailers_only("3")), Decision::Fail);
+/// assert_eq!(policy.classify_response(http::StatusCode::OK, &trailers_only("3")), Decision::Final);
 /// // Headers without a status: the call is committed.
 /// assert_eq!(policy.classify_response(http::StatusCode::OK, &http::HeaderMap::new()), Decision::Success);
 ///
@@ -192,10 +192,10 @@ impl GrpcPolicy {
             pushback => pushback,
         };
         if pushback == Pushback::Stop {
-            return (Decision::Fail, Counted::Failure);
+            return (Decision::Final, Counted::Failure);
         }
         if !self.codes.contains(code) {
-            return (Decision::Fail, Counted::Neither);
+            return (Decision::Final, Counted::Neither);
         }
         let cause = match code {
             Code::Unavailable | Code::ResourceExhausted => Cause::Throttled,
@@ -223,7 +223,7 @@ impl GrpcPolicy {
                 };
                 (Decision::retry().because(cause), Counted::Failure)
             }
-            TransportFailure::Status(_) => (Decision::Fail, Counted::Neither),
+            TransportFailure::Status(_) => (Decision::Final, Counted::Neither),
         }
     }
 }
@@ -267,14 +267,14 @@ where
         if let Some(throttle) = &self.throttle {
             match counted {
                 Counted::Success => throttle.record_success(),
-                Counted::Failure if !throttle.record_failure() => return Decision::Fail,
+                Counted::Failure if !throttle.record_failure() => return Decision::Final,
                 Counted::Failure | Counted::Neither => {}
             }
         }
         // Past the replay limit the call is committed (A6): nothing whole
         // is left to send again.
         if decision.is_retry() && !request.body().is_replayable() {
-            return Decision::Fail;
+            return Decision::Final;
         }
         decision
     }
@@ -329,7 +329,7 @@ mod tests {
         for code in ["1", "2", "3", "4", "8", "10", "13", "16"] {
             assert_eq!(
                 policy.classify_response(StatusCode::OK, &trailers_only(code, None)),
-                Decision::Fail,
+                Decision::Final,
                 "{code}"
             );
         }
@@ -344,7 +344,7 @@ mod tests {
         let policy = GrpcPolicy::new();
         assert_eq!(
             policy.classify_response(StatusCode::OK, &trailers_only("14x", None)),
-            Decision::Fail
+            Decision::Final
         );
         let unknown = GrpcPolicy::new().retry_code(Code::Unknown);
         assert!(unknown
@@ -369,7 +369,7 @@ mod tests {
             .is_retry());
         assert_eq!(
             policy.classify_response(StatusCode::NOT_FOUND, &HeaderMap::new()),
-            Decision::Fail
+            Decision::Final
         );
     }
 
@@ -383,7 +383,7 @@ mod tests {
         for stop in ["-1", "abc", "10001", "2147483647", "9999999999999"] {
             assert_eq!(
                 policy.classify_response(StatusCode::OK, &trailers_only("14", Some(stop))),
-                Decision::Fail,
+                Decision::Final,
                 "{stop}"
             );
         }
@@ -394,7 +394,7 @@ mod tests {
         let policy = GrpcPolicy::new();
         assert_eq!(
             policy.classify_response(StatusCode::OK, &trailers_only("3", Some("10"))),
-            Decision::Fail
+            Decision::Final
         );
     }
 
@@ -412,16 +412,19 @@ mod tests {
         assert!(classify(&policy, trailers_only("14", None)).is_retry());
         assert_eq!(throttle.tokens(), 3.0);
         // Not counted: a final code without pushback.
-        assert_eq!(classify(&policy, trailers_only("3", None)), Decision::Fail);
+        assert_eq!(classify(&policy, trailers_only("3", None)), Decision::Final);
         assert_eq!(throttle.tokens(), 3.0);
         // Counted: a pushback that says stop, on any code.
         assert_eq!(
             classify(&policy, trailers_only("3", Some("-5"))),
-            Decision::Fail
+            Decision::Final
         );
         assert_eq!(throttle.tokens(), 2.0);
         // At half, a retryable status is returned.
-        assert_eq!(classify(&policy, trailers_only("14", None)), Decision::Fail);
+        assert_eq!(
+            classify(&policy, trailers_only("14", None)),
+            Decision::Final
+        );
         assert_eq!(throttle.tokens(), 1.0);
         assert_eq!(classify(&policy, HeaderMap::new()), Decision::Success);
         assert_eq!(throttle.tokens(), 1.5);

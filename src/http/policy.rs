@@ -354,7 +354,7 @@ impl HttpPolicy {
         };
         if !retryable {
             return if status.is_server_error() || listed {
-                Decision::Fail
+                Decision::Final
             } else {
                 Decision::Success
             };
@@ -367,7 +367,7 @@ impl HttpPolicy {
         match self.delay_headers.delay(headers, SystemTime::now()) {
             None => Decision::retry(),
             // Asked to wait longer than we would: the answer stands.
-            Some(asked) if asked > self.max_server_delay => return Decision::Fail,
+            Some(asked) if asked > self.max_server_delay => return Decision::Final,
             Some(asked) => Decision::retry_after(self.jittered(asked)),
         }
         .because(cause)
@@ -389,7 +389,7 @@ impl HttpPolicy {
     pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Decision {
         match (self.classify_error)(error) {
             Some(cause) => Decision::retry().because(cause),
-            None => Decision::Fail,
+            None => Decision::Final,
         }
     }
 
@@ -446,7 +446,7 @@ where
         // The copy shares its recording with the body just sent: if that
         // outgrew the limit, there is nothing whole to send again.
         if decision.is_retry() && !request.body().is_replayable() {
-            return Decision::Fail;
+            return Decision::Final;
         }
         decision
     }
@@ -546,11 +546,11 @@ mod tests {
         let none = HeaderMap::new();
         assert_eq!(
             policy.classify_response(StatusCode::INTERNAL_SERVER_ERROR, &none),
-            Decision::Fail
+            Decision::Final
         );
         assert_eq!(
             policy.classify_response(StatusCode::NOT_IMPLEMENTED, &none),
-            Decision::Fail
+            Decision::Final
         );
         assert_eq!(
             policy.classify_response(StatusCode::OK, &none),
@@ -597,18 +597,18 @@ mod tests {
             let headers = with(&[("x-should-retry", value), ("retry-after", "1")]);
             assert_eq!(
                 policy.classify_response(status(503), &headers),
-                Decision::Fail,
+                Decision::Final,
                 "{value}"
             );
             assert_eq!(
                 policy.classify_response(status(429), &headers),
-                Decision::Fail,
+                Decision::Final,
                 "{value}"
             );
         }
         // On a status that was final or a success anyway, nothing changes.
         let no = with(&[("x-should-retry", "false")]);
-        assert_eq!(policy.classify_response(status(500), &no), Decision::Fail);
+        assert_eq!(policy.classify_response(status(500), &no), Decision::Final);
         assert_eq!(
             policy.classify_response(status(404), &no),
             Decision::Success
@@ -689,13 +689,13 @@ mod tests {
         );
         assert_eq!(
             policy.classify_response(status(503), &longer),
-            Decision::Fail
+            Decision::Final
         );
         for huge in ["999999999999", "18446744073709551616", &"9".repeat(64)] {
             let headers = with(&[("retry-after", huge)]);
             assert_eq!(
                 policy.classify_response(status(503), &headers),
-                Decision::Fail,
+                Decision::Final,
                 "{huge:.20}"
             );
         }
@@ -703,7 +703,7 @@ mod tests {
         assert!(patient.classify_response(status(503), &longer).is_retry());
         assert_eq!(
             patient.classify_response(status(503), &with(&[("retry-after", "3601")])),
-            Decision::Fail
+            Decision::Final
         );
         let unlimited = HttpPolicy::new().max_server_delay(Duration::MAX);
         assert!(unlimited
@@ -938,7 +938,10 @@ mod tests {
         let policy = HttpPolicy::new().statuses(StatusSet::EMPTY.with(StatusCode::CONFLICT));
         let none = HeaderMap::new();
         assert!(policy.classify_response(status(409), &none).is_retry());
-        assert_eq!(policy.classify_response(status(503), &none), Decision::Fail);
+        assert_eq!(
+            policy.classify_response(status(503), &none),
+            Decision::Final
+        );
         assert_eq!(
             policy.classify_response(status(429), &none),
             Decision::Success
@@ -960,7 +963,10 @@ mod tests {
             Decision::Success
         );
         let no_503 = HttpPolicy::new().never_retry_status(StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(no_503.classify_response(status(503), &none), Decision::Fail);
+        assert_eq!(
+            no_503.classify_response(status(503), &none),
+            Decision::Final
+        );
         assert!(no_503.classify_response(status(502), &none).is_retry());
     }
 
@@ -1038,6 +1044,6 @@ mod tests {
             policy.classify_error(&error),
             Decision::retry().because(Cause::Throttled)
         );
-        assert_eq!(HttpPolicy::new().classify_error(&error), Decision::Fail);
+        assert_eq!(HttpPolicy::new().classify_error(&error), Decision::Final);
     }
 }

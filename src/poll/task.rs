@@ -206,7 +206,7 @@ where
             Err(_) => (None, Cause::Transient),
         },
         Decision::Retry { after, cause } => (after, cause),
-        Decision::Fail => (None, Cause::Transient),
+        Decision::Final => (None, Cause::Transient),
     };
     let failure = match &result {
         Ok(_) => Failure::Rejected,
