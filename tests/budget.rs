@@ -470,3 +470,11 @@ async fn ratio_budget_earning_on_successes_allows_only_its_reserve_while_nothing
     }
     assert_eq!(spend_all(), 5, "ten successes earn half a retry each");
 }
+
+#[test]
+fn a_bucket_reports_its_capacity_and_starts_full() {
+    let bucket = TokenBucket::builder().capacity(10).build().unwrap();
+    assert_eq!(bucket.capacity(), 10);
+    assert_eq!(bucket.available(), 10);
+    assert_eq!(TokenBucket::new().capacity(), 500);
+}
