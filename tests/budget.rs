@@ -478,3 +478,39 @@ fn a_bucket_reports_its_capacity_and_starts_full() {
     assert_eq!(bucket.available(), 10);
     assert_eq!(TokenBucket::new().capacity(), 500);
 }
+
+/// Drives `budget` through every method of the trait, by value.
+fn spend_and_refund(budget: impl Budget) -> (bool, bool, bool, bool) {
+    budget.on_first_attempt();
+    let allowed = budget.would_allow(Cause::Transient);
+    let paid = budget.try_retry(Cause::Transient);
+    let allowed_when_spent = budget.would_allow(Cause::Transient);
+    let paid_again = budget.try_retry(Cause::Transient);
+    budget.on_success(Some(Cause::Transient));
+    (allowed, paid, allowed_when_spent, paid_again)
+}
+
+#[test]
+fn a_static_reference_to_a_budget_is_that_budget() {
+    let bucket: &'static TokenBucket = Box::leak(Box::new(
+        TokenBucket::builder()
+            .capacity(5)
+            .retry_cost(5)
+            .timeout_cost(5)
+            .build()
+            .unwrap(),
+    ));
+    // Allowed, paid once, then empty: refused, and refunded on success.
+    assert_eq!(spend_and_refund(bucket), (true, true, false, false));
+    assert_eq!(bucket.available(), 5);
+
+    // A ratio budget earns on first attempts: the reference passes them on.
+    let ratio: &'static RatioBudget = Box::leak(Box::new(
+        RatioBudget::builder()
+            .ratio(1.0)
+            .reserve(0)
+            .build()
+            .unwrap(),
+    ));
+    assert_eq!(spend_and_refund(ratio), (true, true, false, false));
+}
