@@ -514,3 +514,23 @@ fn a_static_reference_to_a_budget_is_that_budget() {
     ));
     assert_eq!(spend_and_refund(ratio), (true, true, false, false));
 }
+
+#[test]
+fn a_bucket_shows_its_tokens_in_whole_tokens() {
+    let bucket = TokenBucket::builder()
+        .capacity(10)
+        .retry_cost(4)
+        .build()
+        .unwrap();
+    assert!(bucket.try_retry(Cause::Transient));
+    let shown = format!("{bucket:?}");
+    assert!(shown.starts_with("TokenBucket"), "{shown}");
+    for field in [
+        "available: 6",
+        "capacity: 10",
+        "retry_cost: 4",
+        "success_refund: 1",
+    ] {
+        assert!(shown.contains(field), "{field} in {shown}");
+    }
+}
