@@ -534,3 +534,18 @@ fn a_bucket_shows_its_tokens_in_whole_tokens() {
         assert!(shown.contains(field), "{field} in {shown}");
     }
 }
+
+#[test]
+fn a_thousand_refunds_of_one_token_give_back_exactly_a_thousand() {
+    let bucket = TokenBucket::builder()
+        .capacity(2000)
+        .retry_cost(2000)
+        .build()
+        .unwrap();
+    assert!(bucket.try_retry(Cause::Transient));
+    assert_eq!(bucket.available(), 0);
+    for _ in 0..1000 {
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.available(), 1000);
+}
