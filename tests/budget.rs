@@ -529,6 +529,8 @@ fn a_bucket_shows_its_tokens_in_whole_tokens() {
         "available: 6",
         "capacity: 10",
         "retry_cost: 4",
+        "timeout_cost: 10",
+        "throttled_cost: 4",
         "success_refund: 1",
     ] {
         assert!(shown.contains(field), "{field} in {shown}");
