@@ -544,3 +544,31 @@ fn a_thousand_refunds_of_one_token_give_back_exactly_a_thousand() {
     }
     assert_eq!(bucket.available(), 1000);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_ratio_budget_forgets_old_laps_and_counts_new_first_attempts_in_recycled_slots() {
+    let budget = RatioBudget::builder()
+        .window(Duration::from_secs(1))
+        .ratio(1.0)
+        .reserve(0)
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        budget.on_first_attempt();
+    }
+    assert_eq!(budget.available(), 5);
+    // Many windows later, nothing of that lap is left.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(budget.available(), 0);
+    // First attempts spread over three windows land in slots that held
+    // older laps: each slot restarts at the new lap and counts them.
+    for _ in 0..30 {
+        budget.on_first_attempt();
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    let room = budget.available();
+    assert!(
+        (5..=10).contains(&room),
+        "{room} retries for ~10 first attempts in the window"
+    );
+}
