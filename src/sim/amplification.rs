@@ -12,8 +12,8 @@ use super::budgets::BudgetKind;
 use super::connection::{Connection, Request};
 use super::server::{Server, ServerModel};
 use super::strategy::storm_budget;
-use super::workload::{issue, ClientLog};
-use crate::error::{check_duration, ConfigError};
+use super::workload::{check_open_load, issue, ClientLog};
+use crate::error::ConfigError;
 use crate::layer::BackoffLayer;
 
 /// How the clones of a client hold their retry budget.
@@ -149,35 +149,12 @@ impl Amplification {
 
     /// Checks every setting; each error names the setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=1_000_000).contains(&self.clones) {
-            return Err(ConfigError::new(
-                "clones",
-                format!("must be within 1..=1000000, got {}", self.clones),
-            ));
-        }
-        if !self.rate.is_finite() || self.rate <= 0.0 {
-            return Err(ConfigError::new(
-                "rate",
-                format!("must be a positive number, got {}", self.rate),
-            ));
-        }
-        if self.duration.is_zero() {
-            return Err(ConfigError::new("duration", "must be longer than zero"));
-        }
-        check_duration("duration", self.duration)?;
-        let expected = self.rate * self.duration.as_secs_f64();
-        if expected > 100_000_000.0 {
-            return Err(ConfigError::new(
-                "rate",
-                format!("the run would issue about {expected:.0} requests; at most 100000000"),
-            ));
-        }
-        Ok(())
+        check_open_load(self.clones, self.rate, self.duration)
     }
 
     /// Runs the outage with the layer's defaults (3 attempts, 100 ms doubling,
-    /// full jitter) and a [`storm_budget`](super::storm_budget) (10 % plus 10
-    /// retries per second) held as `sharing` says. `seed` seeds the jitter.
+    /// full jitter) and a [`storm_budget`](super::storm_budget) (10 % of first
+    /// attempts, plus its reserve) held as `sharing` says. `seed` seeds the jitter.
     ///
     /// # Errors
     /// A [`ConfigError`] naming a setting that cannot work.

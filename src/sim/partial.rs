@@ -15,8 +15,8 @@ use tower_service::Service;
 
 use super::budgets::BudgetKind;
 use super::connection::{AttemptError, Request};
-use super::workload::{issue, ClientLog};
-use crate::error::{check_duration, ConfigError};
+use super::workload::{check_open_load, issue, ClientLog};
+use crate::error::ConfigError;
 use crate::jitter::Rng;
 use crate::layer::BackoffLayer;
 
@@ -142,30 +142,7 @@ impl PartialFailure {
                 format!("must be within [0, 1], got {}", self.failure_rate),
             ));
         }
-        if !(1..=1_000_000).contains(&self.clones) {
-            return Err(ConfigError::new(
-                "clones",
-                format!("must be within 1..=1000000, got {}", self.clones),
-            ));
-        }
-        if !self.rate.is_finite() || self.rate <= 0.0 {
-            return Err(ConfigError::new(
-                "rate",
-                format!("must be a positive number, got {}", self.rate),
-            ));
-        }
-        if self.duration.is_zero() {
-            return Err(ConfigError::new("duration", "must be longer than zero"));
-        }
-        check_duration("duration", self.duration)?;
-        let expected = self.rate * self.duration.as_secs_f64();
-        if expected > 100_000_000.0 {
-            return Err(ConfigError::new(
-                "rate",
-                format!("the run would issue about {expected:.0} requests; at most 100000000"),
-            ));
-        }
-        Ok(())
+        check_open_load(self.clones, self.rate, self.duration)
     }
 
     /// Runs the scenario with the layer's defaults and `kind` of budget, one

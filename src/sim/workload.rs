@@ -10,7 +10,42 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::connection::Request;
+use crate::error::{check_duration, ConfigError};
 use crate::jitter::Rng;
+
+/// Checks an open workload: `clones` clients sending `rate` logical requests
+/// per second in all for `duration`, small enough to finish. Each error names
+/// the setting.
+pub(crate) fn check_open_load(
+    clones: usize,
+    rate: f64,
+    duration: Duration,
+) -> Result<(), ConfigError> {
+    if !(1..=1_000_000).contains(&clones) {
+        return Err(ConfigError::new(
+            "clones",
+            format!("must be within 1..=1000000, got {clones}"),
+        ));
+    }
+    if !rate.is_finite() || rate <= 0.0 {
+        return Err(ConfigError::new(
+            "rate",
+            format!("must be a positive number, got {rate}"),
+        ));
+    }
+    if duration.is_zero() {
+        return Err(ConfigError::new("duration", "must be longer than zero"));
+    }
+    check_duration("duration", duration)?;
+    let expected = rate * duration.as_secs_f64();
+    if expected > 100_000_000.0 {
+        return Err(ConfigError::new(
+            "rate",
+            format!("the run would issue about {expected:.0} requests; at most 100000000"),
+        ));
+    }
+    Ok(())
+}
 
 /// What the clients saw during one statistics interval.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
