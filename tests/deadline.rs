@@ -231,3 +231,35 @@ mod over_http {
         assert_eq!(server.requests(), 1 + 5 + 3 + 3);
     }
 }
+
+#[cfg(feature = "reqwest")]
+mod over_reqwest {
+    use super::http_server::{status, Reply, Server};
+    use super::*;
+    use tower_backoff::http::HttpPolicy;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_second_attempt_is_cut_short_by_the_deadline_over_reqwest() {
+        let server = Server::start(|n, _| if n == 0 { status(503) } else { Reply::Hang }).await;
+        let layer = BackoffLayer::builder()
+            .policy(HttpPolicy::new())
+            .schedule(Constant::new(Duration::from_millis(500)))
+            .jitter(Jitter::None)
+            .attempt_timeout(secs(30))
+            .max_elapsed(secs(2))
+            .build()
+            .unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let svc = tower::Layer::layer(&layer, client);
+        let request = reqwest::Request::new(reqwest::Method::GET, server.url("/").parse().unwrap());
+        let started = Instant::now();
+        let error = svc.oneshot(request).await.unwrap_err();
+        assert!(error.is_timeout(), "{error}");
+        assert_eq!(server.requests(), 2);
+        let waited = started.elapsed();
+        assert!(
+            waited >= secs(2) && waited < secs(2) + Duration::from_millis(50),
+            "{waited:?}"
+        );
+    }
+}
