@@ -12,6 +12,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -19,24 +20,34 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use crate::adaptive::Gate;
 use crate::budget::Budget;
+use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::jitter::Rng;
 use crate::limits::reached_cap;
 use crate::policy::{Cause, Decision, Policy};
 use crate::schedule::Schedule;
-use crate::service::Backoff;
+use crate::service::{poll_ready_to_send, send};
 use crate::stats::Event;
 
 pin_project! {
-    #[project = ResponseFutureProj]
-    /// The response future of [`Backoff`]: the attempts of one request and the
-    /// sleeps between them.
+    /// The response future of [`Backoff`](crate::Backoff): the attempts of one
+    /// request and the sleeps between them.
     ///
     /// It resolves to the outcome of the last attempt that went out, success
     /// or not, with the inner service's own error type: a retry that is
     /// stopped before it is sent never replaces the outcome it would have
     /// replaced.
+    ///
+    /// # Size and allocations
+    /// A first attempt that needs no retry is tracked in place: the future
+    /// holds the attempt, the kept copy of the request, a clone of the inner
+    /// service and a reference to the layer's settings, and allocates
+    /// nothing. Everything a retry needs (the sleep, the outcome kept during
+    /// it, counters, jitter state) is allocated once, when the first retry is
+    /// decided, or at the call when the request has a time limit, its own
+    /// limits or pacing, which the first outcome already needs.
     ///
     /// # Holding the outcome during the sleep
     /// The kept outcome is held as it is. For an HTTP/1 response that means
@@ -63,31 +74,39 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future, T::Timer, Result<S::Response, T::Error>>,
-        service: Backoff<S, P, Sch, T>,
         // The request, kept to classify outcomes and to copy for each retry;
-        // `None` when the policy would not copy it.
+        // `None` when the policy would not copy it, or once an attempt that
+        // cannot be retried took it.
         request: Option<Req>,
-        // Attempts sent so far.
-        attempts: u32,
-        // This request's limit: the layer's, or the caller's override.
-        max_attempts: u32,
-        // Whether the one transparent retry (`Cause::NotSent`) was used.
-        transparent_used: bool,
-        // What the pacing gave the attempt in flight when it went out.
-        stamp: u16,
-        previous_delay: Duration,
-        slept: Duration,
-        // When the request must end: from `max_elapsed` or the caller.
-        deadline: Option<Instant>,
-        last_retry: Option<Cause>,
-        // Created at the first retry, so the happy path never draws.
-        rng: Option<Rng>,
+        // Sends the retries.
+        inner: S,
+        config: Arc<Config<P, Sch, T>>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
     enum State<F, Tm, O> {
+        // The first attempt, and nothing to track beside it: the happy path.
+        First { #[pin] future: F, #[pin] timer: Tm },
+        // Everything else, in its own allocation so the happy path's future
+        // stays small.
+        Tracked { tracked: Pin<Box<Tracked<F, Tm, O>>> },
+    }
+}
+
+pin_project! {
+    /// A request beyond its first attempt: where it is, and how far it went.
+    struct Tracked<F, Tm, O> {
+        #[pin]
+        phase: Phase<F, Tm, O>,
+        progress: Progress,
+    }
+}
+
+pin_project! {
+    #[project = PhaseProj]
+    enum Phase<F, Tm, O> {
         // An attempt is in flight, racing its timer.
         Called { #[pin] future: F, #[pin] timer: Tm },
         // Sleeping before a retry, keeping the outcome it would replace.
@@ -95,6 +114,66 @@ pin_project! {
         // Waiting for the service to be ready to send a retry.
         Readying { retry: Option<Retry<O>> },
     }
+}
+
+/// The counters and limits of one request.
+struct Progress {
+    // Attempts sent so far.
+    attempts: u32,
+    // This request's limit: the layer's, or the caller's override.
+    max_attempts: u32,
+    // Whether the one transparent retry (`Cause::NotSent`) was used.
+    transparent_used: bool,
+    // What the pacing gave the attempt in flight when it went out.
+    stamp: u16,
+    previous_delay: Duration,
+    slept: Duration,
+    // When the request must end: from `max_elapsed` or the caller.
+    deadline: Option<Instant>,
+    last_retry: Option<Cause>,
+    // Created at the first retry, so the happy path never draws.
+    rng: Option<Rng>,
+    // This request's turn under pacing, for its retries.
+    gate: Gate,
+}
+
+impl Progress {
+    fn new(limits: Limits, stamp: u16) -> Self {
+        Self {
+            attempts: 1,
+            max_attempts: limits.max_attempts,
+            transparent_used: false,
+            stamp,
+            previous_delay: Duration::ZERO,
+            slept: Duration::ZERO,
+            deadline: limits.deadline,
+            last_retry: None,
+            rng: None,
+            gate: Gate::default(),
+        }
+    }
+
+    /// Attempts that count against `max_attempts`: the transparent retry
+    /// does not.
+    fn counted(&self) -> u32 {
+        self.attempts - u32::from(self.transparent_used)
+    }
+
+    /// Whether the attempt that `retry` sends leaves any retry in
+    /// `max_attempts`. Only the transparent retry could follow one that does
+    /// not, and policies that ask for it keep the request anyway.
+    fn retryable_after<O>(&self, retry: &Retry<O>) -> bool {
+        let transparent_used = self.transparent_used || retry.transparent;
+        let counted = self.attempts.saturating_add(1) - u32::from(transparent_used);
+        counted < self.max_attempts
+    }
+}
+
+/// The limits of one request, read when it is called.
+#[derive(Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) max_attempts: u32,
+    pub(crate) deadline: Option<Instant>,
 }
 
 /// A retry decided but not yet sent: the outcome it would replace, kept to be
@@ -118,7 +197,7 @@ pub(crate) struct Attempt<F, Tm> {
 
 /// What the future does after a transition.
 enum Step<F, Tm, O> {
-    Next(State<F, Tm, O>),
+    Next(Phase<F, Tm, O>),
     Return(O),
 }
 
@@ -131,33 +210,43 @@ where
     pub(crate) fn new(
         first: Attempt<S::Future, T::Timer>,
         request: Option<Req>,
-        max_attempts: u32,
-        deadline: Option<Instant>,
-        service: Backoff<S, P, Sch, T>,
+        limits: Limits,
+        inner: S,
+        config: Arc<Config<P, Sch, T>>,
     ) -> Self {
-        Self {
-            state: State::Called {
+        // Tracked from the start only if the first outcome needs more than
+        // the layer's settings to be judged.
+        let in_place = first.stamp == 0
+            && limits.deadline.is_none()
+            && limits.max_attempts == config.max_attempts;
+        let state = if in_place {
+            State::First {
                 future: first.future,
                 timer: first.timer,
-            },
-            service,
+            }
+        } else {
+            State::Tracked {
+                tracked: Box::pin(Tracked {
+                    phase: Phase::Called {
+                        future: first.future,
+                        timer: first.timer,
+                    },
+                    progress: Progress::new(limits, first.stamp),
+                }),
+            }
+        };
+        Self {
+            state,
             request,
-            attempts: 1,
-            max_attempts,
-            transparent_used: false,
-            stamp: first.stamp,
-            previous_delay: Duration::ZERO,
-            slept: Duration::ZERO,
-            deadline,
-            last_retry: None,
-            rng: None,
+            inner,
+            config,
         }
     }
 }
 
 impl<S, P, Sch, Req, T> Future for ResponseFuture<S, P, Sch, Req, T>
 where
-    S: Service<Req> + Clone,
+    S: Service<Req>,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
     Sch: Schedule,
@@ -165,43 +254,52 @@ where
     type Output = Result<S::Response, T::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+        let this = self.project();
+        let mut machine = Transitions {
+            request: this.request,
+            inner: this.inner,
+            config: this.config,
+        };
+        let mut state = this.state;
         loop {
-            let step = match this.state.as_mut().project() {
-                StateProj::Called { future, timer } => {
-                    let outcome = match future.poll(cx) {
-                        Poll::Ready(outcome) => outcome.map_err(T::inner),
-                        Poll::Pending => Err(ready!(timer.poll(cx))),
+            match state.as_mut().project() {
+                StateProj::First { future, timer } => {
+                    let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
+                    let limits = Limits {
+                        max_attempts: machine.config.max_attempts,
+                        deadline: None,
                     };
-                    this.on_outcome(outcome)
+                    let mut progress = Progress::new(limits, 0);
+                    match machine.on_outcome(&mut progress, outcome) {
+                        Step::Return(outcome) => return Poll::Ready(outcome),
+                        Step::Next(phase) => state.set(State::Tracked {
+                            tracked: Box::pin(Tracked { phase, progress }),
+                        }),
+                    }
                 }
-                StateProj::Waiting { sleep, retry } => {
-                    ready!(sleep.poll(cx));
-                    let retry = take(retry);
-                    this.on_wake(retry)
-                }
-                StateProj::Readying { retry } => {
-                    // Zero-delay retries against a ready service would never
-                    // yield: spend tokio's task budget like any I/O would.
-                    let progress = ready!(tokio::task::coop::poll_proceed(cx));
-                    let readiness = ready!(this.service.poll_ready_to_send(cx));
-                    progress.made_progress();
-                    let retry = take(retry);
-                    this.send(readiness, retry)
-                }
-            };
-            match step {
-                Step::Next(state) => this.state.set(state),
-                Step::Return(outcome) => return Poll::Ready(outcome),
+                StateProj::Tracked { tracked } => return machine.drive(tracked.as_mut(), cx),
             }
         }
+    }
+}
+
+/// An attempt's outcome: its own, or its timer's error if that ends first.
+#[inline(always)]
+fn poll_attempt<Res, E, T: AttemptTimer<E>>(
+    future: Pin<&mut impl Future<Output = Result<Res, E>>>,
+    timer: Pin<&mut T::Timer>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Res, T::Error>> {
+    match future.poll(cx) {
+        Poll::Ready(outcome) => Poll::Ready(outcome.map_err(T::inner)),
+        Poll::Pending => Poll::Ready(Err(ready!(timer.poll(cx)))),
     }
 }
 
 fn take<O>(retry: &mut Option<Retry<O>>) -> Retry<O> {
     retry
         .take()
-        .expect("a retry is held until its state is left")
+        .expect("a retry is held until its phase is left")
 }
 
 type Outcome<S, Req, T> =
@@ -211,39 +309,100 @@ type StepOf<S, Req, T> = Step<
     <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
     Outcome<S, Req, T>,
 >;
+type TrackedOf<S, Req, T> = Tracked<
+    <S as Service<Req>>::Future,
+    <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
+    Outcome<S, Req, T>,
+>;
 
-impl<S, P, Sch, Req, T> ResponseFutureProj<'_, S, P, Sch, Req, T>
+/// What every transition reads: the kept request, the service that sends the
+/// retries and the settings that judge the outcomes.
+struct Transitions<'a, S, P, Sch, Req, T> {
+    request: &'a mut Option<Req>,
+    inner: &'a mut S,
+    config: &'a Config<P, Sch, T>,
+}
+
+impl<S, P, Sch, Req, T> Transitions<'_, S, P, Sch, Req, T>
 where
-    S: Service<Req> + Clone,
+    S: Service<Req>,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
     Sch: Schedule,
 {
+    /// Runs a tracked request until it ends or has to wait.
+    fn drive(
+        &mut self,
+        mut tracked: Pin<&mut TrackedOf<S, Req, T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Outcome<S, Req, T>> {
+        loop {
+            let this = tracked.as_mut().project();
+            let progress = this.progress;
+            let mut phase = this.phase;
+            let step = match phase.as_mut().project() {
+                PhaseProj::Called { future, timer } => {
+                    let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
+                    self.on_outcome(progress, outcome)
+                }
+                PhaseProj::Waiting { sleep, retry } => {
+                    ready!(sleep.poll(cx));
+                    let retry = take(retry);
+                    self.on_wake(progress, retry)
+                }
+                PhaseProj::Readying { retry } => {
+                    // Zero-delay retries against a ready service would never
+                    // yield: spend tokio's task budget like any I/O would.
+                    let coop = ready!(tokio::task::coop::poll_proceed(cx));
+                    let readiness = ready!(poll_ready_to_send(
+                        self.inner,
+                        &mut progress.gate,
+                        self.config,
+                        cx
+                    ));
+                    coop.made_progress();
+                    let retry = take(retry);
+                    self.send(progress, readiness, retry)
+                }
+            };
+            match step {
+                Step::Next(next) => phase.set(next),
+                Step::Return(outcome) => return Poll::Ready(outcome),
+            }
+        }
+    }
+
     /// An attempt's outcome arrived: return it, or keep it and schedule a
     /// retry.
-    fn on_outcome(&mut self, outcome: Outcome<S, Req, T>) -> StepOf<S, Req, T> {
-        let config = self.service.config();
-        let Some(request) = self.request.as_ref() else {
+    fn on_outcome(
+        &mut self,
+        progress: &mut Progress,
+        outcome: Outcome<S, Req, T>,
+    ) -> StepOf<S, Req, T> {
+        let config = self.config;
+        let decision = match self.request.as_ref() {
+            Some(request) => config.policy.classify(request, &outcome),
+            // Sent without a copy: judged on its own.
+            None if !config.policy.needs_request() => config.policy.classify_outcome(&outcome),
             // Not copyable: it went out once, its outcome goes back as is.
-            return self.finish(outcome, Event::NotClonable);
+            None => return self.finish(progress, outcome, Event::NotClonable),
         };
-        let decision = config.policy.classify(request, &outcome);
         if let Some(pacing) = config.pacing() {
-            pacing.observe(&decision, *self.stamp);
+            pacing.observe(&decision, progress.stamp);
         }
         let (after, cause) = match decision {
             Decision::Success => {
                 if let Some(budget) = config.budget() {
-                    budget.on_success(*self.last_retry);
+                    budget.on_success(progress.last_retry);
                 }
-                return self.finish(outcome, Event::Success);
+                return self.finish(progress, outcome, Event::Success);
             }
-            Decision::Final => return self.finish(outcome, Event::Final),
+            Decision::Final => return self.finish(progress, outcome, Event::Final),
             Decision::Retry { after, cause } => (after, cause),
         };
-        match self.schedule(after, cause) {
+        match self.schedule(progress, after, cause) {
             Ok((delay, transparent, due)) => {
-                *self.previous_delay = delay;
+                progress.previous_delay = delay;
                 Step::Next(wait(Retry {
                     outcome,
                     cause,
@@ -252,7 +411,7 @@ where
                     due,
                 }))
             }
-            Err(ending) => self.finish(outcome, ending),
+            Err(ending) => self.finish(progress, outcome, ending),
         }
     }
 
@@ -262,17 +421,21 @@ where
     /// is sent.
     fn schedule(
         &mut self,
+        progress: &mut Progress,
         after: Option<Duration>,
         cause: Cause,
     ) -> Result<(Duration, bool, Option<Instant>), Event> {
-        let config = self.service.config();
-        let transparent = cause == Cause::NotSent && !*self.transparent_used;
-        let counted = *self.attempts - u32::from(*self.transparent_used);
-        if counted >= *self.max_attempts {
+        let config = self.config;
+        let transparent = cause == Cause::NotSent && !progress.transparent_used;
+        let counted = progress.counted();
+        if counted >= progress.max_attempts {
             // `max_attempts(1)` turns every retry off, transparent ones too.
-            if !transparent || *self.max_attempts == 1 {
+            if !transparent || progress.max_attempts == 1 {
                 return Err(Event::OutOfAttempts);
             }
+        }
+        if self.request.is_none() {
+            return Err(Event::NotClonable);
         }
         let capped = config.stop_at_cap && reached_cap(&config.schedule, counted);
         if capped && !transparent && after.is_none() {
@@ -283,54 +446,53 @@ where
             // Never before the server asked: its policy bounds what it accepts.
             (false, Some(asked)) => asked,
             (false, None) => {
-                let rng = self.rng.get_or_insert_with(|| config.new_rng());
+                let rng = progress.rng.get_or_insert_with(|| config.new_rng());
                 config
                     .jitter
-                    .delay(&config.schedule, counted, *self.previous_delay, rng)
+                    .delay(&config.schedule, counted, progress.previous_delay, rng)
             }
         };
         let mut due = None;
-        if let Some(deadline) = *self.deadline {
+        if let Some(deadline) = progress.deadline {
             match Instant::now().checked_add(delay) {
                 Some(at) if at <= deadline => due = Some(at),
                 _ => return Err(Event::OutOfTime),
             }
         }
         if !transparent && config.budget().is_some_and(|b| !b.would_allow(cause)) {
-            budget_refused(*self.attempts, cause);
+            budget_refused(progress.attempts, cause);
             return Err(Event::BudgetRefused);
         }
         Ok((delay, transparent, due))
     }
 
     /// The sleep before a retry is over.
-    fn on_wake(&mut self, retry: Retry<Outcome<S, Req, T>>) -> StepOf<S, Req, T> {
-        *self.slept = self.slept.saturating_add(retry.delay);
-        if let Some(stats) = self
-            .service
-            .config()
-            .shared
-            .as_ref()
-            .and_then(|s| s.stats.as_ref())
-        {
+    fn on_wake(
+        &mut self,
+        progress: &mut Progress,
+        retry: Retry<Outcome<S, Req, T>>,
+    ) -> StepOf<S, Req, T> {
+        progress.slept = progress.slept.saturating_add(retry.delay);
+        if let Some(stats) = self.config.shared.as_ref().and_then(|s| s.stats.as_ref()) {
             stats.record_sleep(retry.delay);
         }
-        Step::Next(State::Readying { retry: Some(retry) })
+        Step::Next(Phase::Readying { retry: Some(retry) })
     }
 
     /// The service answered readiness for a retry: commit it and send it, or
     /// return the outcome it would have replaced.
     fn send(
         &mut self,
+        progress: &mut Progress,
         readiness: Result<(), S::Error>,
         retry: Retry<Outcome<S, Req, T>>,
     ) -> StepOf<S, Req, T> {
         if readiness.is_err() {
             // The readiness error says nothing about the request; the kept
             // outcome does.
-            return self.finish(retry.outcome, Event::Final);
+            return self.finish(progress, retry.outcome, Event::Final);
         }
-        let config = self.service.config();
+        let config = self.config;
         // No attempt starts once the deadline has passed; but a sleep allowed
         // to end at the deadline wakes up to one timer tick after it, and
         // that alone does not make it late. Waiting for readiness does.
@@ -339,52 +501,74 @@ where
             let woke_on_time = retry.due.is_some_and(|due| now <= due + TIMER_RESOLUTION);
             now > deadline && !woke_on_time
         };
-        if self.deadline.is_some_and(late) {
-            return self.finish(retry.outcome, Event::OutOfTime);
+        if progress.deadline.is_some_and(late) {
+            return self.finish(progress, retry.outcome, Event::OutOfTime);
         }
-        let request = self
-            .request
-            .as_ref()
-            .expect("a retry is scheduled only for a kept request");
-        // Copied now, not when the last attempt went out: a streaming body may
-        // have outgrown its replay limit since.
-        let Some(mut copy) = config.policy.clone_request(request) else {
-            return self.finish(retry.outcome, Event::NotClonable);
+        let Some(mut copy) = self.copy_for(progress, &retry) else {
+            return self.finish(progress, retry.outcome, Event::NotClonable);
         };
         if !retry.transparent && config.budget().is_some_and(|b| !b.try_retry(retry.cause)) {
-            budget_refused(*self.attempts, retry.cause);
-            return self.finish(retry.outcome, Event::BudgetRefused);
+            budget_refused(progress.attempts, retry.cause);
+            return self.finish(progress, retry.outcome, Event::BudgetRefused);
         }
         // Committed: from here on the retry is sent.
         #[cfg(feature = "tracing")]
         tracing::debug!(
-            attempt = *self.attempts,
+            attempt = progress.attempts,
             delay = ?retry.delay,
             reason = ?retry.cause,
             "retrying"
         );
+        let request = self.request.as_ref().unwrap_or(&copy);
         config
             .policy
-            .on_retry(request, *self.attempts, retry.delay, &retry.outcome);
+            .on_retry(request, progress.attempts, retry.delay, &retry.outcome);
         config.policy.discard(retry.outcome);
         // Saturating: `unlimited_attempts` may count past u32::MAX.
-        *self.attempts = self.attempts.saturating_add(1);
-        *self.transparent_used |= retry.transparent;
-        *self.last_retry = Some(retry.cause);
-        config.policy.prepare_retry(&mut copy, *self.attempts);
-        let timer = config.timeouts.timer(*self.deadline);
-        let (future, stamp) = self.service.send(copy, *self.attempts);
-        *self.stamp = stamp;
-        Step::Next(State::Called { future, timer })
+        progress.attempts = progress.attempts.saturating_add(1);
+        progress.transparent_used |= retry.transparent;
+        progress.last_retry = Some(retry.cause);
+        config.policy.prepare_retry(&mut copy, progress.attempts);
+        let timer = config.timeouts.timer(progress.deadline);
+        let (future, stamp) = send(
+            self.inner,
+            &mut progress.gate,
+            config,
+            copy,
+            progress.attempts,
+        );
+        progress.stamp = stamp;
+        Step::Next(Phase::Called { future, timer })
+    }
+
+    /// The request to send as the retry: a copy of the kept one, or, for an
+    /// attempt that cannot be retried, the kept one itself if the policy can
+    /// judge its outcome without it. Made now, not when the last attempt went
+    /// out: a streaming body may have outgrown its replay limit since.
+    fn copy_for(&mut self, progress: &Progress, retry: &Retry<Outcome<S, Req, T>>) -> Option<Req> {
+        let policy = &self.config.policy;
+        let request = self.request.as_ref()?;
+        if progress.retryable_after(retry) || policy.needs_request() {
+            return policy.clone_request(request);
+        }
+        if !policy.can_resend(request) {
+            return None;
+        }
+        self.request.take()
     }
 
     /// Ends the request with `outcome`.
-    fn finish(&mut self, mut outcome: Outcome<S, Req, T>, ending: Event) -> StepOf<S, Req, T> {
-        let config = self.service.config();
+    fn finish(
+        &mut self,
+        progress: &Progress,
+        mut outcome: Outcome<S, Req, T>,
+        ending: Event,
+    ) -> StepOf<S, Req, T> {
+        let config = self.config;
         config.record(ending);
         config
             .policy
-            .finish(&mut outcome, *self.attempts, *self.slept);
+            .finish(&mut outcome, progress.attempts, progress.slept);
         Step::Return(outcome)
     }
 }
@@ -396,11 +580,11 @@ const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 /// The state that waits `delay` before readiness for a retry; a zero delay
 /// goes straight to readiness, with no timer and no clock (tokio's timer would
 /// round a zero sleep up to its 1 ms tick).
-fn wait<F, Tm, O>(retry: Retry<O>) -> State<F, Tm, O> {
+fn wait<F, Tm, O>(retry: Retry<O>) -> Phase<F, Tm, O> {
     if retry.delay.is_zero() {
-        State::Readying { retry: Some(retry) }
+        Phase::Readying { retry: Some(retry) }
     } else {
-        State::Waiting {
+        Phase::Waiting {
             sleep: tokio::time::sleep(retry.delay),
             retry: Some(retry),
         }
@@ -424,9 +608,13 @@ where
     T: AttemptTimer<S::Error>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let progress = match &self.state {
+            State::First { .. } => None,
+            State::Tracked { tracked } => Some(&tracked.progress),
+        };
         f.debug_struct("ResponseFuture")
-            .field("attempts", &self.attempts)
-            .field("slept", &self.slept)
+            .field("attempts", &progress.map_or(1, |p| p.attempts))
+            .field("slept", &progress.map_or(Duration::ZERO, |p| p.slept))
             .finish_non_exhaustive()
     }
 }

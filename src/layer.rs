@@ -55,9 +55,19 @@ pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
 pub struct BackoffLayer<P = RetryOnError, S = Exponential, T = NoTimeout> {
-    config: Config<P, S, T>,
+    // Shared, not copied, by every service the layer makes and every
+    // response future: one reference count per request instead of a copy of
+    // the settings.
+    config: Arc<Config<P, S, T>>,
+}
+
+impl<P, S, T> Clone for BackoffLayer<P, S, T> {
+    fn clone(&self) -> Self {
+        Self {
+            config: Arc::clone(&self.config),
+        }
+    }
 }
 
 impl BackoffLayer {
@@ -102,11 +112,11 @@ impl<P, S, T> BackoffLayer<P, S, T> {
     }
 }
 
-impl<Svc, P: Clone, S: Clone, T: Clone> Layer<Svc> for BackoffLayer<P, S, T> {
+impl<Svc, P, S, T> Layer<Svc> for BackoffLayer<P, S, T> {
     type Service = Backoff<Svc, P, S, T>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        Backoff::from_config(inner, self.config.clone())
+        Backoff::from_config(inner, Arc::clone(&self.config))
     }
 }
 
@@ -413,7 +423,7 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
             })
         });
         Ok(BackoffLayer {
-            config: Config {
+            config: Arc::new(Config {
                 policy: self.policy,
                 schedule: self.schedule,
                 jitter: limits.jitter,
@@ -422,7 +432,7 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
                 stop_at_cap: limits.stop_at_cap,
                 timeouts: self.timeouts,
                 shared,
-            },
+            }),
         })
     }
 }

@@ -232,6 +232,41 @@ pub trait Policy<Req, Res, E> {
         let _ = request;
         None
     }
+
+    /// Whether the layer must keep a copy of the request for every attempt:
+    /// because [`classify`](Self::classify) reads it, or because an outcome
+    /// may ask for the transparent retry ([`Cause::NotSent`]), which is
+    /// allowed past `max_attempts`. A policy that needs neither says `false`
+    /// and implements [`classify_outcome`](Self::classify_outcome): the layer
+    /// then sends an attempt that cannot be retried (every attempt under
+    /// `max_attempts(1)`, the last one allowed otherwise) without copying the
+    /// request first, and classifies its outcome without it. The default,
+    /// `true`, copies the request for every attempt.
+    fn needs_request(&self) -> bool {
+        true
+    }
+
+    /// What `result` means, decided without its request; called only when
+    /// [`needs_request`](Self::needs_request) is `false`, and must then decide
+    /// as [`classify`](Self::classify) would. Only the kind of decision is
+    /// used (a success refunds the budget and counts in the stats). The
+    /// default calls a response a success and an error final.
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::Final,
+        }
+    }
+
+    /// Whether the kept request can still be sent as it is, as the last
+    /// attempt, which goes out without being copied first (see
+    /// [`needs_request`](Self::needs_request)). The default says yes; the HTTP
+    /// policy asks the body, since a [`ReplayBody`](crate::http::ReplayBody)
+    /// past its limit has nothing whole left to send.
+    fn can_resend(&self, request: &Req) -> bool {
+        let _ = request;
+        true
+    }
 }
 
 impl<P, Req, Res, E> Policy<Req, Res, E> for Arc<P>
@@ -259,6 +294,15 @@ where
     fn limits(&self, request: &Req) -> Option<RetryLimits> {
         (**self).limits(request)
     }
+    fn needs_request(&self) -> bool {
+        (**self).needs_request()
+    }
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
+        (**self).classify_outcome(result)
+    }
+    fn can_resend(&self, request: &Req) -> bool {
+        (**self).can_resend(request)
+    }
 }
 
 /// Retries every error and accepts every response: the default policy.
@@ -271,14 +315,22 @@ pub struct RetryOnError;
 
 impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
     fn classify(&self, _request: &Req, result: &Result<Res, E>) -> Decision {
-        match result {
-            Ok(_) => Decision::Success,
-            Err(_) => Decision::retry(),
-        }
+        <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
     }
 
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }
     }
 }
 
@@ -324,15 +376,23 @@ where
     Req: Clone,
 {
     fn classify(&self, _request: &Req, result: &Result<Res, E>) -> Decision {
+        <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
+    }
+
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        Some(request.clone())
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
         match ((self.predicate)(result), result) {
             (true, _) => Decision::retry(),
             (false, Ok(_)) => Decision::Success,
             (false, Err(_)) => Decision::Final,
         }
-    }
-
-    fn clone_request(&self, request: &Req) -> Option<Req> {
-        Some(request.clone())
     }
 }
 
@@ -441,5 +501,14 @@ where
     }
     fn limits(&self, request: &Req) -> Option<RetryLimits> {
         self.policy.limits(request)
+    }
+    fn needs_request(&self) -> bool {
+        self.policy.needs_request()
+    }
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
+        self.policy.classify_outcome(result)
+    }
+    fn can_resend(&self, request: &Req) -> bool {
+        self.policy.can_resend(request)
     }
 }

@@ -1,6 +1,7 @@
 //! [`Backoff`], the tower `Service` that retries its inner service.
 
 use std::fmt;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tower_service::Service;
 use crate::adaptive::Gate;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
-use crate::future::{Attempt, ResponseFuture};
+use crate::future::{Attempt, Limits, ResponseFuture};
 use crate::layer::BackoffLayer;
 use crate::policy::{ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
@@ -46,67 +47,34 @@ use crate::stats::Event;
 /// error is the inner service's) or, with
 /// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout), a limit per
 /// attempt (the error is [`deadline::Error`](crate::deadline::Error)).
-#[derive(Clone)]
 pub struct Backoff<S, P = RetryOnError, Sch = Exponential, T = NoTimeout> {
     inner: S,
-    config: Config<P, Sch, T>,
+    config: Arc<Config<P, Sch, T>>,
     gate: Gate,
 }
 
-impl<S, P: Clone, Sch: Clone, T: Clone> Backoff<S, P, Sch, T> {
-    /// Wraps `inner` with `layer`'s configuration.
-    pub fn new(inner: S, layer: &BackoffLayer<P, Sch, T>) -> Self {
-        tower_layer::Layer::layer(layer, inner)
+impl<S: Clone, P, Sch, T> Clone for Backoff<S, P, Sch, T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+            gate: Gate::default(),
+        }
     }
 }
 
 impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
-    pub(crate) fn from_config(inner: S, config: Config<P, Sch, T>) -> Self {
+    /// Wraps `inner` with `layer`'s configuration.
+    pub fn new(inner: S, layer: &BackoffLayer<P, Sch, T>) -> Self {
+        tower_layer::Layer::layer(layer, inner)
+    }
+
+    pub(crate) fn from_config(inner: S, config: Arc<Config<P, Sch, T>>) -> Self {
         Self {
             inner,
             config,
             gate: Gate::default(),
         }
-    }
-
-    pub(crate) fn config(&self) -> &Config<P, Sch, T> {
-        &self.config
-    }
-
-    /// Readiness to send an attempt, first or retry: this clone's turn under
-    /// pacing, then the inner service's readiness.
-    #[inline]
-    pub(crate) fn poll_ready_to_send<Req>(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), S::Error>>
-    where
-        S: Service<Req>,
-    {
-        // Pacing first: waiting for a send slot while holding whatever the
-        // inner service reserved (a concurrency permit) could starve it.
-        if let Some(pacing) = self.config.pacing() {
-            let config = &self.config;
-            ready!(pacing.poll_send(&mut self.gate, cx, || config.new_rng()));
-        }
-        self.inner.poll_ready(cx)
-    }
-
-    /// Sends attempt number `attempt` through the inner service, which
-    /// `poll_ready` readied; returns its future and its pacing stamp.
-    #[inline]
-    pub(crate) fn send<Req>(&mut self, request: Req, attempt: u32) -> (S::Future, u16)
-    where
-        S: Service<Req>,
-    {
-        let mut stamp = 0;
-        if let Some(shared) = self.config.shared.as_deref() {
-            shared.on_send(attempt);
-            if let Some(pacing) = &shared.pacing {
-                stamp = pacing.sent(&mut self.gate);
-            }
-        }
-        (self.inner.call(request), stamp)
     }
 
     /// Retries when `predicate(&outcome)` is true, as [`retry_if`](crate::retry_if)
@@ -129,6 +97,8 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
     /// ```
     pub fn retry_if<Req, F>(self, predicate: F) -> Backoff<S, RetryIf<F>, Sch, T>
     where
+        P: Clone,
+        Sch: Clone,
         S: Service<Req>,
         T: AttemptTimer<S::Error>,
         F: Fn(&Result<S::Response, T::Error>) -> bool,
@@ -161,6 +131,8 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
     /// ```
     pub fn classify<Req, F>(self, classify: F) -> Backoff<S, ClassifyFn<F>, Sch, T>
     where
+        P: Clone,
+        Sch: Clone,
         S: Service<Req>,
         T: AttemptTimer<S::Error>,
         F: Fn(&Req, &Result<S::Response, T::Error>) -> Decision,
@@ -189,6 +161,8 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
     /// ```
     pub fn on_retry<Req, F>(self, hook: F) -> Backoff<S, OnRetry<P, F>, Sch, T>
     where
+        P: Clone,
+        Sch: Clone,
         S: Service<Req>,
         T: AttemptTimer<S::Error>,
         F: Fn(&Req, u32, Duration, &Result<S::Response, T::Error>),
@@ -196,10 +170,18 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
         self.with_policy(|policy| OnRetry::new(policy, hook))
     }
 
-    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, Sch, T> {
+    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, Sch, T>
+    where
+        P: Clone,
+        Sch: Clone,
+        T: Clone,
+    {
+        // The settings are shared with the layer's other services: this one
+        // gets its own copy, with the same budget, pacing and stats.
+        let config = Arc::unwrap_or_clone(self.config).map_policy(change);
         Backoff {
             inner: self.inner,
-            config: self.config.map_policy(change),
+            config: Arc::new(config),
             gate: self.gate,
         }
     }
@@ -224,33 +206,89 @@ impl<S, P, Sch, T, Req> Service<Req> for Backoff<S, P, Sch, T>
 where
     S: Service<Req> + Clone,
     T: AttemptTimer<S::Error>,
-    P: Policy<Req, S::Response, T::Error> + Clone,
-    Sch: Schedule + Clone,
+    P: Policy<Req, S::Response, T::Error>,
+    Sch: Schedule,
 {
     type Response = S::Response;
     type Error = T::Error;
     type Future = ResponseFuture<S, P, Sch, Req, T>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.poll_ready_to_send(cx).map_err(T::inner)
+        poll_ready_to_send(&mut self.inner, &mut self.gate, &self.config, cx).map_err(T::inner)
     }
 
+    #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
-        let config = &self.config;
+        let config = &*self.config;
         config.record(Event::Request);
         let limits = config.policy.limits(&request).unwrap_or_default();
         let max_attempts = limits.max_attempts.unwrap_or(config.max_attempts);
         let deadline = deadline(config.max_elapsed, limits.deadline);
-        let spare = config.policy.clone_request(&request);
+        // An attempt that cannot be retried needs no copy, if the policy can
+        // classify its outcome without one.
+        let spare = if max_attempts == 1 && !config.policy.needs_request() {
+            None
+        } else {
+            config.policy.clone_request(&request)
+        };
         let timer = config.timeouts.timer(deadline);
-        let (future, stamp) = self.send(request, 1);
+        let (future, stamp) = send(&mut self.inner, &mut self.gate, config, request, 1);
         let attempt = Attempt {
             future,
             timer,
             stamp,
         };
-        ResponseFuture::new(attempt, spare, max_attempts, deadline, self.clone())
+        let limits = Limits {
+            max_attempts,
+            deadline,
+        };
+        let inner = self.inner.clone();
+        ResponseFuture::new(attempt, spare, limits, inner, Arc::clone(&self.config))
     }
+}
+
+/// Readiness to send an attempt, first or retry, through `inner`: the turn of
+/// the clone owning `gate` under pacing, then the inner service's readiness.
+#[inline]
+pub(crate) fn poll_ready_to_send<S, Req, P, Sch, T>(
+    inner: &mut S,
+    gate: &mut Gate,
+    config: &Config<P, Sch, T>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), S::Error>>
+where
+    S: Service<Req>,
+{
+    // Pacing first: waiting for a send slot while holding whatever the
+    // inner service reserved (a concurrency permit) could starve it.
+    if let Some(pacing) = config.pacing() {
+        ready!(pacing.poll_send(gate, cx, || config.new_rng()));
+    }
+    inner.poll_ready(cx)
+}
+
+/// Sends attempt number `attempt` through `inner`, which
+/// [`poll_ready_to_send`] readied; returns its future and its pacing stamp.
+#[inline]
+pub(crate) fn send<S, Req, P, Sch, T>(
+    inner: &mut S,
+    gate: &mut Gate,
+    config: &Config<P, Sch, T>,
+    request: Req,
+    attempt: u32,
+) -> (S::Future, u16)
+where
+    S: Service<Req>,
+{
+    let mut stamp = 0;
+    if let Some(shared) = config.shared.as_deref() {
+        shared.on_send(attempt);
+        if let Some(pacing) = &shared.pacing {
+            stamp = pacing.sent(gate);
+        }
+    }
+    (inner.call(request), stamp)
 }
 
 /// When a request called now must end: `max_elapsed` from now, or the

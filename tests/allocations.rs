@@ -1,5 +1,6 @@
 //! The happy path allocates nothing beyond the one copy of the request the
-//! layer must keep. Counted, not timed: a regression fails CI.
+//! layer must keep, and an attempt that cannot be retried is sent without
+//! one. Counted, not timed: a regression fails CI.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -82,7 +83,9 @@ fn send<S: Service<Req>>(svc: &mut S, template: &Req) {
     assert!(matches!(future.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
 }
 
-fn assert_happy_path_allocates_only_the_request_copy<S: Service<Req>>(mut svc: S) {
+/// Asserts that a request through `svc` allocates what the bare backend
+/// does, plus `copies` copies of the request, plus `extra`.
+fn assert_happy_path_allocates<S: Service<Req>>(mut svc: S, copies: u64, extra: u64) {
     let template = request();
     let mut bare = Backend::default();
     // Warm up: the first use of some of std's and http's machinery allocates once.
@@ -90,10 +93,14 @@ fn assert_happy_path_allocates_only_the_request_copy<S: Service<Req>>(mut svc: S
     send(&mut svc, &template);
     let one_copy = allocations_of(|| drop(template.clone()));
     assert!(one_copy > 0, "the request copy allocates (its header map)");
-    let floor = allocations_of(|| send(&mut bare, &template)) + one_copy;
+    let expected = allocations_of(|| send(&mut bare, &template)) + one_copy * copies + extra;
     for _ in 0..3 {
-        assert_eq!(allocations_of(|| send(&mut svc, &template)), floor);
+        assert_eq!(allocations_of(|| send(&mut svc, &template)), expected);
     }
+}
+
+fn assert_happy_path_allocates_only_the_request_copy<S: Service<Req>>(svc: S) {
+    assert_happy_path_allocates(svc, 1, 0);
 }
 
 #[test]
@@ -105,8 +112,11 @@ fn happy_path_with_defaults_allocates_only_the_request_copy() {
     ));
 }
 
+/// A time limit is tracked with the retry state, out of the response future,
+/// so that the future of a request without one stays as small as
+/// `tower::retry`'s: it costs one allocation per request.
 #[test]
-fn happy_path_with_time_limit_and_seed_allocates_only_the_request_copy() {
+fn happy_path_with_time_limit_allocates_the_request_copy_and_its_tracking() {
     let layer = BackoffLayer::builder()
         .schedule(Exponential::new(Duration::from_millis(50)))
         .jitter(Jitter::Decorrelated)
@@ -120,6 +130,44 @@ fn happy_path_with_time_limit_and_seed_allocates_only_the_request_copy() {
         .build()
         .unwrap();
     let _guard = runtime.enter();
+    assert_happy_path_allocates(tower::Layer::layer(&layer, Backend::default()), 1, 1);
+}
+
+#[test]
+fn happy_path_with_a_seed_allocates_only_the_request_copy() {
+    let layer = BackoffLayer::builder()
+        .jitter(Jitter::Decorrelated)
+        .seed(3)
+        .build()
+        .unwrap();
+    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
+        &layer,
+        Backend::default(),
+    ));
+}
+
+#[test]
+fn max_attempts_one_sends_the_request_without_a_copy() {
+    let layer = BackoffLayer::builder().max_attempts(1).build().unwrap();
+    assert_happy_path_allocates(tower::Layer::layer(&layer, Backend::default()), 0, 0);
+}
+
+#[test]
+fn max_attempts_one_still_copies_for_a_policy_that_reads_the_request() {
+    let layer = BackoffLayer::builder()
+        .max_attempts(1)
+        .policy(tower_backoff::classify_fn(
+            |request: &Req, outcome: &Result<Response<Bytes>, std::io::Error>| match (
+                request.method(),
+                outcome,
+            ) {
+                (_, Ok(_)) => tower_backoff::Decision::Success,
+                (&http::Method::GET, Err(_)) => tower_backoff::Decision::retry(),
+                (_, Err(_)) => tower_backoff::Decision::Final,
+            },
+        ))
+        .build()
+        .unwrap();
     assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
         &layer,
         Backend::default(),
@@ -140,41 +188,62 @@ fn happy_path_with_jitter_budget_and_stats_allocates_only_the_request_copy() {
     ));
 }
 
-#[test]
-fn retry_path_allocates_only_one_request_copy_per_attempt() {
-    // Fails twice, then succeeds; zero delay, so no timer and no runtime.
-    #[derive(Clone, Default)]
-    struct FailsTwice(std::sync::Arc<std::sync::atomic::AtomicU32>);
-    impl Service<Req> for FailsTwice {
-        type Response = Response<Bytes>;
-        type Error = std::io::Error;
-        type Future = Ready<Result<Response<Bytes>, std::io::Error>>;
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-            Poll::Ready(Ok(()))
-        }
-        fn call(&mut self, _: Req) -> Self::Future {
-            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            ready(if n % 3 < 2 {
-                Err(std::io::Error::other("busy"))
-            } else {
-                Ok(Response::new(Bytes::new()))
-            })
-        }
+/// Fails twice, then succeeds.
+#[derive(Clone, Default)]
+struct FailsTwice(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl Service<Req> for FailsTwice {
+    type Response = Response<Bytes>;
+    type Error = std::io::Error;
+    type Future = Ready<Result<Response<Bytes>, std::io::Error>>;
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
+    fn call(&mut self, _: Req) -> Self::Future {
+        let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ready(if n % 3 < 2 {
+            Err(std::io::Error::other("busy"))
+        } else {
+            Ok(Response::new(Bytes::new()))
+        })
+    }
+}
+
+/// Allocations of one request that fails twice then succeeds through
+/// `svc`, in copies of the request, beyond the caller's own copy and the
+/// backend's two errors: `(copies, other allocations)` checked exactly.
+fn assert_retry_path_allocates<S: Service<Req>>(mut svc: S, copies: u64, extra: u64) {
+    let template = request();
+    send(&mut svc, &template); // warm up
+    let one_copy = allocations_of(|| drop(template.clone()));
+    let errors =
+        allocations_of(|| drop((std::io::Error::other("busy"), std::io::Error::other("busy"))));
+    for _ in 0..3 {
+        assert_eq!(
+            allocations_of(|| send(&mut svc, &template)),
+            one_copy * (1 + copies) + errors + extra
+        );
+    }
+}
+
+#[test]
+fn retry_path_copies_the_request_for_every_attempt_but_the_last() {
+    // Zero delay, so no timer and no runtime. Three attempts: the first
+    // keeps a copy, the second sends a copy, the third (the last allowed)
+    // sends the kept one; the retry state is allocated once.
     let layer = BackoffLayer::builder()
         .schedule(Constant::new(Duration::ZERO))
         .build()
         .unwrap();
-    let mut svc = tower::Layer::layer(&layer, FailsTwice::default());
-    let template = request();
-    send(&mut svc, &template); // warm up
-    let one_copy = allocations_of(|| drop(template.clone()));
-    // The caller's copy, then one copy kept per attempt (3 attempts); the two
-    // `io::Error`s allocate too (they are the backend's, not ours).
-    let errors =
-        allocations_of(|| drop((std::io::Error::other("busy"), std::io::Error::other("busy"))));
-    assert_eq!(
-        allocations_of(|| send(&mut svc, &template)),
-        one_copy * 4 + errors
-    );
+    assert_retry_path_allocates(tower::Layer::layer(&layer, FailsTwice::default()), 2, 1);
+}
+
+#[test]
+fn retry_path_with_more_attempts_allowed_copies_for_every_attempt() {
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(4)
+        .build()
+        .unwrap();
+    assert_retry_path_allocates(tower::Layer::layer(&layer, FailsTwice::default()), 3, 1);
 }

@@ -260,6 +260,20 @@ where
         request: &Request<ReqBody>,
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
+        let decision = Policy::<Request<ReqBody>, _, _>::classify_outcome(self, result);
+        // Past the replay limit the call is committed (A6): nothing whole
+        // is left to send again.
+        if decision.is_retry() && !request.body().is_replayable() {
+            return Decision::Final;
+        }
+        decision
+    }
+
+    // `needs_request` stays true: a call refused before it left
+    // (`Cause::NotSent`) is retried transparently even after the last
+    // attempt, and that needs the request.
+
+    fn classify_outcome(&self, result: &Result<Response<ResBody>, E>) -> Decision {
         let (decision, counted) = match result {
             Ok(response) => self.judge_response(response.status(), response.headers()),
             Err(error) => self.judge_error(error.as_std_error()),
@@ -271,12 +285,11 @@ where
                 Counted::Failure | Counted::Neither => {}
             }
         }
-        // Past the replay limit the call is committed (A6): nothing whole
-        // is left to send again.
-        if decision.is_retry() && !request.body().is_replayable() {
-            return Decision::Final;
-        }
         decision
+    }
+
+    fn can_resend(&self, request: &Request<ReqBody>) -> bool {
+        request.body().is_replayable()
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {

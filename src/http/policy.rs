@@ -439,16 +439,30 @@ where
         request: &Request<ReqBody>,
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
-        let decision = match result {
-            Ok(response) => self.classify_response(response.status(), response.headers()),
-            Err(error) => self.classify_error(error.as_std_error()),
-        };
+        let decision = Policy::<Request<ReqBody>, _, _>::classify_outcome(self, result);
         // The copy shares its recording with the body just sent: if that
         // outgrew the limit, there is nothing whole to send again.
         if decision.is_retry() && !request.body().is_replayable() {
             return Decision::Final;
         }
         decision
+    }
+
+    /// Statuses, headers and errors decide; the request only says whether it
+    /// can be sent again, which no longer matters for the last attempt.
+    fn needs_request(&self) -> bool {
+        false
+    }
+
+    fn classify_outcome(&self, result: &Result<Response<ResBody>, E>) -> Decision {
+        match result {
+            Ok(response) => self.classify_response(response.status(), response.headers()),
+            Err(error) => self.classify_error(error.as_std_error()),
+        }
+    }
+
+    fn can_resend(&self, request: &Request<ReqBody>) -> bool {
+        request.body().is_replayable()
     }
 
     /// A [`RetryLimits`] in the request's extensions overrides the layer's
