@@ -145,15 +145,16 @@ impl Budget for LayerBudget {
 }
 
 impl Shared {
-    /// Attempt number `attempt` (from 1) is about to go out.
+    /// A request was called: its first attempt is about to go out.
     #[inline]
-    pub(crate) fn on_send(&self, attempt: u32) {
-        if attempt == 1 {
-            if let Some(budget) = &self.budget {
-                budget.on_first_attempt();
-            }
+    pub(crate) fn on_call(&self) {
+        if let Some(budget) = &self.budget {
+            budget.on_first_attempt();
         }
-        self.record(Event::Attempt { retry: attempt > 1 });
+        if let Some(stats) = &self.stats {
+            stats.record(Event::Request);
+            stats.record(Event::Attempt { retry: false });
+        }
     }
 
     #[inline]

@@ -28,7 +28,7 @@ use crate::jitter::Rng;
 use crate::limits::reached_cap;
 use crate::policy::{Cause, Decision, Policy};
 use crate::schedule::Schedule;
-use crate::service::{poll_ready_to_send, send};
+use crate::service::{poll_ready_to_send, send_retry};
 use crate::stats::Event;
 
 pin_project! {
@@ -99,20 +99,22 @@ pin_project! {
     /// A request beyond its first attempt: where it is, and how far it went.
     struct Tracked<F, Tm, O> {
         #[pin]
-        phase: Phase<F, Tm, O>,
+        phase: Phase<F, Tm>,
+        // The retry decided, from its decision until it is sent.
+        kept: Option<Retry<O>>,
         progress: Progress,
     }
 }
 
 pin_project! {
     #[project = PhaseProj]
-    enum Phase<F, Tm, O> {
+    enum Phase<F, Tm> {
         // An attempt is in flight, racing its timer.
         Called { #[pin] future: F, #[pin] timer: Tm },
-        // Sleeping before a retry, keeping the outcome it would replace.
-        Waiting { #[pin] sleep: Sleep, retry: Option<Retry<O>> },
+        // Sleeping before a retry.
+        Waiting { #[pin] sleep: Sleep },
         // Waiting for the service to be ready to send a retry.
-        Readying { retry: Option<Retry<O>> },
+        Readying,
     }
 }
 
@@ -195,9 +197,18 @@ pub(crate) struct Attempt<F, Tm> {
     pub(crate) stamp: u16,
 }
 
+/// What an outcome means for its request.
+enum Verdict {
+    End(Event),
+    Retry {
+        after: Option<Duration>,
+        cause: Cause,
+    },
+}
+
 /// What the future does after a transition.
 enum Step<F, Tm, O> {
-    Next(Phase<F, Tm, O>),
+    Next(Phase<F, Tm>),
     Return(O),
 }
 
@@ -231,6 +242,7 @@ where
                         future: first.future,
                         timer: first.timer,
                     },
+                    kept: None,
                     progress: Progress::new(limits, first.stamp),
                 }),
             }
@@ -265,15 +277,26 @@ where
             match state.as_mut().project() {
                 StateProj::First { future, timer } => {
                     let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
+                    let (after, cause) = match machine.judge(&outcome, 0, None) {
+                        Verdict::End(ending) => {
+                            return Poll::Ready(machine.finish(1, Duration::ZERO, outcome, ending))
+                        }
+                        Verdict::Retry { after, cause } => (after, cause),
+                    };
                     let limits = Limits {
                         max_attempts: machine.config.max_attempts,
                         deadline: None,
                     };
                     let mut progress = Progress::new(limits, 0);
-                    match machine.on_outcome(&mut progress, outcome) {
+                    let mut kept = None;
+                    match machine.retry(&mut progress, &mut kept, outcome, after, cause) {
                         Step::Return(outcome) => return Poll::Ready(outcome),
                         Step::Next(phase) => state.set(State::Tracked {
-                            tracked: Box::pin(Tracked { phase, progress }),
+                            tracked: Box::pin(Tracked {
+                                phase,
+                                kept,
+                                progress,
+                            }),
                         }),
                     }
                 }
@@ -299,7 +322,7 @@ fn poll_attempt<Res, E, T: AttemptTimer<E>>(
 fn take<O>(retry: &mut Option<Retry<O>>) -> Retry<O> {
     retry
         .take()
-        .expect("a retry is held until its phase is left")
+        .expect("a retry is kept from its decision until it is sent")
 }
 
 type Outcome<S, Req, T> =
@@ -338,19 +361,18 @@ where
     ) -> Poll<Outcome<S, Req, T>> {
         loop {
             let this = tracked.as_mut().project();
-            let progress = this.progress;
+            let (progress, kept) = (this.progress, this.kept);
             let mut phase = this.phase;
             let step = match phase.as_mut().project() {
                 PhaseProj::Called { future, timer } => {
                     let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
-                    self.on_outcome(progress, outcome)
+                    self.on_outcome(progress, kept, outcome)
                 }
-                PhaseProj::Waiting { sleep, retry } => {
+                PhaseProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));
-                    let retry = take(retry);
-                    self.on_wake(progress, retry)
+                    self.on_wake(progress, kept)
                 }
-                PhaseProj::Readying { retry } => {
+                PhaseProj::Readying => {
                     // Zero-delay retries against a ready service would never
                     // yield: spend tokio's task budget like any I/O would.
                     let coop = ready!(tokio::task::coop::poll_proceed(cx));
@@ -361,7 +383,7 @@ where
                         cx
                     ));
                     coop.made_progress();
-                    let retry = take(retry);
+                    let retry = take(kept);
                     self.send(progress, readiness, retry)
                 }
             };
@@ -377,41 +399,71 @@ where
     fn on_outcome(
         &mut self,
         progress: &mut Progress,
+        kept: &mut Option<Retry<Outcome<S, Req, T>>>,
         outcome: Outcome<S, Req, T>,
     ) -> StepOf<S, Req, T> {
+        match self.judge(&outcome, progress.stamp, progress.last_retry) {
+            Verdict::End(ending) => self.end(progress, outcome, ending),
+            Verdict::Retry { after, cause } => self.retry(progress, kept, outcome, after, cause),
+        }
+    }
+
+    /// What an attempt's outcome means: the policy's decision, heard by the
+    /// pacing and, for a success, the budget. `stamp` is the attempt's pacing
+    /// stamp, `last_retry` the cause of the retry it was.
+    #[inline(always)]
+    fn judge(
+        &self,
+        outcome: &Outcome<S, Req, T>,
+        stamp: u16,
+        last_retry: Option<Cause>,
+    ) -> Verdict {
         let config = self.config;
         let decision = match self.request.as_ref() {
-            Some(request) => config.policy.classify(request, &outcome),
+            Some(request) => config.policy.classify(request, outcome),
             // Sent without a copy: judged on its own.
-            None if !config.policy.needs_request() => config.policy.classify_outcome(&outcome),
+            None if !config.policy.needs_request() => config.policy.classify_outcome(outcome),
             // Not copyable: it went out once, its outcome goes back as is.
-            None => return self.finish(progress, outcome, Event::NotClonable),
+            None => return Verdict::End(Event::NotClonable),
         };
         if let Some(pacing) = config.pacing() {
-            pacing.observe(&decision, progress.stamp);
+            pacing.observe(&decision, stamp);
         }
-        let (after, cause) = match decision {
+        match decision {
             Decision::Success => {
                 if let Some(budget) = config.budget() {
-                    budget.on_success(progress.last_retry);
+                    budget.on_success(last_retry);
                 }
-                return self.finish(progress, outcome, Event::Success);
+                Verdict::End(Event::Success)
             }
-            Decision::Final => return self.finish(progress, outcome, Event::Final),
-            Decision::Retry { after, cause } => (after, cause),
-        };
+            Decision::Final => Verdict::End(Event::Final),
+            Decision::Retry { after, cause } => Verdict::Retry { after, cause },
+        }
+    }
+
+    /// Keeps `outcome` and schedules the retry it asks for, or returns it if
+    /// none may follow.
+    fn retry(
+        &mut self,
+        progress: &mut Progress,
+        kept: &mut Option<Retry<Outcome<S, Req, T>>>,
+        outcome: Outcome<S, Req, T>,
+        after: Option<Duration>,
+        cause: Cause,
+    ) -> StepOf<S, Req, T> {
         match self.schedule(progress, after, cause) {
             Ok((delay, transparent, due)) => {
                 progress.previous_delay = delay;
-                Step::Next(wait(Retry {
+                *kept = Some(Retry {
                     outcome,
                     cause,
                     delay,
                     transparent,
                     due,
-                }))
+                });
+                Step::Next(wait(delay))
             }
-            Err(ending) => self.finish(progress, outcome, ending),
+            Err(ending) => self.end(progress, outcome, ending),
         }
     }
 
@@ -445,6 +497,8 @@ where
             (true, _) => Duration::ZERO,
             // Never before the server asked: its policy bounds what it accepts.
             (false, Some(asked)) => asked,
+            // A schedule capped at zero never sleeps, whatever the jitter.
+            (false, None) if config.schedule.cap().is_zero() => Duration::ZERO,
             (false, None) => {
                 let rng = progress.rng.get_or_insert_with(|| config.new_rng());
                 config
@@ -470,13 +524,14 @@ where
     fn on_wake(
         &mut self,
         progress: &mut Progress,
-        retry: Retry<Outcome<S, Req, T>>,
+        kept: &Option<Retry<Outcome<S, Req, T>>>,
     ) -> StepOf<S, Req, T> {
-        progress.slept = progress.slept.saturating_add(retry.delay);
+        let delay = kept.as_ref().map_or(Duration::ZERO, |retry| retry.delay);
+        progress.slept = progress.slept.saturating_add(delay);
         if let Some(stats) = self.config.shared.as_ref().and_then(|s| s.stats.as_ref()) {
-            stats.record_sleep(retry.delay);
+            stats.record_sleep(delay);
         }
-        Step::Next(Phase::Readying { retry: Some(retry) })
+        Step::Next(Phase::Readying)
     }
 
     /// The service answered readiness for a retry: commit it and send it, or
@@ -490,7 +545,7 @@ where
         if readiness.is_err() {
             // The readiness error says nothing about the request; the kept
             // outcome does.
-            return self.finish(progress, retry.outcome, Event::Final);
+            return self.end(progress, retry.outcome, Event::Final);
         }
         let config = self.config;
         // No attempt starts once the deadline has passed; but a sleep allowed
@@ -502,14 +557,14 @@ where
             now > deadline && !woke_on_time
         };
         if progress.deadline.is_some_and(late) {
-            return self.finish(progress, retry.outcome, Event::OutOfTime);
+            return self.end(progress, retry.outcome, Event::OutOfTime);
         }
         let Some(mut copy) = self.copy_for(progress, &retry) else {
-            return self.finish(progress, retry.outcome, Event::NotClonable);
+            return self.end(progress, retry.outcome, Event::NotClonable);
         };
         if !retry.transparent && config.budget().is_some_and(|b| !b.try_retry(retry.cause)) {
             budget_refused(progress.attempts, retry.cause);
-            return self.finish(progress, retry.outcome, Event::BudgetRefused);
+            return self.end(progress, retry.outcome, Event::BudgetRefused);
         }
         // Committed: from here on the retry is sent.
         #[cfg(feature = "tracing")]
@@ -530,13 +585,7 @@ where
         progress.last_retry = Some(retry.cause);
         config.policy.prepare_retry(&mut copy, progress.attempts);
         let timer = config.timeouts.timer(progress.deadline);
-        let (future, stamp) = send(
-            self.inner,
-            &mut progress.gate,
-            config,
-            copy,
-            progress.attempts,
-        );
+        let (future, stamp) = send_retry(self.inner, &mut progress.gate, config, copy);
         progress.stamp = stamp;
         Step::Next(Phase::Called { future, timer })
     }
@@ -557,19 +606,29 @@ where
         self.request.take()
     }
 
-    /// Ends the request with `outcome`.
-    fn finish(
+    /// Ends a tracked request with `outcome`.
+    fn end(
         &mut self,
         progress: &Progress,
-        mut outcome: Outcome<S, Req, T>,
+        outcome: Outcome<S, Req, T>,
         ending: Event,
     ) -> StepOf<S, Req, T> {
+        Step::Return(self.finish(progress.attempts, progress.slept, outcome, ending))
+    }
+
+    /// The outcome to return after `attempts` attempts and `slept` asleep.
+    #[inline(always)]
+    fn finish(
+        &self,
+        attempts: u32,
+        slept: Duration,
+        mut outcome: Outcome<S, Req, T>,
+        ending: Event,
+    ) -> Outcome<S, Req, T> {
         let config = self.config;
         config.record(ending);
-        config
-            .policy
-            .finish(&mut outcome, progress.attempts, progress.slept);
-        Step::Return(outcome)
+        config.policy.finish(&mut outcome, attempts, slept);
+        outcome
     }
 }
 
@@ -580,13 +639,12 @@ const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 /// The state that waits `delay` before readiness for a retry; a zero delay
 /// goes straight to readiness, with no timer and no clock (tokio's timer would
 /// round a zero sleep up to its 1 ms tick).
-fn wait<F, Tm, O>(retry: Retry<O>) -> Phase<F, Tm, O> {
-    if retry.delay.is_zero() {
-        Phase::Readying { retry: Some(retry) }
+fn wait<F, Tm>(delay: Duration) -> Phase<F, Tm> {
+    if delay.is_zero() {
+        Phase::Readying
     } else {
         Phase::Waiting {
-            sleep: tokio::time::sleep(retry.delay),
-            retry: Some(retry),
+            sleep: tokio::time::sleep(delay),
         }
     }
 }

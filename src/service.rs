@@ -221,7 +221,6 @@ where
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
         let config = &*self.config;
-        config.record(Event::Request);
         let limits = config.policy.limits(&request).unwrap_or_default();
         let max_attempts = limits.max_attempts.unwrap_or(config.max_attempts);
         let deadline = deadline(config.max_elapsed, limits.deadline);
@@ -233,7 +232,14 @@ where
             config.policy.clone_request(&request)
         };
         let timer = config.timeouts.timer(deadline);
-        let (future, stamp) = send(&mut self.inner, &mut self.gate, config, request, 1);
+        let mut stamp = 0;
+        if let Some(shared) = config.shared.as_deref() {
+            shared.on_call();
+            if let Some(pacing) = &shared.pacing {
+                stamp = pacing.sent(&mut self.gate);
+            }
+        }
+        let future = self.inner.call(request);
         let attempt = Attempt {
             future,
             timer,
@@ -268,22 +274,21 @@ where
     inner.poll_ready(cx)
 }
 
-/// Sends attempt number `attempt` through `inner`, which
-/// [`poll_ready_to_send`] readied; returns its future and its pacing stamp.
+/// Sends a retry through `inner`, which [`poll_ready_to_send`] readied;
+/// returns its future and its pacing stamp.
 #[inline]
-pub(crate) fn send<S, Req, P, Sch, T>(
+pub(crate) fn send_retry<S, Req, P, Sch, T>(
     inner: &mut S,
     gate: &mut Gate,
     config: &Config<P, Sch, T>,
     request: Req,
-    attempt: u32,
 ) -> (S::Future, u16)
 where
     S: Service<Req>,
 {
     let mut stamp = 0;
     if let Some(shared) = config.shared.as_deref() {
-        shared.on_send(attempt);
+        shared.record(Event::Attempt { retry: true });
         if let Some(pacing) = &shared.pacing {
             stamp = pacing.sent(gate);
         }
