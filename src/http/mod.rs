@@ -118,8 +118,11 @@ mod method;
 mod per_host;
 mod policy;
 mod replay;
+mod replay_layer;
 #[cfg(feature = "reqwest")]
 mod reqwest;
+#[cfg(feature = "reqwest")]
+mod reqwest_replay;
 mod retry_after;
 mod status;
 
@@ -129,7 +132,7 @@ pub use delay_headers::{
     X_RATELIMIT_RESET,
 };
 pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
-pub use error::{classify_error, AsStdError};
+pub use error::{classify_error, is_unsent, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
 pub use per_host::{PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS};
@@ -138,5 +141,8 @@ pub use policy::{
     IDEMPOTENCY_KEY, X_SHOULD_RETRY,
 };
 pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
+pub use replay_layer::{Replay, ReplayLayer};
+#[cfg(feature = "reqwest")]
+pub use reqwest_replay::{IntoReqwest, IntoReqwestLayer, ReqwestFuture};
 pub use retry_after::parse_retry_after;
 pub use status::StatusSet;
