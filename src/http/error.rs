@@ -287,6 +287,28 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_connection_at_any_depth_is_unsent() {
+        let deep = Wrapped(Box::new(Wrapped(io(io::ErrorKind::ConnectionRefused))));
+        assert!(is_unsent(&deep));
+        let wrapped = io::Error::other(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert!(is_unsent(&wrapped));
+    }
+
+    #[test]
+    fn a_connection_lost_after_it_was_made_is_not_unsent() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(!is_unsent(&Wrapped(io(kind))), "{kind:?}");
+        }
+        assert!(!is_unsent(&Endless));
+    }
+
+    #[test]
     fn io_timeouts_are_timeouts() {
         let error = Wrapped(io(io::ErrorKind::TimedOut));
         assert_eq!(classify_error(&error), Some(Cause::Timeout));
