@@ -115,6 +115,8 @@ mod drain;
 mod error;
 mod info;
 mod method;
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
 mod per_host;
 mod policy;
 mod replay;
@@ -135,6 +137,8 @@ pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 pub use error::{classify_error, is_unsent, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
+#[cfg(feature = "reqwest-middleware")]
+pub use middleware::BackoffMiddleware;
 pub use per_host::{PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS};
 pub use policy::{
     HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
