@@ -3,7 +3,13 @@
 //!
 //! [`HttpPolicy`] is the policy to give a [`BackoffLayer`](crate::BackoffLayer)
 //! in front of hyper-util's client or (feature `reqwest`) `reqwest::Client`.
-//! Streaming request bodies become retryable wrapped in a [`ReplayBody`].
+//! Streaming request bodies become retryable wrapped in a [`ReplayBody`]
+//! ([`ReplayLayer`] wraps every request's; over reqwest, with
+//! [`IntoReqwestLayer`] behind the retry layer). With the
+//! `reqwest-middleware` feature, [`BackoffMiddleware`] brings a layer's
+//! retries to `reqwest_middleware` clients. [`HttpPolicy::retry_unsent`]
+//! retries requests that provably never left ([`is_unsent`]), whatever
+//! their method.
 //! Every response returned carries a [`RetryInfo`].
 //!
 //! # What each server signal does
