@@ -466,6 +466,30 @@ async fn the_request_timeout_survives_the_replay_layer() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn streaming_body_behind_a_replay_layer_with_an_attempt_timeout_is_resent_after_a_hang() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(
+            tower_backoff::BackoffLayer::builder()
+                .policy(HttpPolicy::new())
+                .schedule(Constant::new(STEP))
+                .jitter(tower_backoff::Jitter::None)
+                .attempt_timeout(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let response = svc.oneshot(streaming_put(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.body == upload_bytes()));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_url_reqwest_cannot_send_fails_with_its_builder_error_behind_a_replay_layer() {
     let svc = ServiceBuilder::new()
         .layer(ReplayLayer::new())

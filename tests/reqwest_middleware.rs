@@ -635,3 +635,39 @@ async fn each_attempt_sees_the_extensions_the_last_one_left_and_the_caller_gets_
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(extensions.get::<Tally>(), Some(&Tally(13)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_post_to_a_closed_port_is_retried_only_with_retry_unsent() {
+    for (policy, sent) in [
+        (HttpPolicy::new(), false),
+        (HttpPolicy::new().retry_unsent(), true),
+    ] {
+        let addr = unused_addr();
+        let starting = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Server::start_on(addr, |_, _| status(200)).await
+        });
+        let (client, attempts) = counted(layer_with(
+            policy,
+            Constant::new(Duration::from_secs(1)),
+            3,
+            None,
+        ));
+        let result = client
+            .post(format!("http://{addr}/orders"))
+            .body("order=1")
+            .send()
+            .await;
+        let server = starting.await.unwrap();
+        if sent {
+            assert_eq!(result.unwrap().status(), StatusCode::OK);
+            // Refused twice (the second at once), then sent after a second.
+            assert_eq!(attempts.load(Ordering::SeqCst), 3);
+            assert_eq!(server.requests(), 1);
+        } else {
+            assert!(result.unwrap_err().is_connect());
+            assert_eq!(attempts.load(Ordering::SeqCst), 1);
+            assert_eq!(server.requests(), 0);
+        }
+    }
+}

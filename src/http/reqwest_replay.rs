@@ -65,6 +65,15 @@ where
     }
 }
 
+/// A request [`Replay`] could not convert, in front of a layer with an
+/// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout): the
+/// client's own error, as the client would have returned it.
+impl From<reqwest::Error> for crate::deadline::Error<reqwest::Error> {
+    fn from(error: reqwest::Error) -> Self {
+        Self::Inner(error)
+    }
+}
+
 /// `body` recorded up to `limit` bytes, or whole if it is already in memory.
 pub(crate) fn record(body: reqwest::Body, limit: usize) -> ReplayBody<reqwest::Body> {
     let limit = body
