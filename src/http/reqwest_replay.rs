@@ -206,3 +206,51 @@ impl<F, E> std::fmt::Debug for ReqwestFuture<F, E> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Waker;
+
+    #[test]
+    fn a_failed_future_returns_its_error_once_then_stays_pending() {
+        let mut future =
+            ReqwestFuture::<std::future::Ready<Result<(), &str>>, &str>::failed("unsendable");
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut future = Pin::new(&mut future);
+        assert_eq!(
+            future.as_mut().poll(&mut cx),
+            Poll::Ready(Err("unsendable"))
+        );
+        assert_eq!(future.as_mut().poll(&mut cx), Poll::Pending);
+        assert_eq!(format!("{future:?}"), "ReqwestFuture { state: \"Failed\" }");
+    }
+
+    #[test]
+    fn a_called_future_is_the_inner_future() {
+        let mut future = ReqwestFuture::<_, &str>::called(std::future::ready(Ok::<_, &str>(7)));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(Pin::new(&mut future).poll(&mut cx), Poll::Ready(Ok(7)));
+        assert_eq!(format!("{future:?}"), "ReqwestFuture { state: \"Called\" }");
+    }
+
+    #[tokio::test]
+    async fn a_body_in_memory_is_recorded_whatever_its_size_and_a_stream_up_to_the_limit() {
+        use super::super::body::CloneBody;
+        use http_body_util::BodyExt;
+
+        let in_memory = record(reqwest::Body::from(vec![1u8; 100]), 10);
+        let copy = in_memory.clone_body().unwrap();
+        assert_eq!(in_memory.collect().await.unwrap().to_bytes().len(), 100);
+        assert!(copy.is_replayable());
+
+        let frames = [Ok::<_, BoxError>(http_body::Frame::data(Bytes::from(
+            vec![1u8; 100],
+        )))];
+        let stream = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        let streaming = record(reqwest::Body::wrap(stream), 10);
+        let copy = streaming.clone_body().unwrap();
+        assert_eq!(streaming.collect().await.unwrap().to_bytes().len(), 100);
+        assert!(!copy.is_replayable());
+    }
+}
