@@ -1,7 +1,9 @@
 //! `HttpPolicy::retry_unsent`: a request that provably never reached the
-//! server is retried whatever its method, through hyper-util's client and
-//! reqwest, against real sockets on 127.0.0.1; a request that reached the
-//! server is not, however its connection ended.
+//! server (connection refused; handed back unwritten by hyper) is retried
+//! whatever its method, through hyper-util's client, reqwest and hyper's own
+//! connection, against real sockets on 127.0.0.1 and a real hyper server on
+//! an in-memory pipe; a request that reached the server is not, however its
+//! connection ended.
 #![cfg(feature = "reqwest")]
 
 mod http_server;
@@ -300,4 +302,81 @@ async fn put_reset_after_the_server_read_it_is_still_retried_with_retry_unsent()
     let error = svc.oneshot(put).await.unwrap_err();
     assert!(!is_unsent(&error), "{error:?}");
     assert_eq!(received.load(Ordering::SeqCst), 3);
+}
+
+// --- handed back unwritten: a connection gone before the request went out ------
+
+/// A client that opens a fresh HTTP/1 connection per attempt over an
+/// in-memory pipe to a real hyper server, except that the first attempt's
+/// connection is gone before the request is written: hyper hands the
+/// request back, canceled. Returns the client and the requests the server
+/// received.
+fn first_connection_gone() -> (
+    impl tower::Service<
+            http::Request<Full<Bytes>>,
+            Response = http::Response<hyper::body::Incoming>,
+            Error = hyper::Error,
+            Future = impl Send,
+        > + Clone,
+    Arc<AtomicUsize>,
+) {
+    use hyper_util::rt::TokioIo;
+    let received = Arc::new(AtomicUsize::new(0));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let count = received.clone();
+    let client = tower::service_fn(move |request: http::Request<Full<Bytes>>| {
+        let first = attempts.fetch_add(1, Ordering::SeqCst) == 0;
+        let received = count.clone();
+        async move {
+            let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(client_io)).await?;
+            if first {
+                drop(connection);
+            } else {
+                tokio::spawn(connection);
+                let server = hyper::service::service_fn(move |_: http::Request<_>| {
+                    received.fetch_add(1, Ordering::SeqCst);
+                    async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            Full::<Bytes>::default(),
+                        ))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(server_io), server),
+                );
+            }
+            sender.send_request(request).await
+        }
+    });
+    (client, received)
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_handed_back_unwritten_is_retried_with_retry_unsent() {
+    let (client, received) = first_connection_gone();
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new().retry_unsent()))
+        .service(client);
+    let response = svc.oneshot(hyper_post("/orders")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        *response.extensions().get::<RetryInfo>().unwrap(),
+        RetryInfo::new(2, Duration::ZERO)
+    );
+    assert_eq!(received.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_handed_back_unwritten_is_returned_without_retry_unsent() {
+    let (client, received) = first_connection_gone();
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client);
+    let error = svc.oneshot(hyper_post("/orders")).await.unwrap_err();
+    assert!(error.is_canceled(), "{error:?}");
+    assert!(is_unsent(&error));
+    assert_eq!(received.load(Ordering::SeqCst), 0);
 }
