@@ -349,7 +349,9 @@ impl HttpPolicy {
     /// The first such retry is [`Cause::NotSent`]: sent at once, not counted
     /// against the attempt limit, not charged to the budget. Later ones are
     /// ordinary retries (the schedule's delay, the budget's charge), still
-    /// only while every failure was provably unsent.
+    /// only while every failure was provably unsent. The check comes before
+    /// the error classifier ([`on_error`](Self::on_error)), so a custom
+    /// classifier cannot turn it off by accident.
     ///
     /// ```
     /// use tower_backoff::http::HttpPolicy;
