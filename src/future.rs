@@ -597,13 +597,11 @@ where
     fn copy_for(&mut self, progress: &Progress, retry: &Retry<Outcome<S, Req, T>>) -> Option<Req> {
         let policy = &self.config.policy;
         let request = self.request.as_ref()?;
-        if progress.retryable_after(retry) || policy.needs_request() {
-            return policy.clone_request(request);
+        let last = !progress.retryable_after(retry) && !policy.needs_request();
+        if last && policy.can_resend(request) {
+            return self.request.take();
         }
-        if !policy.can_resend(request) {
-            return None;
-        }
-        self.request.take()
+        policy.clone_request(request)
     }
 
     /// Ends a tracked request with `outcome`.

@@ -258,11 +258,12 @@ pub trait Policy<Req, Res, E> {
         }
     }
 
-    /// Whether the kept request can still be sent as it is, as the last
-    /// attempt, which goes out without being copied first (see
-    /// [`needs_request`](Self::needs_request)). The default says yes; the HTTP
-    /// policy asks the body, since a [`ReplayBody`](crate::http::ReplayBody)
-    /// past its limit has nothing whole left to send.
+    /// Whether the kept request itself can go out as the last attempt (see
+    /// [`needs_request`](Self::needs_request)), rather than a copy. The
+    /// default says yes; the HTTP policy asks the body: a
+    /// [`ReplayBody`](crate::http::ReplayBody) says no, since only its newest
+    /// copy may be sent, and then the last attempt gets a copy like the
+    /// others.
     fn can_resend(&self, request: &Req) -> bool {
         let _ = request;
         true

@@ -15,7 +15,9 @@ use http_body::Frame;
 use http_body_util::StreamBody;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{HttpPolicy, RetryInfo, IDEMPOTENCY_KEY};
+use tower_backoff::http::{
+    HttpPolicy, IntoReqwestLayer, ReplayBody, ReplayLayer, RetryInfo, IDEMPOTENCY_KEY,
+};
 use tower_backoff::{Constant, Exponential};
 
 use http_server::{
@@ -278,7 +280,7 @@ async fn per_attempt_tower_timeout_inside_the_layer_retries_a_hung_attempt() {
 // --- bodies and connections ---------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-async fn streaming_body_goes_out_once() {
+async fn streaming_body_without_a_replay_layer_goes_out_once() {
     let server = Server::start(|_, _| status(503)).await;
     let svc = ServiceBuilder::new()
         .layer(layer(HttpPolicy::new()))
@@ -292,6 +294,213 @@ async fn streaming_body_goes_out_once() {
     let seen = server.seen();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].body.len(), 4 * 1024);
+}
+
+// --- streaming bodies through ReplayLayer --------------------------------------
+
+/// Four chunks of 1 KiB, each of its own byte, so a reordered or missing
+/// chunk shows.
+fn upload_chunks() -> impl Iterator<Item = Result<Frame<Bytes>, Infallible>> {
+    (0..4u8).map(|i| Ok(Frame::data(Bytes::from(vec![b'a' + i; 1024]))))
+}
+
+fn upload_bytes() -> Bytes {
+    upload_chunks()
+        .flat_map(|frame| frame.unwrap().into_data().unwrap())
+        .collect()
+}
+
+/// `reqwest::Body::wrap_stream` needs reqwest's `stream` feature; `wrap` of a
+/// stream body makes the same streaming (not clonable) body.
+fn streaming_put(server: &Server) -> reqwest::Request {
+    let mut put = request(Method::PUT, &server.url("/upload"));
+    *put.body_mut() = Some(reqwest::Body::wrap(StreamBody::new(stream::iter(
+        upload_chunks(),
+    ))));
+    put
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_body_behind_a_replay_layer_is_retried_byte_identical() {
+    let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let response = svc.oneshot(streaming_put(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response), RetryInfo::new(3, 2 * STEP));
+    let seen = server.seen();
+    assert_eq!(seen.len(), 3);
+    for attempt in &seen {
+        assert_eq!(attempt.method, Method::PUT);
+        assert_eq!(attempt.path, "/upload");
+        assert_eq!(attempt.body, upload_bytes());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_body_over_the_replay_limit_is_sent_once_and_its_response_returned() {
+    let server = Server::start(|_, _| status(503)).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::with_limit(2 * 1024))
+        .layer(layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let response = svc.oneshot(streaming_put(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(info(&response).attempts, 1);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, upload_bytes());
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_upload_reaches_the_server_the_same_through_reqwest_as_through_hyper_util() {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let script = |n: usize, _: &http_server::Seen| if n < 1 { status(503) } else { status(200) };
+    let through_reqwest = Server::start(script).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let response = svc.oneshot(streaming_put(&through_reqwest)).await.unwrap();
+    let reqwest_info = (response.status(), info(&response));
+
+    let through_hyper = Server::start(script).await;
+    let hyper_client = Client::builder(TokioExecutor::new())
+        .build_http::<ReplayBody<StreamBody<stream::Iter<std::vec::IntoIter<_>>>>>();
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(layer(HttpPolicy::new()))
+        .service(hyper_client);
+    let put = http::Request::put(through_hyper.url("/upload"))
+        .body(StreamBody::new(stream::iter(
+            upload_chunks().collect::<Vec<_>>(),
+        )))
+        .unwrap();
+    let response = svc.oneshot(put).await.unwrap();
+    let hyper_info = (
+        response.status(),
+        *response.extensions().get::<RetryInfo>().unwrap(),
+    );
+
+    assert_eq!(reqwest_info, hyper_info);
+    assert_eq!(reqwest_info, (StatusCode::OK, RetryInfo::new(2, STEP)));
+    let bodies = |server: &Server| {
+        server
+            .seen()
+            .into_iter()
+            .map(|s| s.body)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bodies(&through_reqwest), bodies(&through_hyper));
+    assert_eq!(bodies(&through_reqwest), [upload_bytes(), upload_bytes()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_in_memory_body_larger_than_the_replay_limit_is_still_retried() {
+    let server = Server::start(busy_once(503)).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::with_limit(16))
+        .layer(layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let mut put = request(Method::PUT, &server.url("/doc"));
+    *put.body_mut() = Some(upload_bytes().into());
+    let response = svc.oneshot(put).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.body == upload_bytes()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_behind_a_replay_layer_is_retried_with_its_headers_and_no_body() {
+    let server = Server::start(busy_once(503)).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let mut get = get(&server);
+    get.headers_mut().insert("x-trace", "abc".parse().unwrap());
+    let response = svc.oneshot(get).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    for attempt in &seen {
+        assert_eq!(attempt.method, Method::GET);
+        assert_eq!(attempt.headers["x-trace"], "abc");
+        assert!(attempt.body.is_empty());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_request_timeout_survives_the_replay_layer() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let mut get = get(&server);
+    *get.timeout_mut() = Some(Duration::from_secs(1));
+    let started = Instant::now();
+    // Were the timeout lost, the first attempt would hang past this.
+    let response = tokio::time::timeout(Duration::from_secs(10), svc.oneshot(get))
+        .await
+        .expect("reqwest's timeout ended the hung attempt")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_body_behind_a_replay_layer_with_an_attempt_timeout_is_resent_after_a_hang() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(
+            tower_backoff::BackoffLayer::builder()
+                .policy(HttpPolicy::new())
+                .schedule(Constant::new(STEP))
+                .jitter(tower_backoff::Jitter::None)
+                .attempt_timeout(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let response = svc.oneshot(streaming_put(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.body == upload_bytes()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_url_reqwest_cannot_send_fails_with_its_builder_error_behind_a_replay_layer() {
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let error = svc
+        .oneshot(request(Method::GET, "http://{{hostname}}/"))
+        .await
+        .unwrap_err();
+    assert!(error.is_builder(), "{error:?}");
 }
 
 async fn connections_used(policy: HttpPolicy) -> usize {

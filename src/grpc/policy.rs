@@ -288,10 +288,6 @@ where
         decision
     }
 
-    fn can_resend(&self, request: &Request<ReqBody>) -> bool {
-        request.body().is_replayable()
-    }
-
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
         let mut copy = Request::new(request.body().clone_body()?);
         *copy.method_mut() = request.method().clone();

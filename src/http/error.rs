@@ -53,6 +53,71 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
     None
 }
 
+/// Whether `error`, or any error in its `source()` chain, proves that the
+/// request never reached the server, so that sending it again cannot repeat
+/// anything the server did: what
+/// [`HttpPolicy::retry_unsent`](super::HttpPolicy::retry_unsent) retries.
+///
+/// Recognised:
+/// - a hyper-util client error whose `is_connect()`: the connection was
+///   never made (refused, unreachable, DNS failure, connect timeout, TLS
+///   handshake failure, a proxy tunnel refused), so no byte of the request
+///   was written;
+/// - a `reqwest::Error` whose `is_connect()` (with the `reqwest` feature):
+///   reqwest's name for the same hyper-util error;
+/// - a hyper error whose `is_canceled()`: hyper handed the request back
+///   before writing any of it (a pooled connection found closed, or not
+///   ready, when the request was queued on it). hyper-util retries these
+///   itself on a reused connection; this covers the rest;
+/// - an `io::Error` of kind `ConnectionRefused`: no connection, no request.
+///
+/// Not recognised, because the request may have been written and processed:
+/// a reset or broken pipe (`ConnectionReset`, `ConnectionAborted`,
+/// `BrokenPipe`), hyper's "connection closed before message completed"
+/// (`is_incomplete_message()`), timeouts, and anything else. An HTTP/2
+/// `REFUSED_STREAM` is proof too (RFC 9113, 8.7), but it is not recognised
+/// here; a classifier of your own can add it.
+///
+/// ```
+/// use std::io;
+/// use tower_backoff::http::is_unsent;
+///
+/// assert!(is_unsent(&io::Error::from(io::ErrorKind::ConnectionRefused)));
+/// assert!(!is_unsent(&io::Error::from(io::ErrorKind::ConnectionReset)));
+/// ```
+pub fn is_unsent(error: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(error);
+    for _ in 0..MAX_DEPTH {
+        let Some(error) = next else {
+            return false;
+        };
+        if proves_unsent(error) {
+            return true;
+        }
+        next = next_link(error);
+    }
+    false
+}
+
+fn proves_unsent(error: &(dyn Error + 'static)) -> bool {
+    let connect = error
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(hyper_util::client::legacy::Error::is_connect);
+    let canceled = error
+        .downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_canceled);
+    #[cfg(feature = "reqwest")]
+    let connect = connect
+        || error
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_connect);
+    connect
+        || canceled
+        || error
+            .downcast_ref::<io::Error>()
+            .is_some_and(|error| error.kind() == io::ErrorKind::ConnectionRefused)
+}
+
 /// The next error down the chain. `io::Error::source()` skips the error an
 /// `io::Error` wraps and returns that error's own source, so a timeout or a
 /// reset wrapped by an I/O adapter would go unseen: look at it first.
@@ -219,6 +284,28 @@ mod tests {
             let deep = Wrapped(Box::new(Wrapped(io(kind))));
             assert_eq!(classify_error(&deep), Some(Cause::Transient), "{kind:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_connection_at_any_depth_is_unsent() {
+        let deep = Wrapped(Box::new(Wrapped(io(io::ErrorKind::ConnectionRefused))));
+        assert!(is_unsent(&deep));
+        let wrapped = io::Error::other(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert!(is_unsent(&wrapped));
+    }
+
+    #[test]
+    fn a_connection_lost_after_it_was_made_is_not_unsent() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(!is_unsent(&Wrapped(io(kind))), "{kind:?}");
+        }
+        assert!(!is_unsent(&Endless));
     }
 
     #[test]

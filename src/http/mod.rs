@@ -3,7 +3,13 @@
 //!
 //! [`HttpPolicy`] is the policy to give a [`BackoffLayer`](crate::BackoffLayer)
 //! in front of hyper-util's client or (feature `reqwest`) `reqwest::Client`.
-//! Streaming request bodies become retryable wrapped in a [`ReplayBody`].
+//! Streaming request bodies become retryable wrapped in a [`ReplayBody`]
+//! ([`ReplayLayer`] wraps every request's; over reqwest, with
+//! [`IntoReqwestLayer`] behind the retry layer). With the
+//! `reqwest-middleware` feature, [`BackoffMiddleware`] brings a layer's
+//! retries to `reqwest_middleware` clients. [`HttpPolicy::retry_unsent`]
+//! retries requests that provably never left ([`is_unsent`]), whatever
+//! their method.
 //! Every response returned carries a [`RetryInfo`].
 //!
 //! # What each server signal does
@@ -115,11 +121,16 @@ mod drain;
 mod error;
 mod info;
 mod method;
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
 mod per_host;
 mod policy;
 mod replay;
+mod replay_layer;
 #[cfg(feature = "reqwest")]
 mod reqwest;
+#[cfg(feature = "reqwest")]
+mod reqwest_replay;
 mod retry_after;
 mod status;
 
@@ -129,14 +140,19 @@ pub use delay_headers::{
     X_RATELIMIT_RESET,
 };
 pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
-pub use error::{classify_error, AsStdError};
+pub use error::{classify_error, is_unsent, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
+#[cfg(feature = "reqwest-middleware")]
+pub use middleware::BackoffMiddleware;
 pub use per_host::{PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS};
 pub use policy::{
     HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
     IDEMPOTENCY_KEY, X_SHOULD_RETRY,
 };
 pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
+pub use replay_layer::{Replay, ReplayLayer};
+#[cfg(feature = "reqwest")]
+pub use reqwest_replay::{IntoReqwest, IntoReqwestLayer, ReqwestFuture};
 pub use retry_after::parse_retry_after;
 pub use status::StatusSet;

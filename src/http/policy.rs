@@ -11,7 +11,7 @@ use http_body::Body;
 use super::body::CloneBody;
 use super::delay_headers::DelayHeaders;
 use super::drain::{drain, DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
-use super::error::{classify_error, AsStdError};
+use super::error::{classify_error, is_unsent, AsStdError};
 use super::info::RetryInfo;
 use super::method::MethodSet;
 use super::status::StatusSet;
@@ -128,6 +128,7 @@ pub struct HttpPolicy {
     drain_timeout: Duration,
     record_info: bool,
     classify_error: fn(&(dyn Error + 'static)) -> Option<Cause>,
+    retry_unsent: bool,
 }
 
 impl HttpPolicy {
@@ -147,6 +148,7 @@ impl HttpPolicy {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             record_info: true,
             classify_error,
+            retry_unsent: false,
         }
     }
 
@@ -331,6 +333,37 @@ impl HttpPolicy {
         self
     }
 
+    /// Also retries a request that provably never reached the server, once
+    /// at once and then as any retry, whatever its method: a POST too. Off
+    /// by default.
+    ///
+    /// "Provably" is what [`is_unsent`](super::is_unsent) recognises: a
+    /// connection that was never made (refused, DNS failure, TLS handshake),
+    /// or a request hyper handed back unwritten (a pooled connection found
+    /// closed before the request was written to it). A request that was
+    /// written, even in part, and then lost its connection (a reset,
+    /// "connection closed before message completed") may have been
+    /// processed: it stays unrepeatable unless its method or an
+    /// idempotency key allows it.
+    ///
+    /// The first such retry is [`Cause::NotSent`]: sent at once, not counted
+    /// against the attempt limit, not charged to the budget. Later ones are
+    /// ordinary retries (the schedule's delay, the budget's charge), still
+    /// only while every failure was provably unsent. The check comes before
+    /// the error classifier ([`on_error`](Self::on_error)), so a custom
+    /// classifier cannot turn it off by accident.
+    ///
+    /// ```
+    /// use tower_backoff::http::HttpPolicy;
+    ///
+    /// let policy = HttpPolicy::new().retry_unsent();
+    /// # drop(policy);
+    /// ```
+    pub fn retry_unsent(mut self) -> Self {
+        self.retry_unsent = true;
+        self
+    }
+
     /// Whether a request with this method and these headers may be sent twice.
     pub fn may_repeat(&self, method: &Method, headers: &HeaderMap) -> bool {
         self.methods.contains(method)
@@ -387,6 +420,9 @@ impl HttpPolicy {
     /// What an error means: a retry for the cause the classifier names, else
     /// a final failure.
     pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Decision {
+        if self.retry_unsent && is_unsent(error) {
+            return Decision::retry().because(Cause::NotSent);
+        }
         match (self.classify_error)(error) {
             Some(cause) => Decision::retry().because(cause),
             None => Decision::Final,
@@ -423,6 +459,7 @@ impl fmt::Debug for HttpPolicy {
             .field("drain_limit", &self.drain_limit)
             .field("drain_timeout", &self.drain_timeout)
             .field("record_info", &self.record_info)
+            .field("retry_unsent", &self.retry_unsent)
             .finish_non_exhaustive()
     }
 }
@@ -440,6 +477,7 @@ where
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
         let decision = Policy::<Request<ReqBody>, _, _>::classify_outcome(self, result);
+        let decision = self.allow_retry(decision, request.method(), request.headers());
         // The copy shares its recording with the body just sent: if that
         // outgrew the limit, there is nothing whole to send again.
         if decision.is_retry() && !request.body().is_replayable() {
@@ -449,9 +487,11 @@ where
     }
 
     /// Statuses, headers and errors decide; the request only says whether it
-    /// can be sent again, which no longer matters for the last attempt.
+    /// may be sent again, which no longer matters for the last attempt. With
+    /// [`retry_unsent`](HttpPolicy::retry_unsent), a request that never left
+    /// may be retried after the last attempt too, and that needs the request.
     fn needs_request(&self) -> bool {
-        false
+        self.retry_unsent_on()
     }
 
     fn classify_outcome(&self, result: &Result<Response<ResBody>, E>) -> Decision {
@@ -462,7 +502,7 @@ where
     }
 
     fn can_resend(&self, request: &Request<ReqBody>) -> bool {
-        request.body().is_replayable()
+        request.body().is_sendable_as_is()
     }
 
     /// A [`RetryLimits`] in the request's extensions overrides the layer's
@@ -472,16 +512,7 @@ where
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
-        if !self.may_repeat(request.method(), request.headers()) {
-            return None;
-        }
-        let mut copy = Request::new(request.body().clone_body()?);
-        *copy.method_mut() = request.method().clone();
-        *copy.uri_mut() = request.uri().clone();
-        *copy.version_mut() = request.version();
-        *copy.headers_mut() = request.headers().clone();
-        *copy.extensions_mut() = request.extensions().clone();
-        Some(copy)
+        self.copy_request(request)
     }
 
     fn discard(&self, result: Result<Response<ResBody>, E>) {
@@ -504,6 +535,49 @@ where
 }
 
 impl HttpPolicy {
+    /// Whether a request with this method and these headers is worth a copy:
+    /// it may be repeated, or it may be retried should it never leave.
+    /// Whether [`retry_unsent`](Self::retry_unsent) is on.
+    pub(crate) fn retry_unsent_on(&self) -> bool {
+        self.retry_unsent
+    }
+
+    pub(crate) fn may_retry(&self, method: &Method, headers: &HeaderMap) -> bool {
+        self.retry_unsent || self.may_repeat(method, headers)
+    }
+
+    /// `decision` for a request with this method and these headers: a retry
+    /// stays one if the request may be repeated, or if it never left.
+    pub(crate) fn allow_retry(
+        &self,
+        decision: Decision,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Decision {
+        match decision {
+            Decision::Retry {
+                cause: Cause::NotSent,
+                ..
+            } => decision,
+            Decision::Retry { .. } if !self.may_repeat(method, headers) => Decision::Final,
+            other => other,
+        }
+    }
+
+    /// A copy of `request` for another attempt, if it may have one.
+    pub(crate) fn copy_request<B: CloneBody>(&self, request: &Request<B>) -> Option<Request<B>> {
+        if !self.may_retry(request.method(), request.headers()) {
+            return None;
+        }
+        let mut copy = Request::new(request.body().clone_body()?);
+        *copy.method_mut() = request.method().clone();
+        *copy.uri_mut() = request.uri().clone();
+        *copy.version_mut() = request.version();
+        *copy.headers_mut() = request.headers().clone();
+        *copy.extensions_mut() = request.extensions().clone();
+        Some(copy)
+    }
+
     /// Writes the attempt number into the configured attempt header, if any.
     pub(crate) fn stamp_attempt(&self, headers: &mut HeaderMap, attempt: u32) {
         if let Some(name) = &self.attempt_header {

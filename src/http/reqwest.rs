@@ -1,17 +1,22 @@
 //! [`HttpPolicy`] for `reqwest::Client`, which is a tower `Service` of
-//! `reqwest::Request`.
+//! `reqwest::Request`: directly, or behind a [`ReplayLayer`](super::ReplayLayer)
+//! so streaming bodies are retried too.
 
 use std::time::Duration;
 
+use ::http::Request;
+
+use super::body::CloneBody;
 use super::error::AsStdError;
 use super::info::RetryInfo;
 use super::policy::HttpPolicy;
-use crate::policy::{Decision, Policy};
+use crate::policy::{Decision, Policy, RetryLimits};
 
 /// Classifies `reqwest` outcomes as it does `http` ones: statuses and
 /// `Retry-After` the same way, errors by `is_timeout()` / `is_connect()` and
 /// their `source()` chain. Requests are copied with
-/// [`reqwest::Request::try_clone`], so a streaming body goes out once.
+/// [`reqwest::Request::try_clone`], so a streaming body goes out once; put a
+/// [`ReplayLayer`](super::ReplayLayer) in front to retry those as well.
 ///
 /// ```
 /// use std::time::Duration;
@@ -36,37 +41,120 @@ where
 {
     fn classify(
         &self,
-        _request: &reqwest::Request,
+        request: &reqwest::Request,
         result: &Result<reqwest::Response, E>,
     ) -> Decision {
-        match result {
-            Ok(response) => self.classify_response(response.status(), response.headers()),
-            Err(error) => self.classify_error(error.as_std_error()),
-        }
+        let decision = classify_outcome(self, result);
+        self.allow_retry(decision, request.method(), request.headers())
+    }
+
+    fn needs_request(&self) -> bool {
+        self.retry_unsent_on()
+    }
+
+    fn classify_outcome(&self, result: &Result<reqwest::Response, E>) -> Decision {
+        classify_outcome(self, result)
     }
 
     fn clone_request(&self, request: &reqwest::Request) -> Option<reqwest::Request> {
-        if !self.may_repeat(request.method(), request.headers()) {
+        if !self.may_retry(request.method(), request.headers()) {
             return None;
         }
         request.try_clone()
     }
 
     fn discard(&self, result: Result<reqwest::Response, E>) {
-        if let Ok(response) = result {
-            self.discard_body(reqwest::Body::from(response));
-        }
+        discard(self, result);
     }
 
     fn finish(&self, result: &mut Result<reqwest::Response, E>, attempts: u32, slept: Duration) {
-        if let (Ok(response), true) = (result, self.records_info()) {
-            response
-                .extensions_mut()
-                .insert(RetryInfo::new(attempts, slept));
-        }
+        finish(self, result, attempts, slept);
     }
 
     fn prepare_retry(&self, request: &mut reqwest::Request, attempt: u32) {
         self.stamp_attempt(request.headers_mut(), attempt);
+    }
+}
+
+/// A reqwest request on its way through a [`ReplayLayer`](super::ReplayLayer):
+/// an `http::Request` whose body records what it sends (a
+/// [`ReplayBody`](super::ReplayBody)), answered by `reqwest::Client` through
+/// an [`IntoReqwestLayer`](super::IntoReqwestLayer). Classified and copied as
+/// `http::Request`s are, so a [`RetryLimits`] in its extensions applies.
+impl<B, E> Policy<Request<B>, reqwest::Response, E> for HttpPolicy
+where
+    B: CloneBody,
+    E: AsStdError,
+{
+    fn classify(&self, request: &Request<B>, result: &Result<reqwest::Response, E>) -> Decision {
+        let decision = classify_outcome(self, result);
+        let decision = self.allow_retry(decision, request.method(), request.headers());
+        // As for hyper-util: a body that outgrew its recording is not resent.
+        if decision.is_retry() && !request.body().is_replayable() {
+            return Decision::Final;
+        }
+        decision
+    }
+
+    fn limits(&self, request: &Request<B>) -> Option<RetryLimits> {
+        request.extensions().get::<RetryLimits>().copied()
+    }
+
+    fn needs_request(&self) -> bool {
+        self.retry_unsent_on()
+    }
+
+    fn classify_outcome(&self, result: &Result<reqwest::Response, E>) -> Decision {
+        classify_outcome(self, result)
+    }
+
+    fn can_resend(&self, request: &Request<B>) -> bool {
+        request.body().is_sendable_as_is()
+    }
+
+    fn clone_request(&self, request: &Request<B>) -> Option<Request<B>> {
+        self.copy_request(request)
+    }
+
+    fn discard(&self, result: Result<reqwest::Response, E>) {
+        discard(self, result);
+    }
+
+    fn finish(&self, result: &mut Result<reqwest::Response, E>, attempts: u32, slept: Duration) {
+        finish(self, result, attempts, slept);
+    }
+
+    fn prepare_retry(&self, request: &mut Request<B>, attempt: u32) {
+        self.stamp_attempt(request.headers_mut(), attempt);
+    }
+}
+
+/// Statuses, delay headers and errors, as for hyper-util's responses.
+fn classify_outcome<E: AsStdError>(
+    policy: &HttpPolicy,
+    result: &Result<reqwest::Response, E>,
+) -> Decision {
+    match result {
+        Ok(response) => policy.classify_response(response.status(), response.headers()),
+        Err(error) => policy.classify_error(error.as_std_error()),
+    }
+}
+
+fn discard<E>(policy: &HttpPolicy, result: Result<reqwest::Response, E>) {
+    if let Ok(response) = result {
+        policy.discard_body(reqwest::Body::from(response));
+    }
+}
+
+fn finish<E>(
+    policy: &HttpPolicy,
+    result: &mut Result<reqwest::Response, E>,
+    attempts: u32,
+    slept: Duration,
+) {
+    if let (Ok(response), true) = (result, policy.records_info()) {
+        response
+            .extensions_mut()
+            .insert(RetryInfo::new(attempts, slept));
     }
 }

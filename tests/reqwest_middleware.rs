@@ -1,0 +1,673 @@
+//! `BackoffMiddleware` in a `reqwest_middleware` client: the scenarios of
+//! `tests/reqwest.rs`, through `.send()`, against a real hyper server on
+//! 127.0.0.1, on tokio's paused clock.
+#![cfg(feature = "reqwest-middleware")]
+
+mod http_server;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::stream;
+use http::{Extensions, StatusCode};
+use http_body::Frame;
+use http_body_util::StreamBody;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use tokio::time::Instant;
+use tower_backoff::http::{BackoffMiddleware, HttpPolicy, RetryInfo, IDEMPOTENCY_KEY};
+use tower_backoff::{
+    AdaptivePacing, BackoffLayer, Budget, Cause, Constant, Exponential, Jitter, RetryLimits,
+    Schedule,
+};
+
+use http_server::{
+    layer, layer_with, status, status_with, unused_addr, with_chunked_body, Reply, Server, STEP,
+};
+
+fn reqwest_client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+fn client<S>(layer: BackoffLayer<HttpPolicy, S>) -> ClientWithMiddleware
+where
+    S: Schedule + Clone + Send + Sync + 'static,
+{
+    ClientBuilder::new(reqwest_client())
+        .with(BackoffMiddleware::new(layer))
+        .build()
+}
+
+/// Counts the attempts that reach it: a middleware added after the retries.
+#[derive(Clone, Default)]
+struct CountAttempts(Arc<AtomicUsize>);
+
+#[async_trait::async_trait]
+impl Middleware for CountAttempts {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        next.run(request, extensions).await
+    }
+}
+
+fn counted<S>(layer: BackoffLayer<HttpPolicy, S>) -> (ClientWithMiddleware, Arc<AtomicUsize>)
+where
+    S: Schedule + Clone + Send + Sync + 'static,
+{
+    let count = CountAttempts::default();
+    let attempts = count.0.clone();
+    let client = ClientBuilder::new(reqwest_client())
+        .with(BackoffMiddleware::new(layer))
+        .with(count)
+        .build();
+    (client, attempts)
+}
+
+fn info(response: &reqwest::Response) -> RetryInfo {
+    *response
+        .extensions()
+        .get::<RetryInfo>()
+        .expect("every response carries RetryInfo")
+}
+
+fn busy_once(code: u16) -> impl Fn(usize, &http_server::Seen) -> Reply {
+    move |n, _| if n == 0 { status(code) } else { status(200) }
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_is_retried_on_503_and_returns_200() {
+    let server = Server::start(busy_once(503)).await;
+    let client = client(layer(HttpPolicy::new()));
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_is_retried_on_429_and_returns_200() {
+    let server = Server::start(busy_once(429)).await;
+    let client = client(layer(HttpPolicy::new()));
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_on_503_is_sent_once_and_its_response_returned() {
+    let server = Server::start(|_, _| status(503)).await;
+    let client = client(layer(HttpPolicy::new()));
+    let response = client
+        .post(server.url("/orders"))
+        .body("buy 1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(server.requests(), 1);
+    assert_eq!(info(&response).attempts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_with_idempotency_key_is_retried_with_the_same_key_and_body() {
+    let server = Server::start(busy_once(503)).await;
+    let client = client(layer(HttpPolicy::new()));
+    let response = client
+        .post(server.url("/orders"))
+        .header(IDEMPOTENCY_KEY, "order-17")
+        .body("buy 1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    for attempt in &seen {
+        assert_eq!(attempt.headers[&IDEMPOTENCY_KEY], "order-17");
+        assert_eq!(attempt.body, "buy 1");
+    }
+}
+
+// --- Retry-After -----------------------------------------------------------
+
+fn schedule(cap: Duration) -> Exponential {
+    Exponential::new(STEP).max_delay(cap)
+}
+
+async fn wait_before_retry(
+    retry_after: impl Fn() -> String + Send + Sync + 'static,
+) -> (Duration, RetryInfo) {
+    let server = Server::start(move |n, _| {
+        if n == 0 {
+            status_with(503, &[("retry-after", retry_after().as_str())])
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let client = client(layer_with(
+        HttpPolicy::new().server_delay_jitter(0, Duration::ZERO),
+        schedule(Duration::from_secs(10)),
+        3,
+        None,
+    ));
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    (seen[1].at - seen[0].at, info(&response))
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_two_seconds_waits_two_seconds() {
+    let (gap, info) = wait_before_retry(|| "2".into()).await;
+    assert_eq!(info.slept, Duration::from_secs(2));
+    assert!(
+        gap >= Duration::from_secs(2) && gap < Duration::from_millis(2050),
+        "{gap:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds() {
+    let (gap, info) =
+        wait_before_retry(|| httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(2)))
+            .await;
+    assert!(
+        info.slept >= Duration::from_secs(1) && info.slept <= Duration::from_secs(2),
+        "{:?}",
+        info.slept
+    );
+    assert!(
+        gap >= Duration::from_secs(1) && gap < Duration::from_millis(2050),
+        "{gap:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn hostile_retry_after_values_fall_back_to_the_schedule() {
+    let hostile: [fn() -> String; 4] = [
+        || "-5".into(),
+        || "abc".into(),
+        || "9".repeat(10_000),
+        || httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(60)),
+    ];
+    for (i, value) in hostile.into_iter().enumerate() {
+        let (gap, info) = wait_before_retry(value).await;
+        assert_eq!(info.slept, STEP, "value #{i}");
+        assert!(
+            gap < STEP + Duration::from_millis(50),
+            "value #{i}: {gap:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_longer_than_the_time_left_returns_the_response_at_once() {
+    let server = Server::start(|_, _| status_with(503, &[("retry-after", "10")])).await;
+    let client = client(layer_with(
+        HttpPolicy::new(),
+        schedule(Duration::from_secs(60)),
+        3,
+        Some(Duration::from_secs(5)),
+    ));
+    let started = Instant::now();
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(server.requests(), 1);
+    assert!(started.elapsed() < STEP, "no sleep at all");
+}
+
+// --- errors ------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn connection_refused_is_retried_until_the_server_starts() {
+    let addr = unused_addr();
+    let starting = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Server::start_on(addr, |_, _| status(200)).await
+    });
+    let (client, attempts) = counted(layer_with(
+        HttpPolicy::new(),
+        Constant::new(Duration::from_secs(1)),
+        3,
+        None,
+    ));
+    let response = client.get(format!("http://{addr}/")).send().await.unwrap();
+    let server = starting.await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(info(&response).attempts, 2);
+    assert_eq!(server.requests(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_refused_every_time_returns_the_connect_error_after_every_attempt() {
+    let addr = unused_addr();
+    let (client, attempts) = counted(layer(HttpPolicy::new()));
+    let error = client
+        .get(format!("http://{addr}/"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(error.is_connect(), "{error:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reqwest_own_timeout_is_retried() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let client = ClientBuilder::new(
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    )
+    .with(BackoffMiddleware::new(layer(HttpPolicy::new())))
+    .build();
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(info(&response).attempts, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_per_request_timeout_is_kept_on_every_attempt() {
+    let server = Server::start(|n, _| if n < 2 { Reply::Hang } else { status(200) }).await;
+    let client = client(layer(HttpPolicy::new()));
+    let started = Instant::now();
+    let response = tokio::time::timeout(
+        Duration::from_secs(10),
+        client
+            .get(server.url("/"))
+            .timeout(Duration::from_secs(1))
+            .send(),
+    )
+    .await
+    .expect("every attempt timed out after a second")
+    .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 3);
+    assert_eq!(started.elapsed(), 2 * Duration::from_secs(1) + 2 * STEP);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layer_attempt_timeout_retries_a_hung_attempt() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let layer = BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest_client())
+        .with(BackoffMiddleware::new(layer))
+        .build();
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layer_attempt_timeout_on_the_last_attempt_is_a_middleware_error() {
+    let server = Server::start(|_, _| Reply::Hang).await;
+    let layer = BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .max_attempts(2)
+        .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest_client())
+        .with(BackoffMiddleware::new(layer))
+        .build();
+    let error = client.get(server.url("/")).send().await.unwrap_err();
+    assert!(error.is_middleware(), "{error:?}");
+    assert!(error.to_string().contains("timed out"), "{error}");
+    assert_eq!(server.requests(), 2);
+}
+
+// --- bodies and connections ---------------------------------------------------
+
+fn upload_chunks() -> impl Iterator<Item = Result<Frame<Bytes>, Infallible>> {
+    (0..4u8).map(|i| Ok(Frame::data(Bytes::from(vec![b'a' + i; 1024]))))
+}
+
+fn upload_bytes() -> Bytes {
+    upload_chunks()
+        .flat_map(|frame| frame.unwrap().into_data().unwrap())
+        .collect()
+}
+
+fn upload() -> reqwest::Body {
+    reqwest::Body::wrap(StreamBody::new(stream::iter(upload_chunks())))
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_body_is_retried_byte_identical() {
+    let server = Server::start(busy_once(503)).await;
+    let client = client(layer(HttpPolicy::new()));
+    let response = client
+        .put(server.url("/upload"))
+        .body(upload())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response).attempts, 2);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.body == upload_bytes()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_body_over_the_replay_limit_is_sent_once_and_its_response_returned() {
+    let server = Server::start(|_, _| status(503)).await;
+    let client = ClientBuilder::new(reqwest_client())
+        .with(BackoffMiddleware::new(layer(HttpPolicy::new())).replay_limit(2 * 1024))
+        .build();
+    let response = client
+        .put(server.url("/upload"))
+        .body(upload())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(info(&response).attempts, 1);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, upload_bytes());
+}
+
+async fn connections_used(policy: HttpPolicy) -> usize {
+    let server = Server::start(|n, _| {
+        if n % 2 == 0 {
+            with_chunked_body(status(503), 8)
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let client = client(layer(policy));
+    for _ in 0..2 {
+        let response = client.get(server.url("/")).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    server.connections()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained() {
+    // See the test of the same name in tests/http.rs.
+    assert_eq!(connections_used(HttpPolicy::new()).await, 2);
+    assert_eq!(connections_used(HttpPolicy::new().drain_limit(0)).await, 3);
+}
+
+// --- every server signal ------------------------------------------------------
+
+async fn signalled(
+    policy: HttpPolicy,
+    code: u16,
+    headers: &'static [(&'static str, &'static str)],
+) -> (StatusCode, usize, RetryInfo) {
+    let server = Server::start(move |n, _| {
+        if n == 0 {
+            status_with(code, headers)
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let client = client(layer_with(
+        policy,
+        schedule(Duration::from_secs(10)),
+        3,
+        None,
+    ));
+    let response = client.get(server.url("/")).send().await.unwrap();
+    (response.status(), server.requests(), info(&response))
+}
+
+fn exact() -> HttpPolicy {
+    HttpPolicy::new().server_delay_jitter(0, Duration::ZERO)
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_delay_header_is_waited() {
+    for (headers, wanted) in [
+        (
+            &[("retry-after-ms", "1250")][..],
+            Duration::from_millis(1250),
+        ),
+        (&[("ratelimit-reset", "3")][..], Duration::from_secs(3)),
+        (&[("x-ratelimit-reset", "4")][..], Duration::from_secs(4)),
+        (
+            &[("retry-after-ms", "-1"), ("retry-after", "abc")][..],
+            STEP,
+        ),
+    ] {
+        let (status, requests, info) = signalled(exact(), 429, headers).await;
+        assert_eq!(status, StatusCode::OK, "{headers:?}");
+        assert_eq!(requests, 2);
+        assert_eq!(info.slept, wanted, "{headers:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_delay_past_max_server_delay_is_returned_at_once() {
+    let (status, requests, info) = signalled(exact(), 503, &[("retry-after", "3600")]).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(requests, 1);
+    assert_eq!(info, RetryInfo::new(1, Duration::ZERO));
+}
+
+#[tokio::test(start_paused = true)]
+async fn should_retry_overrides_the_status() {
+    let (status, requests, _) = signalled(exact(), 503, &[("x-should-retry", "false")]).await;
+    assert_eq!((status, requests), (StatusCode::SERVICE_UNAVAILABLE, 1));
+    let (status, requests, _) = signalled(exact(), 409, &[("x-should-retry", "true")]).await;
+    assert_eq!((status, requests), (StatusCode::OK, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn server_delays_are_jittered_upward() {
+    let (_, _, info) = signalled(HttpPolicy::new(), 503, &[("retry-after", "2")]).await;
+    assert!(
+        info.slept >= Duration::from_secs(2) && info.slept <= Duration::from_millis(2200),
+        "{:?}",
+        info.slept
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_server_sees_the_attempt_number() {
+    let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
+    let policy = HttpPolicy::new().attempt_header(http::HeaderName::from_static("amz-sdk-attempt"));
+    let client = client(layer(policy));
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let attempts: Vec<Option<String>> = server
+        .seen()
+        .iter()
+        .map(|s| {
+            s.headers
+                .get("amz-sdk-attempt")
+                .map(|v| v.to_str().unwrap().to_owned())
+        })
+        .collect();
+    assert_eq!(attempts, [None, Some("2".into()), Some("3".into())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_retry_info_responses_carry_none() {
+    let server = Server::start(busy_once(503)).await;
+    let client = client(layer(HttpPolicy::new().without_retry_info()));
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.extensions().get::<RetryInfo>().is_none());
+}
+
+// --- what the middleware shares, and what it hands on ---------------------------
+
+/// Pays for `left` retries in all, then refuses.
+struct Retries {
+    left: AtomicU32,
+}
+
+impl Budget for Retries {
+    fn try_retry(&self, _: Cause) -> bool {
+        self.left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_budget_pays_for_the_retries_of_every_request_through_the_middleware() {
+    let server = Server::start(|_, _| status(503)).await;
+    let layer = BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .max_attempts(3)
+        .budget(Retries {
+            left: AtomicU32::new(3),
+        })
+        .build()
+        .unwrap();
+    let client = client(layer);
+    for _ in 0..4 {
+        let response = client.get(server.url("/")).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // 4 first attempts, and the 3 retries the budget paid for (2 for the
+    // first request, 1 for the second), not 2 for each.
+    assert_eq!(server.requests(), 4 + 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_limits_extension_overrides_the_layer_for_one_request() {
+    let server = Server::start(|_, _| status(503)).await;
+    let client = client(layer(HttpPolicy::new()));
+    let response = client
+        .get(server.url("/"))
+        .with_extension(RetryLimits::no_retries())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(server.requests(), 1);
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(info(&response).attempts, 3);
+    assert_eq!(server.requests(), 1 + 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttled_answers_through_the_middleware_slow_the_layers_pacing() {
+    let server = Server::start(|_, _| status(429)).await;
+    let layer = BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .no_budget()
+        .pacing(AdaptivePacing::new())
+        .build()
+        .unwrap();
+    let pacing = layer.pacing().unwrap().clone();
+    let client = client(layer);
+    // Ten requests of three throttled attempts: over two seconds, so over
+    // more than one of the pacing's one-second rounds.
+    for _ in 0..10 {
+        let response = client.get(server.url("/")).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let metrics = pacing.metrics();
+    assert_eq!(metrics.invocations, 30);
+    assert!(metrics.raised >= 1, "{metrics:?}");
+    assert!(metrics.interval > Duration::ZERO, "{metrics:?}");
+}
+
+/// Counts its attempts in the request's extensions.
+struct TallyInExtensions;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Tally(u32);
+
+#[async_trait::async_trait]
+impl Middleware for TallyInExtensions {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let Tally(n) = extensions.get::<Tally>().copied().unwrap_or(Tally(0));
+        extensions.insert(Tally(n + 1));
+        next.run(request, extensions).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_attempt_sees_the_extensions_the_last_one_left_and_the_caller_gets_them_back() {
+    let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
+    let client = ClientBuilder::new(reqwest_client())
+        .with(BackoffMiddleware::new(layer(HttpPolicy::new())))
+        .with(TallyInExtensions)
+        .build();
+    let mut extensions = Extensions::new();
+    extensions.insert(Tally(10));
+    let request = client.get(server.url("/")).build().unwrap();
+    let response = client
+        .execute_with_extensions(request, &mut extensions)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(extensions.get::<Tally>(), Some(&Tally(13)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_post_to_a_closed_port_is_retried_only_with_retry_unsent() {
+    for (policy, sent) in [
+        (HttpPolicy::new(), false),
+        (HttpPolicy::new().retry_unsent(), true),
+    ] {
+        let addr = unused_addr();
+        let starting = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Server::start_on(addr, |_, _| status(200)).await
+        });
+        let (client, attempts) = counted(layer_with(
+            policy,
+            Constant::new(Duration::from_secs(1)),
+            3,
+            None,
+        ));
+        let result = client
+            .post(format!("http://{addr}/orders"))
+            .body("order=1")
+            .send()
+            .await;
+        let server = starting.await.unwrap();
+        if sent {
+            assert_eq!(result.unwrap().status(), StatusCode::OK);
+            // Refused twice (the second at once), then sent after a second.
+            assert_eq!(attempts.load(Ordering::SeqCst), 3);
+            assert_eq!(server.requests(), 1);
+        } else {
+            assert!(result.unwrap_err().is_connect());
+            assert_eq!(attempts.load(Ordering::SeqCst), 1);
+            assert_eq!(server.requests(), 0);
+        }
+    }
+}
