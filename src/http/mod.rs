@@ -5,6 +5,8 @@
 //! in front of hyper-util's client or (feature `reqwest`) `reqwest::Client`.
 //! Streaming request bodies become retryable wrapped in a [`ReplayBody`].
 //! Every response returned carries a [`RetryInfo`].
+//! [`BufferBody`] reads response bodies ahead, so the policy can classify a
+//! body and retry one that breaks off ([`HttpPolicy::retry_on_body`]).
 //!
 //! # What each server signal does
 //! [`HttpPolicy`] reads these, each configurable:
@@ -110,6 +112,7 @@
 //!   Each retry then takes its own slot in the rate.
 
 mod body;
+mod buffer;
 mod delay_headers;
 mod drain;
 mod error;
@@ -124,6 +127,11 @@ mod retry_after;
 mod status;
 
 pub use body::CloneBody;
+#[cfg(feature = "reqwest")]
+pub use buffer::BufferReqwestFuture;
+pub use buffer::{
+    BufferBody, BufferBodyFuture, BufferBodyLayer, BufferedBody, DEFAULT_BUFFER_LIMIT,
+};
 pub use delay_headers::{
     parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_RESET, RETRY_AFTER_MS,
     X_RATELIMIT_RESET,

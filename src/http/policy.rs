@@ -5,10 +5,11 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use ::http::header::{HeaderMap, HeaderName, HeaderValue};
-use ::http::{Method, Request, Response, StatusCode};
+use ::http::{Extensions, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::CloneBody;
+use super::buffer::BufferedBytes;
 use super::delay_headers::DelayHeaders;
 use super::drain::{drain, DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 use super::error::{classify_error, AsStdError};
@@ -128,7 +129,11 @@ pub struct HttpPolicy {
     drain_timeout: Duration,
     record_info: bool,
     classify_error: fn(&(dyn Error + 'static)) -> Option<Cause>,
+    on_body: Option<BodyClassifier>,
 }
+
+/// Reads a response buffered whole: `Some(cause)` to retry it.
+type BodyClassifier = fn(StatusCode, &HeaderMap, &[u8]) -> Option<Cause>;
 
 impl HttpPolicy {
     /// The defaults described on the type.
@@ -147,6 +152,7 @@ impl HttpPolicy {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             record_info: true,
             classify_error,
+            on_body: None,
         }
     }
 
@@ -331,6 +337,57 @@ impl HttpPolicy {
         self
     }
 
+    /// Also retries a response whose body, read whole by a
+    /// [`BufferBody`](super::BufferBody) inside the retry layer, makes
+    /// `classify` return a cause, as `Some(Cause::Throttled)` for a service
+    /// that answers `200` with "queue capacity" in the body. Off by default.
+    ///
+    /// It is asked only about responses the policy would not retry anyway,
+    /// and never about one with `x-should-retry: false`, nor about a body
+    /// longer than the buffer's limit (which was not read: such a response
+    /// is classified on its status and headers). A response it retries is
+    /// retried as a retryable status is: only when the request may be
+    /// repeated, after the server's delay if its headers name one. Without a
+    /// `BufferBody` it is never asked.
+    ///
+    /// ```
+    /// use tower_backoff::{http::HttpPolicy, Cause};
+    ///
+    /// let policy = HttpPolicy::new().retry_on_body(|_status, _headers, body| {
+    ///     body.windows(14).any(|w| w == b"queue capacity").then_some(Cause::Throttled)
+    /// });
+    /// # drop(policy);
+    /// ```
+    pub fn retry_on_body(mut self, classify: BodyClassifier) -> Self {
+        self.on_body = Some(classify);
+        self
+    }
+
+    /// What a response means, its buffered body included (see
+    /// [`retry_on_body`](Self::retry_on_body)). `extensions` are the
+    /// response's, where `BufferBody` leaves the bytes.
+    pub(crate) fn classify_parts(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+    ) -> Decision {
+        let decision = self.classify_response(status, headers);
+        let Some(on_body) = self.on_body else {
+            return decision;
+        };
+        if decision.is_retry() || self.server_advice(headers) == Some(false) {
+            return decision;
+        }
+        let Some(body) = extensions.get::<BufferedBytes>() else {
+            return decision;
+        };
+        match on_body(status, headers, body.as_bytes()) {
+            Some(cause) => self.retry_with_server_delay(headers, cause),
+            None => decision,
+        }
+    }
+
     /// Whether a request with this method and these headers may be sent twice.
     pub fn may_repeat(&self, method: &Method, headers: &HeaderMap) -> bool {
         self.methods.contains(method)
@@ -342,11 +399,7 @@ impl HttpPolicy {
 
     /// What a response with this status and these headers means.
     pub fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
-        let advice = self
-            .should_retry
-            .as_ref()
-            .and_then(|name| headers.get(name))
-            .and_then(should_retry);
+        let advice = self.server_advice(headers);
         let listed = self.statuses.contains(status);
         let retryable = match advice {
             Some(advice) => advice && (status.is_client_error() || status.is_server_error()),
@@ -364,6 +417,20 @@ impl HttpPolicy {
             StatusCode::GATEWAY_TIMEOUT => Cause::Timeout,
             _ => Cause::Transient,
         };
+        self.retry_with_server_delay(headers, cause)
+    }
+
+    /// The server's `x-should-retry` advice, if it gave one.
+    fn server_advice(&self, headers: &HeaderMap) -> Option<bool> {
+        self.should_retry
+            .as_ref()
+            .and_then(|name| headers.get(name))
+            .and_then(should_retry)
+    }
+
+    /// A retry for `cause`, after the delay the headers name if any; final
+    /// when that delay is longer than the policy waits.
+    fn retry_with_server_delay(&self, headers: &HeaderMap, cause: Cause) -> Decision {
         match self.delay_headers.delay(headers, SystemTime::now()) {
             None => Decision::retry(),
             // Asked to wait longer than we would: the answer stands.
@@ -423,6 +490,7 @@ impl fmt::Debug for HttpPolicy {
             .field("drain_limit", &self.drain_limit)
             .field("drain_timeout", &self.drain_timeout)
             .field("record_info", &self.record_info)
+            .field("on_body", &self.on_body.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -440,7 +508,9 @@ where
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
         let decision = match result {
-            Ok(response) => self.classify_response(response.status(), response.headers()),
+            Ok(response) => {
+                self.classify_parts(response.status(), response.headers(), response.extensions())
+            }
             Err(error) => self.classify_error(error.as_std_error()),
         };
         // The copy shares its recording with the body just sent: if that
@@ -472,6 +542,10 @@ where
 
     fn discard(&self, result: Result<Response<ResBody>, E>) {
         if let Ok(response) = result {
+            // A body buffered whole has already given its connection back.
+            if response.extensions().get::<BufferedBytes>().is_some() {
+                return;
+            }
             self.discard_body(response.into_body());
         }
     }
