@@ -46,6 +46,7 @@ struct Answer {
     chunks: Vec<Bytes>,
     /// Close the connection after the chunks, whatever the headers promised.
     then_close: bool,
+    trailers: Option<HeaderMap>,
 }
 
 /// `body` whole, with its `content-length`.
@@ -56,6 +57,7 @@ fn whole(status: u16, body: impl Into<Bytes>) -> Answer {
         headers: vec![("content-length", body.len().to_string())],
         chunks: vec![body],
         then_close: false,
+        trailers: None,
     }
 }
 
@@ -67,6 +69,7 @@ fn cut_short(declared: usize, sent: impl Into<Bytes>) -> Answer {
         headers: vec![("content-length", declared.to_string())],
         chunks: vec![sent.into()],
         then_close: true,
+        trailers: None,
     }
 }
 
@@ -77,6 +80,7 @@ fn chunked(body: &Bytes, chunk: usize) -> Answer {
         headers: Vec::new(),
         chunks: body.chunks(chunk).map(Bytes::copy_from_slice).collect(),
         then_close: false,
+        trailers: None,
     }
 }
 
@@ -143,7 +147,14 @@ impl Server {
 /// abort the connection: the client sees it close mid-body. The error comes a
 /// moment after the data, so that hyper has sent the headers and the data.
 fn respond(answer: Answer) -> Response<UnsyncBoxBody<Bytes, io::Error>> {
-    let data = stream::iter(answer.chunks.into_iter().map(|c| Ok(Frame::data(c))));
+    let trailers = answer.trailers.map(|t| Ok(Frame::trailers(t)));
+    let data = stream::iter(
+        answer
+            .chunks
+            .into_iter()
+            .map(|c| Ok(Frame::data(c)))
+            .chain(trailers),
+    );
     let body = if answer.then_close {
         let close = stream::once(async {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -535,6 +546,33 @@ async fn a_body_of_exactly_the_limit_is_read_whole() {
         response.into_body().collect().await.unwrap().to_bytes(),
         body
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn trailers_read_ahead_reach_the_caller_after_the_body() {
+    let body = pattern(300);
+    let sent = body.clone();
+    let server = Server::start(move |_, _| {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", "abc".parse().unwrap());
+        // hyper sends only the trailers the head announces.
+        let answer = with_header(chunked(&sent, 100), "trailer", "x-checksum");
+        Answer {
+            trailers: Some(trailers),
+            ..answer
+        }
+    })
+    .await;
+    let svc = BufferBodyLayer::new().layer(hyper_client());
+    let request = Request::get(server.url())
+        .header("te", "trailers")
+        .body(Full::default())
+        .unwrap();
+    let response = svc.oneshot(request).await.unwrap();
+    assert!(response.body().is_whole());
+    let collected = response.into_body().collect().await.unwrap();
+    assert_eq!(collected.trailers().unwrap()["x-checksum"], "abc");
+    assert_eq!(collected.to_bytes(), body);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,82 +1,7 @@
 //! Reads response bodies ahead, up to a limit, so the retry policy can
 //! classify a response on its body and retry one that breaks off.
 //!
-//! A retry layer decides when the response headers arrive. Two outcomes look
-//! like successes then: a `200` (or `503`) whose body says the service's
-//! queue is full, and a body that stops after 100 of its 1,000 bytes because
-//! the connection closed. [`BufferBody`], placed *inside*
-//! [`BackoffLayer`](crate::BackoffLayer), reads every response body before
-//! handing the response on:
-//!
-//! | The body | The attempt's outcome | Classified by |
-//! |---|---|---|
-//! | ends within the limit (default [`DEFAULT_BUFFER_LIMIT`], 64 KiB) | the response, its body in memory ([`BufferedBody`]) | status, headers, and the bytes ([`HttpPolicy::retry_on_body`](super::HttpPolicy::retry_on_body)) |
-//! | fails within the limit (closed early, `content-length` not met, reset) | the body's error, as the body gave it | the error classifier: closed early and reset are transient |
-//! | is longer than the limit | the response, its body the bytes read then the rest of the stream | status and headers only |
-//!
-//! So a request that may be repeated is retried when its body breaks off,
-//! and the caller gets the response of a later attempt that came whole, or
-//! the last real error when none did: never a response whose body fails
-//! after the retries were over.
-//!
-//! # What changes for the caller
-//! - With `http::Request`s (hyper-util's client), the response body becomes
-//!   a [`BufferedBody<B>`], which serves the same bytes and trailers, and the
-//!   error becomes [`tower::BoxError`]: the inner service's error or the
-//!   body's, boxed as is (`downcast_ref::<hyper::Error>()` finds it).
-//! - With `reqwest::Client` (feature `reqwest`), nothing: the response is
-//!   still a `reqwest::Response` (its URL, extensions and remote address
-//!   kept) and the error still `reqwest::Error`. A body past the limit is
-//!   reqwest's own stream, whose errors reach the caller wrapped once more in
-//!   a `reqwest::Error` (the original is its `source()`).
-//!
-//! # What it costs
-//! Nothing for services without it. With it, every response's body up to
-//! the limit is held in memory before the caller sees the response, so the
-//! caller sees it when the body has arrived rather than when the headers
-//! have. A body read to its end gives its connection back to the pool at
-//! once: the retry layer keeps an attempt's outcome while it sleeps before
-//! the retry (it decides at the response and commits when the retry is sent),
-//! and a buffered response kept that way holds memory, not a connection.
-//!
-//! Reading the body is part of the attempt, so the layer's
-//! [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout) (or a
-//! `tower::timeout` placed *outside* `BufferBody`) bounds a server that
-//! trickles it.
-//!
-//! ```
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), tower::BoxError> {
-//! use std::sync::atomic::{AtomicU32, Ordering};
-//! use bytes::Bytes;
-//! use http::{Request, Response};
-//! use http_body_util::{BodyExt, Full};
-//! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_backoff::http::{BufferBodyLayer, HttpPolicy, RetryInfo};
-//! use tower_backoff::{BackoffLayer, Cause};
-//!
-//! // Stands in for an HTTP client: a full queue once, then the answer.
-//! let calls = AtomicU32::new(0);
-//! let client = service_fn(|_: Request<String>| {
-//!     let full = calls.fetch_add(1, Ordering::Relaxed) == 0;
-//!     let body = if full { "error: queue capacity exceeded" } else { "done" };
-//!     async move { Ok::<_, std::io::Error>(Response::new(Full::new(Bytes::from(body)))) }
-//! });
-//!
-//! let policy = HttpPolicy::new().retry_on_body(|_status, _headers, body| {
-//!     body.windows(14).any(|w| w == b"queue capacity").then_some(Cause::Throttled)
-//! });
-//! let svc = ServiceBuilder::new()
-//!     .layer(BackoffLayer::builder().policy(policy).build()?)
-//!     .layer(BufferBodyLayer::new())
-//!     .service(client);
-//!
-//! let response = svc.oneshot(Request::get("http://localhost/").body(String::new())?).await?;
-//! assert_eq!(response.extensions().get::<RetryInfo>().unwrap().attempts, 2);
-//! assert_eq!(response.into_body().collect().await?.to_bytes(), "done");
-//! # Ok(())
-//! # }
-//! ```
+//! The details are on [`BufferBody`].
 
 mod body;
 mod collect;
@@ -106,10 +31,89 @@ pub use reqwest::BufferReqwestFuture;
 pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 
 /// Reads each response body of the inner service ahead, up to a limit,
-/// before handing the response on; see the [module docs](self).
+/// before handing the response on, so the retry policy can classify a
+/// response on its body and retry one that breaks off.
 ///
 /// Serves `http::Request`s (hyper-util's client, any tower HTTP client) and,
 /// with the `reqwest` feature, `reqwest::Request`s (`reqwest::Client`).
+///
+/// A retry layer decides when the response headers arrive. Two outcomes look
+/// like successes then: a `200` (or `503`) whose body says the service's
+/// queue is full, and a body that stops after 100 of its 1,000 bytes because
+/// the connection closed. Placed *inside* the
+/// [`BackoffLayer`](crate::BackoffLayer) (with reqwest, right around
+/// `reqwest::Client`), `BufferBody` reads every response body before handing
+/// the response on:
+///
+/// | The body | The attempt's outcome | Classified by |
+/// |---|---|---|
+/// | ends within the limit (default [`DEFAULT_BUFFER_LIMIT`], 64 KiB) | the response, its body in memory ([`BufferedBody`]) | status, headers, and the bytes ([`HttpPolicy::retry_on_body`](super::HttpPolicy::retry_on_body)) |
+/// | fails within the limit (closed early, `content-length` not met, reset) | the body's error, as the body gave it | the error classifier: closed early and reset are transient |
+/// | is longer than the limit | the response, its body the bytes read then the rest of the stream | status and headers only |
+///
+/// So a request that may be repeated is retried when its body breaks off,
+/// and the caller gets the response of a later attempt that came whole, or
+/// the last real error when none did: never a response whose body fails
+/// after the retries were over.
+///
+/// # What changes for the caller
+/// - With `http::Request`s (hyper-util's client), the response body becomes
+///   a [`BufferedBody<B>`], which serves the same bytes and trailers, and the
+///   error becomes [`tower::BoxError`]: the inner service's error or the
+///   body's, boxed as is (`downcast_ref::<hyper::Error>()` finds it).
+/// - With `reqwest::Client` (feature `reqwest`), nothing: the response is
+///   still a `reqwest::Response` (its URL, extensions and remote address
+///   kept) and the error still `reqwest::Error`. A body past the limit is
+///   reqwest's own stream, whose errors reach the caller wrapped once more in
+///   a `reqwest::Error` (the original is its `source()`).
+///
+/// # What it costs
+/// Nothing for services without it. With it, every response's body up to
+/// the limit is held in memory before the caller sees the response, so the
+/// caller sees it when the body has arrived rather than when the headers
+/// have. A body read to its end gives its connection back to the pool at
+/// once: the retry layer keeps an attempt's outcome while it sleeps before
+/// the retry (it decides at the response and commits when the retry is sent),
+/// and a buffered response kept that way holds memory, not a connection.
+///
+/// Reading the body is part of the attempt, so the layer's
+/// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout) (or a
+/// `tower::timeout` placed *outside* `BufferBody`) bounds a server that
+/// trickles it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), tower::BoxError> {
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use bytes::Bytes;
+/// use http::{Request, Response};
+/// use http_body_util::{BodyExt, Full};
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_backoff::http::{BufferBodyLayer, HttpPolicy, RetryInfo};
+/// use tower_backoff::{BackoffLayer, Cause};
+///
+/// // Stands in for an HTTP client: a full queue once, then the answer.
+/// let calls = AtomicU32::new(0);
+/// let client = service_fn(|_: Request<String>| {
+///     let full = calls.fetch_add(1, Ordering::Relaxed) == 0;
+///     let body = if full { "error: queue capacity exceeded" } else { "done" };
+///     async move { Ok::<_, std::io::Error>(Response::new(Full::new(Bytes::from(body)))) }
+/// });
+///
+/// let policy = HttpPolicy::new().retry_on_body(|_status, _headers, body| {
+///     body.windows(14).any(|w| w == b"queue capacity").then_some(Cause::Throttled)
+/// });
+/// let svc = ServiceBuilder::new()
+///     .layer(BackoffLayer::builder().policy(policy).build()?)
+///     .layer(BufferBodyLayer::new())
+///     .service(client);
+///
+/// let response = svc.oneshot(Request::get("http://localhost/").body(String::new())?).await?;
+/// assert_eq!(response.extensions().get::<RetryInfo>().unwrap().attempts, 2);
+/// assert_eq!(response.into_body().collect().await?.to_bytes(), "done");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct BufferBody<S> {
     inner: S,
