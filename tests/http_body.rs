@@ -46,6 +46,8 @@ struct Answer {
     chunks: Vec<Bytes>,
     /// Close the connection after the chunks, whatever the headers promised.
     then_close: bool,
+    /// Send nothing more after the chunks, never ending the body.
+    then_stall: bool,
     trailers: Option<HeaderMap>,
 }
 
@@ -57,6 +59,7 @@ fn whole(status: u16, body: impl Into<Bytes>) -> Answer {
         headers: vec![("content-length", body.len().to_string())],
         chunks: vec![body],
         then_close: false,
+        then_stall: false,
         trailers: None,
     }
 }
@@ -69,6 +72,7 @@ fn cut_short(declared: usize, sent: impl Into<Bytes>) -> Answer {
         headers: vec![("content-length", declared.to_string())],
         chunks: vec![sent.into()],
         then_close: true,
+        then_stall: false,
         trailers: None,
     }
 }
@@ -80,6 +84,7 @@ fn chunked(body: &Bytes, chunk: usize) -> Answer {
         headers: Vec::new(),
         chunks: body.chunks(chunk).map(Bytes::copy_from_slice).collect(),
         then_close: false,
+        then_stall: false,
         trailers: None,
     }
 }
@@ -155,7 +160,9 @@ fn respond(answer: Answer) -> Response<UnsyncBoxBody<Bytes, io::Error>> {
             .map(|c| Ok(Frame::data(c)))
             .chain(trailers),
     );
-    let body = if answer.then_close {
+    let body = if answer.then_stall {
+        StreamBody::new(data.chain(stream::pending())).boxed_unsync()
+    } else if answer.then_close {
         let close = stream::once(async {
             tokio::time::sleep(Duration::from_millis(1)).await;
             Err(io::Error::other("closing mid-body"))
@@ -346,6 +353,38 @@ async fn hyper_util_get_whose_connection_is_reset_mid_body_is_retried() {
         pattern(1000)
     );
     assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_stalls_within_the_limit_is_cut_by_the_attempt_timeout_and_retried() {
+    let server = Server::start(|n, _| match n {
+        0 => Answer {
+            then_close: false,
+            then_stall: true,
+            ..cut_short(1000, pattern(100))
+        },
+        _ => whole(200, pattern(1000)),
+    })
+    .await;
+    let layer = BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(BufferBodyLayer::new())
+        .service(hyper_client());
+    let started = tokio::time::Instant::now();
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(attempts(&response), 2);
+    assert_eq!(started.elapsed(), Duration::from_secs(1) + STEP);
+    assert_eq!(
+        response.into_body().collect().await.unwrap().to_bytes(),
+        pattern(1000)
+    );
 }
 
 #[tokio::test(start_paused = true)]
