@@ -220,6 +220,7 @@ mod tests {
             io::ErrorKind::ConnectionRefused,
             io::ErrorKind::ConnectionAborted,
             io::ErrorKind::BrokenPipe,
+            io::ErrorKind::UnexpectedEof,
         ] {
             let deep = Wrapped(Box::new(Wrapped(io(kind))));
             assert_eq!(classify_error(&deep), Some(Cause::Transient), "{kind:?}");
