@@ -714,3 +714,94 @@ mod through_reqwest {
         assert_eq!(response.bytes().await.unwrap(), body);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_body_failing_past_the_limit_is_returned_and_fails_when_read_after_its_bytes() {
+    let body = pattern(5000);
+    let sent = body.clone();
+    let server = Server::start(move |_, _| Answer {
+        then_close: true,
+        ..chunked(&sent, 100)
+    })
+    .await;
+    let svc = ServiceBuilder::new()
+        .layer(backoff(HttpPolicy::new()))
+        .layer(BufferBodyLayer::new().limit(1000))
+        .service(hyper_client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(
+        attempts(&response),
+        1,
+        "past the limit, the body is the caller's"
+    );
+    let mut body_read = Vec::new();
+    let mut body_stream = response.into_body();
+    let error = loop {
+        match body_stream.frame().await {
+            Some(Ok(frame)) => body_read.extend_from_slice(&frame.into_data().unwrap()),
+            Some(Err(error)) => break error,
+            None => panic!("the body ended without its error"),
+        }
+    };
+    assert_eq!(
+        body_read, body,
+        "every byte sent, the prefix read ahead included"
+    );
+    assert!(error.to_string().contains("body"), "{error}");
+    assert_eq!(server.requests(), 1);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// Whatever the chunking and the limit, the caller reads the bytes the
+    /// server sent, and the body is whole exactly when it fits the limit.
+    #[test]
+    fn any_chunking_and_limit_reads_back_byte_identical(
+        chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 0..12),
+        limit in 0usize..300,
+    ) {
+        let expected: Vec<u8> = chunks.concat();
+        let chunks: Vec<Bytes> = chunks.into_iter().map(Bytes::from).collect();
+        let client = tower::service_fn(move |_: Request<()>| {
+            let frames = chunks.clone().into_iter().map(|c| Ok::<_, io::Error>(Frame::data(c)));
+            let body = StreamBody::new(stream::iter(frames));
+            async move { Ok::<_, io::Error>(Response::new(body)) }
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (whole, read) = runtime.block_on(async {
+            let response = BufferBodyLayer::new()
+                .limit(limit)
+                .layer(client)
+                .oneshot(Request::new(()))
+                .await
+                .unwrap();
+            let whole = response.body().is_whole();
+            (whole, response.into_body().collect().await.unwrap().to_bytes())
+        });
+        proptest::prop_assert_eq!(read.as_ref(), expected.as_slice());
+        proptest::prop_assert_eq!(whole, expected.len() <= limit);
+    }
+}
+
+#[tokio::test]
+async fn a_body_error_within_the_limit_is_the_outcome_and_past_it_the_callers() {
+    let failing = |sent: usize| {
+        tower::service_fn(move |_: Request<()>| async move {
+            let frames: Vec<Result<Frame<Bytes>, io::Error>> = vec![
+                Ok(Frame::data(Bytes::from(vec![b'x'; sent]))),
+                Err(io::Error::from(io::ErrorKind::ConnectionReset)),
+            ];
+            Ok::<_, io::Error>(Response::new(StreamBody::new(stream::iter(frames))))
+        })
+    };
+    let within = BufferBodyLayer::new().limit(100).layer(failing(100));
+    let error = within.oneshot(Request::new(())).await.unwrap_err();
+    let error = error.downcast::<io::Error>().expect("the body's own error");
+    assert_eq!(error.kind(), io::ErrorKind::ConnectionReset);
+
+    let past = BufferBodyLayer::new().limit(100).layer(failing(101));
+    let response = past.oneshot(Request::new(())).await.unwrap();
+    let error = response.into_body().collect().await.unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::ConnectionReset);
+}
