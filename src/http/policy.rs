@@ -348,7 +348,9 @@ impl HttpPolicy {
     /// is classified on its status and headers). A response it retries is
     /// retried as a retryable status is: only when the request may be
     /// repeated, after the server's delay if its headers name one. Without a
-    /// `BufferBody` it is never asked.
+    /// `BufferBody` it is never asked. It reads `http::Response`s
+    /// (hyper-util's client); through `reqwest::Client`, `BufferBody` retries
+    /// bodies cut short, but responses are classified on status and headers.
     ///
     /// ```
     /// use tower_backoff::{http::HttpPolicy, Cause};
