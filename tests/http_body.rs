@@ -108,6 +108,7 @@ fn pattern(len: usize) -> Bytes {
 struct Server {
     addr: SocketAddr,
     requests: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
 }
 
 impl Server {
@@ -116,12 +117,15 @@ impl Server {
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(AtomicUsize::new(0));
         let counter = requests.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = connections.clone();
         let script = Arc::new(script);
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let counter = counter.clone();
                 let script = script.clone();
                 tokio::spawn(async move {
@@ -136,7 +140,11 @@ impl Server {
                 });
             }
         });
-        Server { addr, requests }
+        Server {
+            addr,
+            requests,
+            connections,
+        }
     }
 
     fn url(&self) -> String {
@@ -145,6 +153,10 @@ impl Server {
 
     fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 
@@ -475,6 +487,45 @@ async fn a_body_retry_waits_the_retry_after_the_server_names() {
     let response = svc.oneshot(get(&server)).await.unwrap();
     let info = *response.extensions().get::<RetryInfo>().unwrap();
     assert_eq!(info, RetryInfo::new(2, Duration::from_secs(2)));
+}
+
+/// 10 KiB: more than the policy drains to save a connection (4 KiB), less
+/// than the buffer's limit.
+#[tokio::test(start_paused = true)]
+async fn a_buffered_response_retried_away_leaves_its_connection_to_the_retry() {
+    let busy = Bytes::from(vec![b'x'; 10 * 1024]);
+    let server = Server::start(move |n, _| match n {
+        0 => whole(503, busy.clone()),
+        _ => whole(200, "done"),
+    })
+    .await;
+    let svc = ServiceBuilder::new()
+        .layer(backoff(HttpPolicy::new()))
+        .layer(BufferBodyLayer::new())
+        .service(hyper_client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(attempts(&response), 2);
+    assert_eq!(
+        server.connections(),
+        1,
+        "the retry went out on the same connection"
+    );
+
+    let unbuffered = Server::start(move |n, _| match n {
+        0 => whole(503, Bytes::from(vec![b'x'; 10 * 1024])),
+        _ => whole(200, "done"),
+    })
+    .await;
+    let svc = ServiceBuilder::new()
+        .layer(backoff(HttpPolicy::new()))
+        .service(hyper_client());
+    let response = svc.oneshot(get(&unbuffered)).await.unwrap();
+    assert_eq!(attempts(&response), 2);
+    assert_eq!(
+        unbuffered.connections(),
+        2,
+        "without it, the body too large to drain closes it"
+    );
 }
 
 #[tokio::test(start_paused = true)]
