@@ -128,8 +128,8 @@ pub struct HttpPolicy {
     drain_limit: usize,
     drain_timeout: Duration,
     record_info: bool,
-    classify_error: fn(&(dyn Error + 'static)) -> Option<Cause>,
     on_body: Option<BodyClassifier>,
+    classify_error: fn(&(dyn Error + 'static)) -> Option<Cause>,
 }
 
 /// Reads a response buffered whole: `Some(cause)` to retry it.
@@ -151,8 +151,8 @@ impl HttpPolicy {
             drain_limit: DEFAULT_DRAIN_LIMIT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             record_info: true,
-            classify_error,
             on_body: None,
+            classify_error,
         }
     }
 
@@ -318,25 +318,6 @@ impl HttpPolicy {
         self.record_info
     }
 
-    /// Replaces the error classifier (default [`classify_error`]): return the
-    /// cause of a retryable error, `None` for a final one. Wrap the default to
-    /// extend it:
-    ///
-    /// ```
-    /// use tower_backoff::{http::{classify_error, HttpPolicy}, Cause};
-    ///
-    /// let policy = HttpPolicy::new().on_error(|error| {
-    ///     classify_error(error).or_else(|| {
-    ///         error.to_string().contains("GOAWAY").then_some(Cause::Transient)
-    ///     })
-    /// });
-    /// # drop(policy);
-    /// ```
-    pub fn on_error(mut self, classify: fn(&(dyn Error + 'static)) -> Option<Cause>) -> Self {
-        self.classify_error = classify;
-        self
-    }
-
     /// Also retries a response whose body, read whole by a
     /// [`BufferBody`](super::BufferBody) inside the retry layer, makes
     /// `classify` return a cause, as `Some(Cause::Throttled)` for a service
@@ -407,6 +388,25 @@ impl HttpPolicy {
             Some(cause) => self.retry_with_server_delay(headers, cause),
             None => decision,
         }
+    }
+
+    /// Replaces the error classifier (default [`classify_error`]): return the
+    /// cause of a retryable error, `None` for a final one. Wrap the default to
+    /// extend it:
+    ///
+    /// ```
+    /// use tower_backoff::{http::{classify_error, HttpPolicy}, Cause};
+    ///
+    /// let policy = HttpPolicy::new().on_error(|error| {
+    ///     classify_error(error).or_else(|| {
+    ///         error.to_string().contains("GOAWAY").then_some(Cause::Transient)
+    ///     })
+    /// });
+    /// # drop(policy);
+    /// ```
+    pub fn on_error(mut self, classify: fn(&(dyn Error + 'static)) -> Option<Cause>) -> Self {
+        self.classify_error = classify;
+        self
     }
 
     /// Whether a request with this method and these headers may be sent twice.
@@ -510,11 +510,11 @@ impl fmt::Debug for HttpPolicy {
             .field("jitter_percent", &self.jitter_percent)
             .field("jitter_max", &self.jitter_max)
             .field("should_retry", &self.should_retry)
+            .field("on_body", &self.on_body.is_some())
             .field("attempt_header", &self.attempt_header)
             .field("drain_limit", &self.drain_limit)
             .field("drain_timeout", &self.drain_timeout)
             .field("record_info", &self.record_info)
-            .field("on_body", &self.on_body.is_some())
             .finish_non_exhaustive()
     }
 }
