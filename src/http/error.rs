@@ -24,7 +24,11 @@ const MAX_DEPTH: usize = 32;
 ///   `is_connect()`, an `io::Error` of kind `ConnectionReset`,
 ///   `ConnectionRefused`, `ConnectionAborted` or `BrokenPipe`, and hyper's
 ///   "connection closed before message completed" (a pooled connection the
-///   server closed as the request went out).
+///   server closed as the request went out);
+/// - a body cut short, [`Cause::Transient`]: an `io::Error` of kind
+///   `UnexpectedEof`, which hyper gives when the connection closes before
+///   `content-length` bytes or the last chunk arrived (read by a
+///   [`BufferBody`](super::BufferBody)).
 ///
 /// The policy only sends a request twice when its method is idempotent or it
 /// carries an idempotency key, so retrying a reset in the middle of a request
@@ -166,7 +170,8 @@ fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
             io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionRefused
             | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::BrokenPipe => Some(Cause::Transient),
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof => Some(Cause::Transient),
             _ => None,
         };
     }
@@ -280,6 +285,7 @@ mod tests {
             io::ErrorKind::ConnectionRefused,
             io::ErrorKind::ConnectionAborted,
             io::ErrorKind::BrokenPipe,
+            io::ErrorKind::UnexpectedEof,
         ] {
             let deep = Wrapped(Box::new(Wrapped(io(kind))));
             assert_eq!(classify_error(&deep), Some(Cause::Transient), "{kind:?}");

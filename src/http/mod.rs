@@ -11,6 +11,8 @@
 //! retries requests that provably never left ([`is_unsent`]), whatever
 //! their method.
 //! Every response returned carries a [`RetryInfo`].
+//! [`BufferBody`] reads response bodies ahead, so the policy can classify a
+//! body and retry one that breaks off ([`HttpPolicy::retry_on_body`]).
 //!
 //! # What each server signal does
 //! [`HttpPolicy`] reads these, each configurable:
@@ -116,6 +118,7 @@
 //!   Each retry then takes its own slot in the rate.
 
 mod body;
+mod buffer;
 mod delay_headers;
 mod drain;
 mod error;
@@ -135,6 +138,11 @@ mod retry_after;
 mod status;
 
 pub use body::CloneBody;
+#[cfg(feature = "reqwest")]
+pub use buffer::BufferReqwestFuture;
+pub use buffer::{
+    BufferBody, BufferBodyFuture, BufferBodyLayer, BufferedBody, DEFAULT_BUFFER_LIMIT,
+};
 pub use delay_headers::{
     parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_RESET, RETRY_AFTER_MS,
     X_RATELIMIT_RESET,

@@ -135,7 +135,9 @@ fn classify_outcome<E: AsStdError>(
     result: &Result<reqwest::Response, E>,
 ) -> Decision {
     match result {
-        Ok(response) => policy.classify_response(response.status(), response.headers()),
+        Ok(response) => {
+            policy.classify_parts(response.status(), response.headers(), response.extensions())
+        }
         Err(error) => policy.classify_error(error.as_std_error()),
     }
 }

@@ -1,0 +1,102 @@
+//! Reading a response body up to a limit: to its end, to its first error, or
+//! to the first byte past the limit, whichever comes first.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use ::http::HeaderMap;
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::Body;
+
+use super::body::BufferedBody;
+
+/// The body being read, and what has been read of it.
+pub(super) struct Collect<B> {
+    body: B,
+    chunks: VecDeque<Bytes>,
+    read: u64,
+    limit: u64,
+    trailers: Option<HeaderMap>,
+}
+
+/// How reading ended.
+pub(super) enum Collected {
+    /// The body ended within the limit.
+    Whole,
+    /// The body is longer than the limit, by its size hint or by what was read.
+    OverLimit,
+}
+
+impl<B> Collect<B>
+where
+    B: Body + Unpin,
+{
+    pub(super) fn new(body: B, limit: usize) -> Self {
+        Self {
+            body,
+            chunks: VecDeque::new(),
+            read: 0,
+            limit: u64::try_from(limit).unwrap_or(u64::MAX),
+            trailers: None,
+        }
+    }
+
+    /// Reads frames until the body ends, fails or passes the limit. A body
+    /// whose size hint already says it is longer is not read at all, so a
+    /// large download starts streaming at once.
+    pub(super) fn poll_collect(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Collected, B::Error>> {
+        loop {
+            if self.trailers.is_some() || self.body.is_end_stream() {
+                return Poll::Ready(Ok(Collected::Whole));
+            }
+            if self.read.saturating_add(self.body.size_hint().lower()) > self.limit {
+                return Poll::Ready(Ok(Collected::OverLimit));
+            }
+            let Some(frame) = ready!(Pin::new(&mut self.body).poll_frame(cx)) else {
+                return Poll::Ready(Ok(Collected::Whole));
+            };
+            match frame?.into_data() {
+                Ok(mut data) => {
+                    let len = data.remaining();
+                    if len == 0 {
+                        continue;
+                    }
+                    self.chunks.push_back(data.copy_to_bytes(len));
+                    self.read = self.read.saturating_add(len as u64);
+                    if self.read > self.limit {
+                        return Poll::Ready(Ok(Collected::OverLimit));
+                    }
+                }
+                // Trailers end a body; a frame of an unknown kind carries
+                // nothing to serve again.
+                Err(frame) => self.trailers = frame.into_trailers().ok(),
+            }
+        }
+    }
+
+    /// The body for the caller, once [`poll_collect`](Self::poll_collect)
+    /// said how reading ended.
+    pub(super) fn into_body(self, collected: Collected) -> BufferedBody<B> {
+        match collected {
+            Collected::Whole => BufferedBody::whole(concat(self.chunks), self.trailers),
+            Collected::OverLimit => BufferedBody::streaming(self.chunks, self.body),
+        }
+    }
+}
+
+/// The chunks as one contiguous `Bytes`, copied only when there are several.
+fn concat(mut chunks: VecDeque<Bytes>) -> Bytes {
+    if chunks.len() <= 1 {
+        return chunks.pop_front().unwrap_or_default();
+    }
+    let len = chunks.iter().map(Bytes::len).sum();
+    let mut whole = BytesMut::with_capacity(len);
+    for chunk in chunks {
+        whole.extend_from_slice(&chunk);
+    }
+    whole.freeze()
+}

@@ -1,0 +1,82 @@
+//! [`BufferBodyFuture`]: waits for the response, then reads its body up to
+//! the limit.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use ::http::response::Parts;
+use ::http::Response;
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower::BoxError;
+
+use super::body::BufferedBody;
+use super::collect::Collect;
+use super::BufferedBytes;
+
+pin_project! {
+    /// The response future of [`BufferBody`](super::BufferBody) for
+    /// `http::Request`s: the inner service's response with its body read up
+    /// to the limit.
+    pub struct BufferBodyFuture<F, B> {
+        #[pin]
+        state: State<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B> {
+        /// Waiting for the inner service's response.
+        Called { #[pin] future: F, limit: usize },
+        /// Reading the body.
+        /// Reading the body; `None` once the response has been returned.
+        Reading { reading: Option<(Parts, Collect<B>)> },
+    }
+}
+
+impl<F, B> BufferBodyFuture<F, B> {
+    pub(super) fn new(future: F, limit: usize) -> Self {
+        Self {
+            state: State::Called { future, limit },
+        }
+    }
+}
+
+impl<F, B, E> Future for BufferBodyFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<Response<BufferedBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Called { future, limit } => {
+                    let (parts, body) = ready!(future.poll(cx)).map_err(Into::into)?.into_parts();
+                    let collect = Collect::new(body, *limit);
+                    state.set(State::Reading {
+                        reading: Some((parts, collect)),
+                    });
+                }
+                StateProj::Reading { reading } => {
+                    let Some((_, collect)) = reading.as_mut() else {
+                        panic!("BufferBodyFuture polled after completion");
+                    };
+                    // A body that fails within the limit is the attempt's
+                    // outcome: the error, as the body gave it.
+                    let collected = ready!(collect.poll_collect(cx)).map_err(Into::into)?;
+                    let (mut parts, collect) = reading.take().expect("read just above");
+                    let body = collect.into_body(collected);
+                    BufferedBytes::record(&mut parts.extensions, &body);
+                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                }
+            }
+        }
+    }
+}

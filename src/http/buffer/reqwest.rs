@@ -1,0 +1,107 @@
+//! [`BufferBody`] for `reqwest::Client`: the same reading ahead, with
+//! reqwest's own response and error types kept.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use ::http::response::Parts;
+use pin_project_lite::pin_project;
+use reqwest::{ResponseBuilderExt, Url};
+use tower_service::Service;
+
+use super::body::BufferedBody;
+use super::collect::Collect;
+use super::{BufferBody, BufferedBytes};
+
+impl<S> Service<reqwest::Request> for BufferBody<S>
+where
+    S: Service<reqwest::Request, Response = reqwest::Response>,
+    S::Error: From<reqwest::Error>,
+{
+    type Response = reqwest::Response;
+    type Error = S::Error;
+    type Future = BufferReqwestFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: reqwest::Request) -> Self::Future {
+        BufferReqwestFuture {
+            state: State::Called {
+                future: self.inner.call(request),
+                limit: self.limit,
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of [`BufferBody`] for `reqwest::Request`s: the
+    /// inner service's response with its body read up to the limit.
+    pub struct BufferReqwestFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+/// What reading a reqwest response keeps: its head, its URL (which the
+/// conversion to `http::Response` drops) and the body being read.
+type Reading = (Parts, Url, Collect<reqwest::Body>);
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        /// Waiting for the inner service's response.
+        Called { #[pin] future: F, limit: usize },
+        /// Reading the body; `None` once the response has been returned.
+        Reading { reading: Option<Reading> },
+    }
+}
+
+impl<F, E> Future for BufferReqwestFuture<F>
+where
+    F: Future<Output = Result<reqwest::Response, E>>,
+    E: From<reqwest::Error>,
+{
+    type Output = Result<reqwest::Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Called { future, limit } => {
+                    let response = ready!(future.poll(cx))?;
+                    let url = response.url().clone();
+                    let (parts, body) = ::http::Response::from(response).into_parts();
+                    let collect = Collect::new(body, *limit);
+                    state.set(State::Reading {
+                        reading: Some((parts, url, collect)),
+                    });
+                }
+                StateProj::Reading { reading } => {
+                    let Some((_, _, collect)) = reading.as_mut() else {
+                        panic!("BufferReqwestFuture polled after completion");
+                    };
+                    let collected = ready!(collect.poll_collect(cx))?;
+                    let (parts, url, collect) = reading.take().expect("read just above");
+                    let body = collect.into_body(collected);
+                    return Poll::Ready(Ok(rebuild(parts, url, body)));
+                }
+            }
+        }
+    }
+}
+
+/// The `reqwest::Response` again, with its URL and the buffered body.
+fn rebuild(mut parts: Parts, url: Url, body: BufferedBody<reqwest::Body>) -> reqwest::Response {
+    BufferedBytes::record(&mut parts.extensions, &body);
+    // reqwest reads a response's URL back from an extension only its own
+    // response builder can write.
+    if let Ok(marked) = ::http::Response::builder().url(url).body(()) {
+        parts.extensions.extend(marked.into_parts().0.extensions);
+    }
+    let body = reqwest::Body::wrap(body);
+    reqwest::Response::from(::http::Response::from_parts(parts, body))
+}
