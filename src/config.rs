@@ -102,11 +102,12 @@ pub(crate) struct Shared {
     pub(crate) streams: AtomicU64,
 }
 
-/// The budget every clone of one layer shares: the default one by value, so
-/// the happy path calls it directly and the compiler inlines it (a full
-/// bucket's refund is one relaxed load), or a given one behind a box.
+/// The budget every clone of one layer shares: a token bucket (the default,
+/// or one given) by value, so the hot paths call it directly and the compiler
+/// inlines it (a full bucket's refund is one relaxed load), or any other
+/// budget behind a box.
 pub(crate) enum LayerBudget {
-    Default(TokenBucket),
+    Bucket(TokenBucket),
     Given(Box<dyn Budget>),
 }
 
@@ -114,7 +115,7 @@ impl Budget for LayerBudget {
     #[inline]
     fn on_first_attempt(&self) {
         match self {
-            LayerBudget::Default(bucket) => bucket.on_first_attempt(),
+            LayerBudget::Bucket(bucket) => bucket.on_first_attempt(),
             LayerBudget::Given(budget) => budget.on_first_attempt(),
         }
     }
@@ -122,7 +123,7 @@ impl Budget for LayerBudget {
     #[inline]
     fn would_allow(&self, cause: Cause) -> bool {
         match self {
-            LayerBudget::Default(bucket) => bucket.would_allow(cause),
+            LayerBudget::Bucket(bucket) => bucket.would_allow(cause),
             LayerBudget::Given(budget) => budget.would_allow(cause),
         }
     }
@@ -130,7 +131,7 @@ impl Budget for LayerBudget {
     #[inline]
     fn try_retry(&self, cause: Cause) -> bool {
         match self {
-            LayerBudget::Default(bucket) => bucket.try_retry(cause),
+            LayerBudget::Bucket(bucket) => bucket.try_retry(cause),
             LayerBudget::Given(budget) => budget.try_retry(cause),
         }
     }
@@ -138,7 +139,7 @@ impl Budget for LayerBudget {
     #[inline]
     fn on_success(&self, last_retry: Option<Cause>) {
         match self {
-            LayerBudget::Default(bucket) => bucket.on_success(last_retry),
+            LayerBudget::Bucket(bucket) => bucket.on_success(last_retry),
             LayerBudget::Given(budget) => budget.on_success(last_retry),
         }
     }

@@ -100,8 +100,8 @@ pin_project! {
     struct Tracked<F, Tm, O> {
         #[pin]
         phase: Phase<F, Tm>,
-        // The retry decided, from its decision until it is sent.
-        kept: Option<Retry<O>>,
+        // The outcome a decided retry would replace, until it is sent.
+        kept: Option<O>,
         progress: Progress,
     }
 }
@@ -137,6 +137,8 @@ struct Progress {
     rng: Option<Rng>,
     // This request's turn under pacing, for its retries.
     gate: Gate,
+    // The retry decided and not sent yet.
+    retry: Option<Retry>,
 }
 
 impl Progress {
@@ -152,6 +154,7 @@ impl Progress {
             last_retry: None,
             rng: None,
             gate: Gate::default(),
+            retry: None,
         }
     }
 
@@ -164,7 +167,7 @@ impl Progress {
     /// Whether the attempt that `retry` sends leaves any retry in
     /// `max_attempts`. Only the transparent retry could follow one that does
     /// not, and policies that ask for it keep the request anyway.
-    fn retryable_after<O>(&self, retry: &Retry<O>) -> bool {
+    fn retryable_after(&self, retry: &Retry) -> bool {
         let transparent_used = self.transparent_used || retry.transparent;
         let counted = self.attempts.saturating_add(1) - u32::from(transparent_used);
         counted < self.max_attempts
@@ -178,10 +181,10 @@ pub(crate) struct Limits {
     pub(crate) deadline: Option<Instant>,
 }
 
-/// A retry decided but not yet sent: the outcome it would replace, kept to be
-/// returned if the retry is stopped.
-struct Retry<O> {
-    outcome: O,
+/// A retry decided but not yet sent. The outcome it would replace is kept
+/// beside it, to be returned if the retry is stopped.
+#[derive(Clone, Copy)]
+struct Retry {
     cause: Cause,
     delay: Duration,
     transparent: bool,
@@ -319,10 +322,9 @@ fn poll_attempt<Res, E, T: AttemptTimer<E>>(
     }
 }
 
-fn take<O>(retry: &mut Option<Retry<O>>) -> Retry<O> {
-    retry
-        .take()
-        .expect("a retry is kept from its decision until it is sent")
+fn take<O>(kept: &mut Option<O>) -> O {
+    kept.take()
+        .expect("an outcome is kept from a retry's decision until it is sent")
 }
 
 type Outcome<S, Req, T> =
@@ -370,7 +372,7 @@ where
                 }
                 PhaseProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));
-                    self.on_wake(progress, kept)
+                    self.on_wake(progress)
                 }
                 PhaseProj::Readying => {
                     // Zero-delay retries against a ready service would never
@@ -383,8 +385,7 @@ where
                         cx
                     ));
                     coop.made_progress();
-                    let retry = take(kept);
-                    self.send(progress, readiness, retry)
+                    self.send(progress, readiness, kept)
                 }
             };
             match step {
@@ -399,7 +400,7 @@ where
     fn on_outcome(
         &mut self,
         progress: &mut Progress,
-        kept: &mut Option<Retry<Outcome<S, Req, T>>>,
+        kept: &mut Option<Outcome<S, Req, T>>,
         outcome: Outcome<S, Req, T>,
     ) -> StepOf<S, Req, T> {
         match self.judge(&outcome, progress.stamp, progress.last_retry) {
@@ -446,7 +447,7 @@ where
     fn retry(
         &mut self,
         progress: &mut Progress,
-        kept: &mut Option<Retry<Outcome<S, Req, T>>>,
+        kept: &mut Option<Outcome<S, Req, T>>,
         outcome: Outcome<S, Req, T>,
         after: Option<Duration>,
         cause: Cause,
@@ -454,8 +455,8 @@ where
         match self.schedule(progress, after, cause) {
             Ok((delay, transparent, due)) => {
                 progress.previous_delay = delay;
-                *kept = Some(Retry {
-                    outcome,
+                *kept = Some(outcome);
+                progress.retry = Some(Retry {
                     cause,
                     delay,
                     transparent,
@@ -521,12 +522,8 @@ where
     }
 
     /// The sleep before a retry is over.
-    fn on_wake(
-        &mut self,
-        progress: &mut Progress,
-        kept: &Option<Retry<Outcome<S, Req, T>>>,
-    ) -> StepOf<S, Req, T> {
-        let delay = kept.as_ref().map_or(Duration::ZERO, |retry| retry.delay);
+    fn on_wake(&mut self, progress: &mut Progress) -> StepOf<S, Req, T> {
+        let delay = progress.retry.map_or(Duration::ZERO, |retry| retry.delay);
         progress.slept = progress.slept.saturating_add(delay);
         if let Some(stats) = self.config.shared.as_ref().and_then(|s| s.stats.as_ref()) {
             stats.record_sleep(delay);
@@ -540,13 +537,16 @@ where
         &mut self,
         progress: &mut Progress,
         readiness: Result<(), S::Error>,
-        retry: Retry<Outcome<S, Req, T>>,
+        kept: &mut Option<Outcome<S, Req, T>>,
     ) -> StepOf<S, Req, T> {
         if readiness.is_err() {
             // The readiness error says nothing about the request; the kept
             // outcome does.
-            return self.end(progress, retry.outcome, Event::Final);
+            return self.end(progress, take(kept), Event::Final);
         }
+        let Some(retry) = progress.retry.take() else {
+            return self.end(progress, take(kept), Event::Final);
+        };
         let config = self.config;
         // No attempt starts once the deadline has passed; but a sleep allowed
         // to end at the deadline wakes up to one timer tick after it, and
@@ -557,14 +557,14 @@ where
             now > deadline && !woke_on_time
         };
         if progress.deadline.is_some_and(late) {
-            return self.end(progress, retry.outcome, Event::OutOfTime);
+            return self.end(progress, take(kept), Event::OutOfTime);
         }
         let Some(mut copy) = self.copy_for(progress, &retry) else {
-            return self.end(progress, retry.outcome, Event::NotClonable);
+            return self.end(progress, take(kept), Event::NotClonable);
         };
         if !retry.transparent && config.budget().is_some_and(|b| !b.try_retry(retry.cause)) {
             budget_refused(progress.attempts, retry.cause);
-            return self.end(progress, retry.outcome, Event::BudgetRefused);
+            return self.end(progress, take(kept), Event::BudgetRefused);
         }
         // Committed: from here on the retry is sent.
         #[cfg(feature = "tracing")]
@@ -575,10 +575,11 @@ where
             "retrying"
         );
         let request = self.request.as_ref().unwrap_or(&copy);
+        let outcome = take(kept);
         config
             .policy
-            .on_retry(request, progress.attempts, retry.delay, &retry.outcome);
-        config.policy.discard(retry.outcome);
+            .on_retry(request, progress.attempts, retry.delay, &outcome);
+        config.policy.discard(outcome);
         // Saturating: `unlimited_attempts` may count past u32::MAX.
         progress.attempts = progress.attempts.saturating_add(1);
         progress.transparent_used |= retry.transparent;
@@ -594,7 +595,7 @@ where
     /// attempt that cannot be retried, the kept one itself if the policy can
     /// judge its outcome without it. Made now, not when the last attempt went
     /// out: a streaming body may have outgrown its replay limit since.
-    fn copy_for(&mut self, progress: &Progress, retry: &Retry<Outcome<S, Req, T>>) -> Option<Req> {
+    fn copy_for(&mut self, progress: &Progress, retry: &Retry) -> Option<Req> {
         let policy = &self.config.policy;
         let request = self.request.as_ref()?;
         let last = !progress.retryable_after(retry) && !policy.needs_request();

@@ -1,6 +1,7 @@
 //! [`BackoffLayer`], the `tower_layer::Layer` that wraps a service in
 //! [`Backoff`], and its builder.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
-use crate::budget::{self, Budget};
+use crate::budget::{self, Budget, TokenBucket};
 use crate::config::{Config, LayerBudget, Shared};
 use crate::deadline::{AttemptTimeout, NoTimeout};
 use crate::error::{check_duration, ConfigError};
@@ -152,6 +153,8 @@ struct Settings {
 enum BudgetChoice {
     #[default]
     Default,
+    // A token bucket is kept by value, like the default one: no dynamic call.
+    Bucket(TokenBucket),
     Given(Box<dyn Budget>),
     None,
 }
@@ -315,7 +318,16 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
     /// every service the layer wraps and all their clones. Pass an `Arc` to
     /// share one budget between several layers too.
     pub fn budget(mut self, budget: impl Budget + 'static) -> Self {
-        self.settings.budget = BudgetChoice::Given(Box::new(budget));
+        let mut slot = Some(budget);
+        let bucket = (&mut slot as &mut dyn Any)
+            .downcast_mut::<Option<TokenBucket>>()
+            .and_then(Option::take);
+        self.settings.budget = match (bucket, slot) {
+            (Some(bucket), _) => BudgetChoice::Bucket(bucket),
+            (None, Some(given)) => BudgetChoice::Given(Box::new(given)),
+            // Only a bucket is taken out of the slot.
+            (None, None) => BudgetChoice::Default,
+        };
         self
     }
 
@@ -407,7 +419,8 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
         }
         limits.check_bounded(!matches!(budget, BudgetChoice::None))?;
         let budget = match budget {
-            BudgetChoice::Default => Some(LayerBudget::Default(budget::default_budget())),
+            BudgetChoice::Default => Some(LayerBudget::Bucket(budget::default_budget())),
+            BudgetChoice::Bucket(bucket) => Some(LayerBudget::Bucket(bucket)),
             BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
             BudgetChoice::None => None,
         };
@@ -447,7 +460,7 @@ impl<P, S: fmt::Debug, T> fmt::Debug for BackoffBuilder<P, S, T> {
                 "budget",
                 &match self.settings.budget {
                     BudgetChoice::Default => "default",
-                    BudgetChoice::Given(_) => "given",
+                    BudgetChoice::Given(_) | BudgetChoice::Bucket(_) => "given",
                     BudgetChoice::None => "none",
                 },
             )
