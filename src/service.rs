@@ -21,10 +21,10 @@ use crate::stats::Event;
 /// Retries requests to `S` that policy `P` classifies as transient failures,
 /// sleeping between attempts as schedule `Sch` and its jitter say.
 ///
-/// Built by [`BackoffLayer`]. Cloning it clones the inner service and copies the
-/// configuration; clones share the layer's budget, pacing and stats. Each
-/// response future holds its own clone, on which it calls `poll_ready` before
-/// every retry.
+/// Built by [`BackoffLayer`]. Cloning it clones the inner service and shares
+/// the configuration, with the layer's budget, pacing and stats. Each response
+/// future holds its own clone of the inner service, which it readies (after
+/// its turn under pacing) before every retry.
 ///
 /// With [pacing](crate::AdaptivePacing) on, `poll_ready` waits for this
 /// clone's turn to send before it asks the inner service, so pacing is
