@@ -17,8 +17,10 @@ use crate::jitter::{Jitter, Rng};
 use crate::policy::Cause;
 use crate::stats::{Event, Stats};
 
-/// Everything a [`Backoff`](crate::Backoff) service and its response futures read: plain data,
-/// copied into each clone, plus one optional `Arc` for what clones share.
+/// Everything a [`Backoff`](crate::Backoff) service and its response futures
+/// read, behind one `Arc` per layer. What the layer's services share (budget,
+/// pacing, stats, the seeded jitter streams) are handles of their own, so a
+/// service that changes its policy keeps sharing them.
 #[derive(Clone)]
 pub(crate) struct Config<P, S, T = NoTimeout> {
     pub(crate) policy: P,
@@ -29,9 +31,12 @@ pub(crate) struct Config<P, S, T = NoTimeout> {
     pub(crate) stop_at_cap: bool,
     /// How long each attempt may take.
     pub(crate) timeouts: T,
-    /// `None` unless something shared was configured, so the plain layer's
-    /// happy path touches no atomics.
-    pub(crate) shared: Option<Arc<Shared>>,
+    // Each one an `Option` read straight from here: what is not configured
+    // costs a branch, and nothing else.
+    pub(crate) budget: Option<Arc<LayerBudget>>,
+    pub(crate) pacing: Option<AdaptivePacing>,
+    pub(crate) stats: Option<Stats>,
+    pub(crate) streams: Option<Arc<Streams>>,
 }
 
 impl<P, S, T> Config<P, S, T> {
@@ -45,36 +50,49 @@ impl<P, S, T> Config<P, S, T> {
             max_elapsed: self.max_elapsed,
             stop_at_cap: self.stop_at_cap,
             timeouts: self.timeouts,
-            shared: self.shared,
+            budget: self.budget,
+            pacing: self.pacing,
+            stats: self.stats,
+            streams: self.streams,
         }
     }
 
+    #[inline]
     pub(crate) fn budget(&self) -> Option<&LayerBudget> {
-        self.shared.as_deref()?.budget.as_ref()
+        self.budget.as_deref()
     }
 
+    #[inline]
     pub(crate) fn pacing(&self) -> Option<&AdaptivePacing> {
-        self.shared.as_deref()?.pacing.as_ref()
+        self.pacing.as_ref()
     }
 
     /// Counts `event` if stats were configured.
     #[inline]
     pub(crate) fn record(&self, event: Event) {
-        if let Some(shared) = self.shared.as_deref() {
-            shared.record(event);
+        if let Some(stats) = &self.stats {
+            stats.record(event);
+        }
+    }
+
+    /// A request was called: its first attempt is about to go out.
+    #[inline]
+    pub(crate) fn on_call(&self) {
+        if let Some(budget) = self.budget() {
+            budget.on_first_attempt();
+        }
+        if let Some(stats) = &self.stats {
+            stats.record(Event::Request);
+            stats.record(Event::Attempt { retry: false });
         }
     }
 
     /// A new jitter stream for one request: from the seeded family when a seed
     /// was given, so runs are reproducible, else from entropy.
     pub(crate) fn new_rng(&self) -> Rng {
-        match self.shared.as_deref() {
-            Some(Shared {
-                seed: Some(seed),
-                streams,
-                ..
-            }) => Rng::stream(*seed, streams.fetch_add(1, Ordering::Relaxed)),
-            _ => Rng::from_entropy(),
+        match self.streams.as_deref() {
+            Some(streams) => streams.next(),
+            None => Rng::from_entropy(),
         }
     }
 }
@@ -92,14 +110,24 @@ impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for Config<P, S, T> {
     }
 }
 
-/// State shared by every clone of one layer's services.
-pub(crate) struct Shared {
-    pub(crate) budget: Option<LayerBudget>,
-    pub(crate) pacing: Option<AdaptivePacing>,
-    pub(crate) stats: Option<Stats>,
-    pub(crate) seed: Option<u64>,
-    /// Hands each retrying request its own jitter stream of a seeded family.
-    pub(crate) streams: AtomicU64,
+/// The jitter streams of a seeded layer: each retrying request takes the next
+/// stream of the seed's family, so runs are reproducible.
+pub(crate) struct Streams {
+    seed: u64,
+    next: AtomicU64,
+}
+
+impl Streams {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> Rng {
+        Rng::stream(self.seed, self.next.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
 /// The budget every clone of one layer shares: a token bucket (the default,
@@ -141,27 +169,6 @@ impl Budget for LayerBudget {
         match self {
             LayerBudget::Bucket(bucket) => bucket.on_success(last_retry),
             LayerBudget::Given(budget) => budget.on_success(last_retry),
-        }
-    }
-}
-
-impl Shared {
-    /// A request was called: its first attempt is about to go out.
-    #[inline]
-    pub(crate) fn on_call(&self) {
-        if let Some(budget) = &self.budget {
-            budget.on_first_attempt();
-        }
-        if let Some(stats) = &self.stats {
-            stats.record(Event::Request);
-            stats.record(Event::Attempt { retry: false });
-        }
-    }
-
-    #[inline]
-    pub(crate) fn record(&self, event: Event) {
-        if let Some(stats) = &self.stats {
-            stats.record(event);
         }
     }
 }

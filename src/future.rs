@@ -525,7 +525,7 @@ where
     fn on_wake(&mut self, progress: &mut Progress) -> StepOf<S, Req, T> {
         let delay = progress.retry.map_or(Duration::ZERO, |retry| retry.delay);
         progress.slept = progress.slept.saturating_add(delay);
-        if let Some(stats) = self.config.shared.as_ref().and_then(|s| s.stats.as_ref()) {
+        if let Some(stats) = &self.config.stats {
             stats.record_sleep(delay);
         }
         Step::Next(Phase::Readying)

@@ -3,7 +3,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
 use crate::budget::{self, Budget, TokenBucket};
-use crate::config::{Config, LayerBudget, Shared};
+use crate::config::{Config, LayerBudget, Streams};
 use crate::deadline::{AttemptTimeout, NoTimeout};
 use crate::error::{check_duration, ConfigError};
 use crate::jitter::Jitter;
@@ -104,12 +103,12 @@ impl<P, S, T> BackoffLayer<P, S, T> {
 
     /// The counters this layer's services update, if it was given any.
     pub fn stats(&self) -> Option<&Stats> {
-        self.config.shared.as_ref()?.stats.as_ref()
+        self.config.stats.as_ref()
     }
 
     /// The pacing this layer's services share, if it was given one.
     pub fn pacing(&self) -> Option<&AdaptivePacing> {
-        self.config.shared.as_ref()?.pacing.as_ref()
+        self.config.pacing.as_ref()
     }
 }
 
@@ -424,17 +423,6 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
             BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
             BudgetChoice::None => None,
         };
-        let shares_something =
-            budget.is_some() || limits.seed.is_some() || pacing.is_some() || stats.is_some();
-        let shared = shares_something.then(|| {
-            Arc::new(Shared {
-                budget,
-                pacing,
-                stats,
-                seed: limits.seed,
-                streams: AtomicU64::new(0),
-            })
-        });
         Ok(BackoffLayer {
             config: Arc::new(Config {
                 policy: self.policy,
@@ -444,7 +432,10 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
                 max_elapsed: limits.max_elapsed,
                 stop_at_cap: limits.stop_at_cap,
                 timeouts: self.timeouts,
-                shared,
+                budget: budget.map(Arc::new),
+                pacing,
+                stats,
+                streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
             }),
         })
     }

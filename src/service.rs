@@ -233,11 +233,9 @@ where
         };
         let timer = config.timeouts.timer(deadline);
         let mut stamp = 0;
-        if let Some(shared) = config.shared.as_deref() {
-            shared.on_call();
-            if let Some(pacing) = &shared.pacing {
-                stamp = pacing.sent(&mut self.gate);
-            }
+        config.on_call();
+        if let Some(pacing) = config.pacing() {
+            stamp = pacing.sent(&mut self.gate);
         }
         let future = self.inner.call(request);
         let attempt = Attempt {
@@ -287,11 +285,9 @@ where
     S: Service<Req>,
 {
     let mut stamp = 0;
-    if let Some(shared) = config.shared.as_deref() {
-        shared.record(Event::Attempt { retry: true });
-        if let Some(pacing) = &shared.pacing {
-            stamp = pacing.sent(gate);
-        }
+    config.record(Event::Attempt { retry: true });
+    if let Some(pacing) = config.pacing() {
+        stamp = pacing.sent(gate);
     }
     (inner.call(request), stamp)
 }
