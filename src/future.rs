@@ -224,21 +224,13 @@ where
     pub(crate) fn new(
         first: Attempt<S::Future, T::Timer>,
         request: Option<Req>,
-        limits: Limits,
+        limits: Option<Limits>,
         inner: S,
         config: Arc<Config<P, Sch, T>>,
     ) -> Self {
         // Tracked from the start only if the first outcome needs more than
         // the layer's settings to be judged.
-        let in_place = first.stamp == 0
-            && limits.deadline.is_none()
-            && limits.max_attempts == config.max_attempts;
-        let state = if in_place {
-            State::First {
-                future: first.future,
-                timer: first.timer,
-            }
-        } else {
+        let state = if let Some(limits) = limits {
             State::Tracked {
                 tracked: Box::pin(Tracked {
                     phase: Phase::Called {
@@ -248,6 +240,11 @@ where
                     kept: None,
                     progress: Progress::new(limits, first.stamp),
                 }),
+            }
+        } else {
+            State::First {
+                future: first.future,
+                timer: first.timer,
             }
         };
         Self {
@@ -356,6 +353,8 @@ where
     Sch: Schedule,
 {
     /// Runs a tracked request until it ends or has to wait.
+    // Out of line: the happy path's `poll` stays small.
+    #[inline(never)]
     fn drive(
         &mut self,
         mut tracked: Pin<&mut TrackedOf<S, Req, T>>,
@@ -444,6 +443,8 @@ where
 
     /// Keeps `outcome` and schedules the retry it asks for, or returns it if
     /// none may follow.
+    // Out of line: the happy path's `poll` stays small.
+    #[inline(never)]
     fn retry(
         &mut self,
         progress: &mut Progress,

@@ -221,7 +221,11 @@ where
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
         let config = &*self.config;
-        let limits = config.policy.limits(&request).unwrap_or_default();
+        let own = config.policy.limits(&request);
+        // Only a request with limits of its own, a deadline or a pacing stamp
+        // is tracked from the call: its first outcome already needs them.
+        let tracked = own.is_some() || config.tracks_from_call;
+        let limits = own.unwrap_or_default();
         let max_attempts = limits.max_attempts.unwrap_or(config.max_attempts);
         let deadline = deadline(config.max_elapsed, limits.deadline);
         // An attempt that cannot be retried needs no copy, if the policy can
@@ -243,10 +247,10 @@ where
             timer,
             stamp,
         };
-        let limits = Limits {
+        let limits = tracked.then_some(Limits {
             max_attempts,
             deadline,
-        };
+        });
         let inner = self.inner.clone();
         ResponseFuture::new(attempt, spare, limits, inner, Arc::clone(&self.config))
     }
