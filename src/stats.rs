@@ -77,8 +77,8 @@ pub struct StatsSnapshot {
     /// Requests that ended with a failure the policy called final, or because
     /// the inner service failed to become ready for a retry.
     pub gave_up_final: u64,
-    /// Requests sent once and returned unclassified because the policy could
-    /// not copy them.
+    /// Requests that ended because the policy could not copy them for a
+    /// retry (a POST, a streaming body past its replay limit).
     pub gave_up_not_clonable: u64,
     /// Total time slept between attempts (backoff delays, not pacing).
     pub slept: Duration,

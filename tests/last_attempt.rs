@@ -1,0 +1,159 @@
+//! The last attempt a request may make goes out without a copy of the
+//! request when the policy can judge its outcome alone
+//! (`Policy::needs_request` is false), and that outcome is still judged: a
+//! success refunds the budget and counts as one, a failure ends the request
+//! as out of attempts. Real tower layers, paused clock. (How many copies are
+//! made is counted in tests/allocations.rs.)
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_backoff::{
+    BackoffLayer, Cause, Constant, Decision, Policy, RetryOnError, Stats, StatsSnapshot,
+};
+
+/// A request that counts its copies, so a test sees which attempt got one.
+#[derive(Debug)]
+struct Counted {
+    copies: Arc<AtomicU32>,
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        Self {
+            copies: Arc::clone(&self.copies),
+        }
+    }
+}
+
+/// Fails the first `failures` attempts, then answers.
+fn backend(
+    failures: u32,
+) -> impl Service<Counted, Response = &'static str, Error = String, Future: Send> + Clone {
+    let calls = Arc::new(AtomicU32::new(0));
+    service_fn(move |_: Counted| {
+        let n = calls.fetch_add(1, Ordering::Relaxed);
+        async move {
+            if n < failures {
+                Err(format!("attempt {} failed", n + 1))
+            } else {
+                Ok("done")
+            }
+        }
+    })
+}
+
+/// Sends one request through `policy` with 3 attempts and zero delays;
+/// returns its outcome, the copies made and the stats.
+async fn send<P>(policy: P, failures: u32) -> (Result<&'static str, String>, u32, StatsSnapshot)
+where
+    P: Policy<Counted, &'static str, String> + Clone + Send + Sync + 'static,
+{
+    let stats = Stats::new();
+    let layer = BackoffLayer::builder()
+        .policy(policy)
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(3)
+        .stats(stats.clone())
+        .build()
+        .unwrap();
+    let copies = Arc::new(AtomicU32::new(0));
+    let request = Counted {
+        copies: Arc::clone(&copies),
+    };
+    let outcome = layer.layer(backend(failures)).oneshot(request).await;
+    (outcome, copies.load(Ordering::Relaxed), stats.snapshot())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_attempt_goes_out_without_a_copy() {
+    // A copy kept at the call, one sent as the second attempt; the third is
+    // the kept one itself.
+    let (outcome, copies, stats) = send(RetryOnError, 2).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.successes, 1, "the last outcome was judged: {stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_last_attempt_that_fails_ends_out_of_attempts() {
+    let (outcome, copies, stats) = send(RetryOnError, 5).await;
+    assert_eq!(outcome, Err("attempt 3 failed".to_string()));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.gave_up_attempts, 1, "{stats:?}");
+    assert_eq!(stats.gave_up_final, 0, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_behind_an_arc_keeps_the_last_attempt_copy_free() {
+    let (outcome, copies, stats) = send(Arc::new(RetryOnError), 5).await;
+    assert_eq!(outcome, Err("attempt 3 failed".to_string()));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.gave_up_attempts, 1, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_on_retry_hook_keeps_the_last_attempt_copy_free() {
+    let policy = tower_backoff::OnRetry::new(RetryOnError, |_: &Counted, _, _, _: &_| {});
+    let (outcome, copies, stats) = send(policy, 5).await;
+    assert_eq!(outcome, Err("attempt 3 failed".to_string()));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.gave_up_attempts, 1, "{stats:?}");
+}
+
+/// Reads the request to decide, so it keeps the default `needs_request`.
+#[derive(Clone)]
+struct ReadsTheRequest;
+
+impl Policy<Counted, &'static str, String> for ReadsTheRequest {
+    fn classify(&self, request: &Counted, result: &Result<&'static str, String>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) if request.copies.load(Ordering::Relaxed) < 100 => Decision::retry(),
+            Err(_) => Decision::Final,
+        }
+    }
+
+    fn clone_request(&self, request: &Counted) -> Option<Counted> {
+        Some(request.clone())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_that_reads_the_request_gets_a_copy_for_every_attempt() {
+    let (outcome, copies, stats) = send(ReadsTheRequest, 2).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(copies, 3);
+    assert_eq!(stats.successes, 1, "{stats:?}");
+}
+
+/// Judges outcomes alone but asks for the transparent retry, which may
+/// follow the last attempt: it must keep the request (`needs_request` true).
+#[derive(Clone)]
+struct RetriesUnsent;
+
+impl Policy<Counted, &'static str, String> for RetriesUnsent {
+    fn classify(&self, _: &Counted, result: &Result<&'static str, String>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(e) if e.contains("attempt 3") => Decision::retry().because(Cause::NotSent),
+            Err(_) => Decision::retry(),
+        }
+    }
+
+    fn clone_request(&self, request: &Counted) -> Option<Counted> {
+        Some(request.clone())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_never_left_is_retried_past_the_last_attempt() {
+    // The third attempt "never left": its transparent retry is a fourth.
+    let (outcome, copies, stats) = send(RetriesUnsent, 3).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(stats.attempts, 4, "{stats:?}");
+    assert_eq!(copies, 4);
+}
