@@ -129,6 +129,9 @@ struct Progress {
     // What the pacing gave the attempt in flight when it went out.
     stamp: u16,
     previous_delay: Duration,
+    // The count of attempts at which the schedule last restarted: after a
+    // delay the server named, the next delay the schedule picks is its first.
+    restart: u32,
     slept: Duration,
     // When the request must end: from `max_elapsed` or the caller.
     deadline: Option<Instant>,
@@ -149,6 +152,7 @@ impl Progress {
             transparent_used: false,
             stamp,
             previous_delay: Duration::ZERO,
+            restart: 0,
             slept: Duration::ZERO,
             deadline: limits.deadline,
             last_retry: None,
@@ -456,6 +460,11 @@ where
         match self.schedule(progress, after, cause) {
             Ok((delay, transparent, due)) => {
                 progress.previous_delay = delay;
+                if after.is_some() && !transparent {
+                    // The server timed this retry: the schedule starts over
+                    // after it (as gRPC's clients do after a pushback).
+                    progress.restart = progress.counted();
+                }
                 *kept = Some(outcome);
                 progress.retry = Some(Retry {
                     cause,
@@ -491,7 +500,9 @@ where
         if self.request.is_none() {
             return Err(Event::NotClonable);
         }
-        let capped = config.stop_at_cap && reached_cap(&config.schedule, counted);
+        // The schedule's step: retries since it last restarted.
+        let step = counted.saturating_sub(progress.restart);
+        let capped = config.stop_at_cap && reached_cap(&config.schedule, step);
         if capped && !transparent && after.is_none() {
             return Err(Event::OutOfAttempts);
         }
@@ -505,7 +516,7 @@ where
                 let rng = progress.rng.get_or_insert_with(|| config.new_rng());
                 config
                     .jitter
-                    .delay(&config.schedule, counted, progress.previous_delay, rng)
+                    .delay(&config.schedule, step, progress.previous_delay, rng)
             }
         };
         let mut due = None;

@@ -407,6 +407,33 @@ async fn pushback_delay_is_honoured_on_the_paused_clock() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_backoff_starts_over_after_a_pushback() {
+    // Attempt 1: UNAVAILABLE, backoff ~1 s. Attempt 2: pushback 3 s.
+    // Attempt 3: UNAVAILABLE: the schedule starts over at ~1 s (A6), where
+    // going on would have waited its third step, ~4 s.
+    let (addr, script) = serve(vec![
+        reply(Code::Unavailable),
+        with_pushback(reply(Code::Unavailable), "3000"),
+        reply(Code::Unavailable),
+    ])
+    .await;
+    let layer = GrpcRetryLayer::new(&retry_config(4, "1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    client.check(health_check()).await.unwrap();
+
+    let seen = script.seen();
+    assert_eq!(seen.len(), 4);
+    let gaps: Vec<Duration> = seen.windows(2).map(|w| w[1].at - w[0].at).collect();
+    let within = |gap: Duration, low: u64, high: u64| {
+        gap >= Duration::from_millis(low) && gap < Duration::from_millis(high)
+    };
+    assert!(within(gaps[0], 800, 1300), "first backoff: {gaps:?}");
+    assert!(within(gaps[1], 3000, 3100), "the pushback: {gaps:?}");
+    assert!(within(gaps[2], 800, 1300), "started over: {gaps:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn negative_pushback_stops_retries() {
     let (addr, script) = serve(vec![with_pushback(reply(Code::Unavailable), "-1")]).await;
     let layer = GrpcRetryLayer::new(&retry_config(5, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();

@@ -45,8 +45,6 @@
 //! ```
 //!
 //! # Where this differs from gRPC's own clients
-//! - The backoff does not restart from `initialBackoff` after a server
-//!   pushback; it goes on growing with the attempt number.
 //! - A6's throttling is exact when the policy counts it
 //!   ([`GrpcPolicy::throttle`], which [`GrpcRetryLayer`] uses). A
 //!   [`RetryThrottle`] given to any layer as its budget counts only the

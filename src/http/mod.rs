@@ -33,7 +33,10 @@
 //! A server's delay is slept in full, never shortened to the schedule's cap,
 //! plus an upward jitter ([`server_delay_jitter`](HttpPolicy::server_delay_jitter),
 //! default up to 10 % and at most 1 s) so that clients told the same
-//! HTTP-date do not all come back in the same millisecond.
+//! HTTP-date do not all come back in the same millisecond. After it the
+//! schedule starts over: if that retry fails without a delay of its own, the
+//! next one waits the schedule's first delay (as gRPC's clients do after a
+//! pushback).
 //!
 //! Upstream, [`attempt_header`](HttpPolicy::attempt_header) sends the attempt
 //! number on every retry. [`PerHostLayer`] gives every authority its own
