@@ -316,6 +316,7 @@ impl HttpPolicy {
     }
 
     /// Whether responses get a [`RetryInfo`].
+    #[cfg(any(feature = "reqwest", test))]
     pub(crate) fn records_info(&self) -> bool {
         self.record_info
     }
