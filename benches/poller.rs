@@ -3,9 +3,10 @@
 //! paused clock so that only the poller's own work is timed.
 //!
 //! One round is one poll of every provider (one healthy interval of the paused
-//! clock). Scenarios: nobody reads the board; the board is read once per
-//! round; the board is ranked by values that change every poll and read once
-//! per round.
+//! clock). Scenarios: nobody reads the board; the board is read once per round
+//! and dropped at once; read once per round and held until the next read (a
+//! reader always showing the latest board); ranked by values that change every
+//! poll, read and held.
 //!
 //! `cargo bench --bench poller -- --warm-up-time 1 --measurement-time 3`
 //! (criterion; its throughput in elements/s is polls per second), and
@@ -52,22 +53,25 @@ const TABLE_ROUNDS: u64 = 200;
 #[derive(Clone, Copy, PartialEq)]
 enum Scenario {
     Unread,
-    ReadEveryRound,
-    RankedReadEveryRound,
+    Read,
+    ReadAndHeld,
+    RankedReadAndHeld,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 3] = [
+    const ALL: [Scenario; 4] = [
         Scenario::Unread,
-        Scenario::ReadEveryRound,
-        Scenario::RankedReadEveryRound,
+        Scenario::Read,
+        Scenario::ReadAndHeld,
+        Scenario::RankedReadAndHeld,
     ];
 
     fn name(self) -> &'static str {
         match self {
             Scenario::Unread => "board unread",
-            Scenario::ReadEveryRound => "board read every round",
-            Scenario::RankedReadEveryRound => "ranked, changing values, board read every round",
+            Scenario::Read => "board read every round",
+            Scenario::ReadAndHeld => "board read every round and held",
+            Scenario::RankedReadAndHeld => "ranked, values change, board read and held",
         }
     }
 }
@@ -83,7 +87,7 @@ struct Running {
 impl Running {
     async fn start(scenario: Scenario) -> Self {
         let mut builder = Poller::builder(|_: &String| ()).interval(INTERVAL);
-        if scenario == Scenario::RankedReadEveryRound {
+        if scenario == Scenario::RankedReadAndHeld {
             builder = builder.rank_by(|value: &u64| *value);
         }
         let poller = builder.build().expect("a valid poller");
@@ -111,13 +115,19 @@ impl Running {
     }
 
     async fn rounds(&self, rounds: u64) {
+        let mut held = None;
         for _ in 0..rounds {
             tokio::time::sleep(INTERVAL).await;
-            if self.scenario != Scenario::Unread {
-                let board = self.poller.board();
-                black_box(board.leaders().first().map(|leader| *leader.value()));
+            if self.scenario == Scenario::Unread {
+                continue;
+            }
+            let board = self.poller.board();
+            black_box(board.leaders().first().map(|leader| *leader.value()));
+            if self.scenario != Scenario::Read {
+                held = Some(board);
             }
         }
+        drop(held);
     }
 
     fn polls(&self) -> u64 {
