@@ -6,7 +6,9 @@
 //! clock). Scenarios: nobody reads the board; the board is read once per round
 //! and dropped at once; read once per round and held until the next read (a
 //! reader always showing the latest board); ranked by values that change every
-//! poll, read and held.
+//! poll, read and held; and polls spread over the interval (one provider per
+//! millisecond) with the board read every 10 ms and held, so 100 reads a round
+//! with 10 polls between reads.
 //!
 //! `cargo bench --bench poller -- --warm-up-time 1 --measurement-time 3`
 //! (criterion; its throughput in elements/s is polls per second), and
@@ -56,15 +58,25 @@ enum Scenario {
     Read,
     ReadAndHeld,
     RankedReadAndHeld,
+    SpreadReadOften,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 4] = [
+    const ALL: [Scenario; 5] = [
         Scenario::Unread,
         Scenario::Read,
         Scenario::ReadAndHeld,
         Scenario::RankedReadAndHeld,
+        Scenario::SpreadReadOften,
     ];
+
+    /// Board reads per round.
+    fn reads(self) -> u32 {
+        match self {
+            Scenario::SpreadReadOften => 100,
+            _ => 1,
+        }
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -72,6 +84,7 @@ impl Scenario {
             Scenario::Read => "board read every round",
             Scenario::ReadAndHeld => "board read every round and held",
             Scenario::RankedReadAndHeld => "ranked, values change, board read and held",
+            Scenario::SpreadReadOften => "polls spread, board read every 10 ms and held",
         }
     }
 }
@@ -103,6 +116,9 @@ impl Running {
                 std::future::ready(Ok::<u64, Infallible>(value))
             });
             poller.add(format!("provider-{provider:04}"), service);
+            if scenario == Scenario::SpreadReadOften {
+                tokio::time::sleep(INTERVAL / PROVIDERS as u32).await;
+            }
         }
         let running = Self {
             poller,
@@ -116,8 +132,9 @@ impl Running {
 
     async fn rounds(&self, rounds: u64) {
         let mut held = None;
-        for _ in 0..rounds {
-            tokio::time::sleep(INTERVAL).await;
+        let reads = self.scenario.reads();
+        for _ in 0..rounds * u64::from(reads) {
+            tokio::time::sleep(INTERVAL / reads).await;
             if self.scenario == Scenario::Unread {
                 continue;
             }
