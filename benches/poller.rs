@@ -13,7 +13,8 @@
 //! `cargo bench --bench poller -- --warm-up-time 1 --measurement-time 3`
 //! (criterion; its throughput in elements/s is polls per second), and
 //! `cargo bench --bench poller -- --table` (polls per second and allocations
-//! per poll, counted over 200 rounds).
+//! per poll, counted over 200 rounds), and `benches/poller_callgrind.sh`
+//! (instructions per poll, with `-- --run <scenario> <rounds>`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
@@ -69,6 +70,16 @@ impl Scenario {
         Scenario::RankedReadAndHeld,
         Scenario::SpreadReadOften,
     ];
+
+    fn slug(self) -> &'static str {
+        match self {
+            Scenario::Unread => "unread",
+            Scenario::Read => "read",
+            Scenario::ReadAndHeld => "held",
+            Scenario::RankedReadAndHeld => "ranked",
+            Scenario::SpreadReadOften => "spread",
+        }
+    }
 
     /// Board reads per round.
     fn reads(self) -> u32 {
@@ -206,10 +217,31 @@ fn table() {
     }
 }
 
+/// Runs `rounds` rounds of one scenario after set-up, for callgrind:
+/// instructions per poll are the difference between two round counts,
+/// divided by the polls between them.
+fn run(slug: &str, rounds: &str) {
+    let scenario = Scenario::ALL
+        .into_iter()
+        .find(|scenario| scenario.slug() == slug)
+        .expect("unread, read, held, ranked or spread");
+    let rounds = rounds.parse().expect("a number of rounds");
+    runtime().block_on(async {
+        let running = Running::start(scenario).await;
+        running.rounds(rounds).await;
+        running.poller.shutdown().await;
+    });
+}
+
 fn main() {
-    if std::env::args().any(|arg| arg == "--table") {
-        table();
-        return;
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| arg != "--bench")
+        .collect();
+    match args.as_slice() {
+        [flag] if flag == "--table" => return table(),
+        [flag, slug, rounds] if flag == "--run" => return run(slug, rounds),
+        _ => {}
     }
     let mut criterion = Criterion::default().configure_from_args();
     criterion_benches(&mut criterion);

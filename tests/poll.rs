@@ -921,6 +921,64 @@ async fn ranked_board_follows_every_change_in_place_and_earlier_boards_never_cha
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_rank_that_is_not_an_order_still_shows_every_healthy_value_once() {
+    // Every call of the rank key answers differently, so the leaders can never
+    // be in order: the board must still show each healthy provider once, with
+    // its latest value, and nothing else.
+    let draws = Arc::new(AtomicUsize::new(0));
+    let poller = Poller::<u32, (), u32, String>::builder(|_| ())
+        .interval(SECOND)
+        .schedule(Exponential::new(Duration::from_millis(500)))
+        .jitter(Jitter::None)
+        .max_failures(1_000)
+        .rank_by({
+            let draws = Arc::clone(&draws);
+            move |_: &u32| {
+                draws
+                    .fetch_add(1, Ordering::Relaxed)
+                    .wrapping_mul(2_654_435_761)
+                    % 101
+            }
+        })
+        .build()
+        .unwrap();
+    let probes: Vec<(u32, Arc<Probe>)> = (0..30)
+        .map(|key| {
+            let probe = Probe::new();
+            let script = move |n: usize| {
+                if (key as usize + n) % 5 == 0 {
+                    Answer::Fail
+                } else {
+                    Answer::Value(key * 1000 + n as u32)
+                }
+            };
+            assert!(poller.add(key, scripted(&probe, script)));
+            (key, probe)
+        })
+        .collect();
+    for step in 0..40 {
+        sleep(Duration::from_millis(250)).await;
+        let mut shown: Vec<(u32, u32)> = poller
+            .board()
+            .leaders()
+            .iter()
+            .map(|l| (*l.key(), *l.value()))
+            .collect();
+        shown.sort_unstable();
+        let healthy: Vec<(u32, u32)> = probes
+            .iter()
+            .filter_map(|(key, probe)| match probe.last() {
+                Some(Ok(value)) => Some((*key, value)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shown, healthy, "step {step}");
+    }
+    assert!(draws.load(Ordering::Relaxed) > 1_000);
+    poller.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_key_is_polled_once_and_providers_added_later_start_at_once() {
     let first = Probe::new();
     let duplicate = Probe::new();

@@ -124,6 +124,8 @@ pub(super) struct Entry<V> {
     /// The value its leader shows (`Some` exactly while it has one), from which
     /// its rank, and so its leader, are found again.
     pub(super) value: Option<Arc<V>>,
+    /// Where its leader was put last; right until another leader moves past it.
+    pub(super) leader_hint: usize,
 }
 
 impl<V> Clone for Entry<V> {
@@ -131,6 +133,7 @@ impl<V> Clone for Entry<V> {
         Self {
             id: self.id,
             value: self.value.clone(),
+            leader_hint: self.leader_hint,
         }
     }
 }

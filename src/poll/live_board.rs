@@ -67,7 +67,11 @@ impl<K: Clone, V> LiveBoard<K, V> {
     pub(super) fn add(&mut self, id: u64, key: K) {
         let board = self.edit();
         board.providers.push((key, State::Pending));
-        board.entries.push(Entry { id, value: None });
+        board.entries.push(Entry {
+            id,
+            value: None,
+            leader_hint: 0,
+        });
     }
 
     pub(super) fn remove(&mut self, id: u64) {
@@ -105,10 +109,11 @@ impl<K: Clone, V> LiveBoard<K, V> {
     ) {
         let Some(at) = self.position(id) else { return };
         let board = self.edit();
-        let found = board.entries[at]
+        let entry = &board.entries[at];
+        let found = entry
             .value
             .as_deref()
-            .and_then(|old| find_leader(&board.leaders, id, old, rank));
+            .and_then(|old| find_leader(&board.leaders, entry.leader_hint, id, old, rank));
         // Let go of the entry's share, so the leader's may be the only one.
         board.entries[at].value = None;
         let index = match found {
@@ -134,7 +139,7 @@ impl<K: Clone, V> LiveBoard<K, V> {
         };
         board.entries[at].value = Some(Arc::clone(&board.leaders[index].value));
         board.providers[at].1 = State::Healthy { next_poll };
-        reposition(&mut board.leaders, index, rank);
+        board.entries[at].leader_hint = reposition(&mut board.leaders, index, rank);
     }
 
     /// Takes the provider's value off the board. Runs no user code, so it is
@@ -145,9 +150,15 @@ impl<K: Clone, V> LiveBoard<K, V> {
             return;
         }
         let board = self.edit();
-        board.entries[at].value = None;
-        if let Some(index) = board.leaders.iter().position(|leader| leader.id == id) {
-            board.leaders.remove(index);
+        let entry = &mut board.entries[at];
+        entry.value = None;
+        let leaders = &mut board.leaders;
+        let index = match leaders.get(entry.leader_hint) {
+            Some(leader) if leader.id == id => Some(entry.leader_hint),
+            _ => leaders.iter().position(|leader| leader.id == id),
+        };
+        if let Some(index) = index {
+            leaders.remove(index);
         }
     }
 }
@@ -159,36 +170,49 @@ fn is_before<K, V>(leader: &Leader<K, V>, value: &V, id: u64, rank: Option<&Rank
     by_rank.then(leader.id.cmp(&id)) == Ordering::Less
 }
 
-/// The index of provider `id`'s leader, showing `value`: a binary search, or a
-/// scan when a rank that is not a total order put it out of place.
+/// The index of provider `id`'s leader, showing `value`: `hint` while no
+/// other leader moved past it, else a binary search, or a scan when a rank
+/// that is not a total order put it out of place.
 fn find_leader<K, V>(
     leaders: &[Leader<K, V>],
+    hint: usize,
     id: u64,
     value: &V,
     rank: Option<&Rank<V>>,
 ) -> Option<usize> {
-    let index = leaders.partition_point(|leader| is_before(leader, value, id, rank));
-    match leaders.get(index) {
-        Some(leader) if leader.id == id => Some(index),
-        _ => leaders.iter().position(|leader| leader.id == id),
+    let is_at = |index: usize| leaders.get(index).is_some_and(|leader| leader.id == id);
+    if is_at(hint) {
+        return Some(hint);
     }
+    let index = leaders.partition_point(|leader| is_before(leader, value, id, rank));
+    if is_at(index) {
+        return Some(index);
+    }
+    leaders.iter().position(|leader| leader.id == id)
 }
 
 /// Moves the leader at `index`, whose value changed, to its place among the
-/// others (which are in order), shifting only the leaders in between.
-fn reposition<K, V>(leaders: &mut [Leader<K, V>], index: usize, rank: Option<&Rank<V>>) {
+/// others (which are in order), shifting only the leaders in between, and
+/// returns its new index. Without a rank, the order never changes.
+fn reposition<K, V>(leaders: &mut [Leader<K, V>], index: usize, rank: Option<&Rank<V>>) -> usize {
+    if rank.is_none() {
+        return index;
+    }
     let (left, rest) = leaders.split_at(index);
     let Some((moved, right)) = rest.split_first() else {
-        return;
+        return index;
     };
     let comes_before = |leader: &Leader<K, V>| is_before(leader, &moved.value, moved.id, rank);
-    let to = left.partition_point(comes_before);
-    if to < index {
+    // Most changes keep their place: two comparisons say so.
+    if left.last().is_some_and(|leader| !comes_before(leader)) {
+        let to = left.partition_point(comes_before);
         leaders[to..=index].rotate_right(1);
-        return;
+        return to;
     }
-    let past = right.partition_point(comes_before);
-    if past > 0 {
+    if right.first().is_some_and(comes_before) {
+        let past = right.partition_point(comes_before);
         leaders[index..=index + past].rotate_left(1);
+        return index + past;
     }
+    index
 }
