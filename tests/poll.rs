@@ -830,6 +830,154 @@ async fn leaderboard_is_sorted_by_the_rank_key_with_ties_in_added_order() {
     }
 }
 
+/// What a board shows, to compare with an earlier copy.
+type Shown = (Vec<(u32, u32)>, Vec<(u32, State)>);
+
+fn shown(board: &tower_backoff::poll::Board<u32, u32>) -> Shown {
+    let leaders = board
+        .leaders()
+        .iter()
+        .map(|l| (*l.key(), *l.value()))
+        .collect();
+    (leaders, board.providers().to_vec())
+}
+
+#[tokio::test(start_paused = true)]
+async fn ranked_board_follows_every_change_in_place_and_earlier_boards_never_change() {
+    // Values change on every poll (with many ties), one poll in seven fails, and
+    // providers come and go, while a reader holds each board until the next one.
+    let script = |provider: u32| {
+        move |n: usize| {
+            let n = n as u32;
+            if (provider + n) % 7 == 0 {
+                Answer::Fail
+            } else {
+                Answer::Value((provider * 37 + n * 11) % 20)
+            }
+        }
+    };
+    let poller = Poller::<u32, (), u32, String>::builder(|_| ())
+        .interval(SECOND)
+        .schedule(Exponential::new(Duration::from_millis(500)))
+        .jitter(Jitter::None)
+        .max_failures(1_000)
+        .rank_by(|v: &u32| std::cmp::Reverse(*v))
+        .build()
+        .unwrap();
+    let mut probes: Vec<(u32, Arc<Probe>)> = Vec::new();
+    let mut next_key = 0;
+    let mut held: Option<(tower_backoff::poll::Board<u32, u32>, Shown)> = None;
+    let (mut moves, mut quarantined) = (0, 0);
+    for step in 0..120 {
+        if step % 10 == 0 {
+            // Every tenth step one provider leaves (the second) and two join.
+            if probes.len() > 2 {
+                let (gone, _) = probes.remove(1);
+                assert!(poller.remove(&gone).await);
+            }
+            for _ in 0..2 {
+                let probe = Probe::new();
+                assert!(poller.add(next_key, scripted(&probe, script(next_key))));
+                probes.push((next_key, probe));
+                next_key += 1;
+            }
+        }
+        sleep(Duration::from_millis(250)).await;
+        let board = poller.board();
+        // Expected: the healthy providers' last values, highest first, ties
+        // in the order the providers were added (which is key order here).
+        let mut expected: Vec<(u32, u32)> = probes
+            .iter()
+            .filter_map(|(key, probe)| match probe.last() {
+                Some(Ok(value)) => Some((*key, value)),
+                _ => None,
+            })
+            .collect();
+        expected.sort_by_key(|&(_, value)| std::cmp::Reverse(value));
+        let now = shown(&board);
+        assert_eq!(now.0, expected, "step {step}");
+        let keys: Vec<u32> = now.1.iter().map(|&(key, _)| key).collect();
+        let added: Vec<u32> = probes.iter().map(|(key, _)| *key).collect();
+        assert_eq!(keys, added, "step {step}");
+        quarantined += now
+            .1
+            .iter()
+            .filter(|(_, state)| matches!(state, State::Quarantined { .. }))
+            .count();
+        if let Some((earlier, as_it_was)) = held.take() {
+            assert_eq!(
+                shown(&earlier),
+                as_it_was,
+                "a board changed after step {step}"
+            );
+            moves += usize::from(as_it_was.0 != now.0);
+        }
+        held = Some((board, now));
+    }
+    // The leaders really moved, and providers really failed, along the way.
+    assert!(moves > 40, "{moves}");
+    assert!(quarantined > 40, "{quarantined}");
+    poller.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rank_that_is_not_an_order_still_shows_every_healthy_value_once() {
+    // Every call of the rank key answers differently, so the leaders can never
+    // be in order: the board must still show each healthy provider once, with
+    // its latest value, and nothing else.
+    let draws = Arc::new(AtomicUsize::new(0));
+    let poller = Poller::<u32, (), u32, String>::builder(|_| ())
+        .interval(SECOND)
+        .schedule(Exponential::new(Duration::from_millis(500)))
+        .jitter(Jitter::None)
+        .max_failures(1_000)
+        .rank_by({
+            let draws = Arc::clone(&draws);
+            move |_: &u32| {
+                draws
+                    .fetch_add(1, Ordering::Relaxed)
+                    .wrapping_mul(2_654_435_761)
+                    % 101
+            }
+        })
+        .build()
+        .unwrap();
+    let probes: Vec<(u32, Arc<Probe>)> = (0..30)
+        .map(|key| {
+            let probe = Probe::new();
+            let script = move |n: usize| {
+                if (key as usize + n) % 5 == 0 {
+                    Answer::Fail
+                } else {
+                    Answer::Value(key * 1000 + n as u32)
+                }
+            };
+            assert!(poller.add(key, scripted(&probe, script)));
+            (key, probe)
+        })
+        .collect();
+    for step in 0..40 {
+        sleep(Duration::from_millis(250)).await;
+        let mut shown: Vec<(u32, u32)> = poller
+            .board()
+            .leaders()
+            .iter()
+            .map(|l| (*l.key(), *l.value()))
+            .collect();
+        shown.sort_unstable();
+        let healthy: Vec<(u32, u32)> = probes
+            .iter()
+            .filter_map(|(key, probe)| match probe.last() {
+                Some(Ok(value)) => Some((*key, value)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shown, healthy, "step {step}");
+    }
+    assert!(draws.load(Ordering::Relaxed) > 1_000);
+    poller.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_key_is_polled_once_and_providers_added_later_start_at_once() {
     let first = Probe::new();

@@ -46,6 +46,8 @@ pub struct Leader<K, V> {
     pub(super) key: K,
     pub(super) value: Arc<V>,
     pub(super) polled_at: Instant,
+    /// The provider's, for ties and to find it again.
+    pub(super) id: u64,
 }
 
 impl<K, V> Leader<K, V> {
@@ -71,7 +73,16 @@ impl<K: Clone, V> Clone for Leader<K, V> {
             key: self.key.clone(),
             value: Arc::clone(&self.value),
             polled_at: self.polled_at,
+            id: self.id,
         }
+    }
+
+    fn clone_from(&mut self, source: &Self) {
+        // Keeps the key's allocation (a `String`'s buffer) when it fits.
+        self.key.clone_from(&source.key);
+        self.value = Arc::clone(&source.value);
+        self.polled_at = source.polled_at;
+        self.id = source.id;
     }
 }
 
@@ -96,16 +107,82 @@ pub struct Board<K, V> {
     inner: Arc<Snapshot<K, V>>,
 }
 
-struct Snapshot<K, V> {
-    leaders: Vec<Leader<K, V>>,
-    providers: Vec<(K, State)>,
+/// What a [`Board`] shows, and what the poller needs to keep it up to date
+/// in place (see [`LiveBoard`](super::live_board::LiveBoard)).
+pub(super) struct Snapshot<K, V> {
+    /// Sorted by rank, then by provider id.
+    pub(super) leaders: Vec<Leader<K, V>>,
+    /// In the order the providers were added, which is the order of their ids.
+    pub(super) providers: Vec<(K, State)>,
+    /// One per provider, beside `providers`.
+    pub(super) entries: Vec<Entry<V>>,
+}
+
+/// What finds a provider's place on the board.
+pub(super) struct Entry<V> {
+    pub(super) id: u64,
+    /// The value its leader shows (`Some` exactly while it has one), from which
+    /// its rank, and so its leader, are found again.
+    pub(super) value: Option<Arc<V>>,
+    /// Where its leader was put last; right until another leader moves past it.
+    pub(super) leader_hint: usize,
+}
+
+impl<V> Clone for Entry<V> {
+    fn clone(&self) -> Self {
+        Self {
+            id: self.id,
+            value: self.value.clone(),
+            leader_hint: self.leader_hint,
+        }
+    }
+}
+
+impl<K, V> Snapshot<K, V> {
+    pub(super) const fn new() -> Self {
+        Self {
+            leaders: Vec::new(),
+            providers: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<K: Clone, V> Clone for Snapshot<K, V> {
+    fn clone(&self) -> Self {
+        Self {
+            leaders: self.leaders.clone(),
+            providers: self.providers.clone(),
+            entries: self.entries.clone(),
+        }
+    }
+
+    /// Copies `source` into the buffers (and the keys' buffers) this one
+    /// already has: once the poller runs, copying a board allocates nothing.
+    fn clone_from(&mut self, source: &Self) {
+        self.leaders.clone_from(&source.leaders);
+        copy_into(&mut self.providers, &source.providers, |to, from| {
+            to.0.clone_from(&from.0);
+            to.1 = from.1;
+        });
+        self.entries.clone_from(&source.entries);
+    }
+}
+
+/// `Vec::clone_from` with `copy` for the elements both have, because a
+/// tuple's `clone_from` clones its key afresh.
+fn copy_into<T: Clone>(to: &mut Vec<T>, from: &[T], copy: impl Fn(&mut T, &T)) {
+    to.truncate(from.len());
+    let (common, rest) = from.split_at(to.len());
+    to.iter_mut()
+        .zip(common)
+        .for_each(|(to, from)| copy(to, from));
+    to.extend_from_slice(rest);
 }
 
 impl<K, V> Board<K, V> {
-    pub(super) fn new(leaders: Vec<Leader<K, V>>, providers: Vec<(K, State)>) -> Self {
-        Self {
-            inner: Arc::new(Snapshot { leaders, providers }),
-        }
+    pub(super) fn new(inner: Arc<Snapshot<K, V>>) -> Self {
+        Self { inner }
     }
 
     /// The healthy providers' values, sorted by the poller's

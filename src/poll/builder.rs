@@ -160,6 +160,14 @@ impl<K, Req, V, E> PollerBuilder<K, Req, V, E> {
 
     /// Sorts the board's leaders by `key(value)`, smallest first; wrap the key
     /// in [`std::cmp::Reverse`] for largest first.
+    ///
+    /// The board is kept sorted as values come in: each successful poll calls
+    /// `key` a few times (about twice the log of the number of healthy
+    /// providers), under the poller's lock, so keep it cheap.
+    ///
+    /// # Panics
+    /// A panic in `key` unwinds the task of the provider whose poll called it,
+    /// which evicts that provider like a panicking service.
     pub fn rank_by<R: Ord>(mut self, key: impl Fn(&V) -> R + Send + Sync + 'static) -> Self {
         self.config.rank = Some(Box::new(move |a: &V, b: &V| key(a).cmp(&key(b))));
         self

@@ -18,6 +18,7 @@
 mod board;
 mod builder;
 mod event;
+mod live_board;
 mod registry;
 mod task;
 
@@ -124,12 +125,10 @@ where
                 .spawn(task::run(Arc::clone(shared), id, key.clone(), service, rng));
         let slot = Slot {
             id,
-            state: State::Pending,
-            value: None,
             task: Some(task),
         };
         registry.slots.insert(key.clone(), slot);
-        registry.touch();
+        registry.board.add(id, key.clone());
         shared.emit(Event::Added { key });
         true
     }
@@ -147,7 +146,7 @@ where
             let Some(slot) = registry.slots.remove(key) else {
                 return false;
             };
-            registry.touch();
+            registry.board.remove(slot.id);
             self.shared.emit(Event::Removed { key: key.clone() });
             slot.task
         };
@@ -159,8 +158,10 @@ where
         true
     }
 
-    /// The current leaderboard and every provider's state. Cheap: the snapshot
-    /// is rebuilt only after something changed, and shared until then.
+    /// The current leaderboard and every provider's state. Cheap: a pointer to
+    /// the board the polls keep up to date. A board held past the next poll
+    /// costs that poll a copy of the board (into the buffers of an older one
+    /// no one holds, when there is one).
     pub fn board(&self) -> Board<K, V> {
         self.shared.board()
     }

@@ -1,9 +1,9 @@
 //! The state the poller's handle and its provider tasks share: who is polled,
-//! in what state, with what value, and the board built from that.
+//! and the board showing their states and values.
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -11,9 +11,10 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::board::{Board, Leader, State};
+use super::board::{Board, State};
 use super::builder::Config;
 use super::event::{Event, Failure};
+use super::live_board::LiveBoard;
 
 pub(crate) struct Shared<K, Req, V, E> {
     pub(super) config: Config<K, Req, V, E>,
@@ -23,26 +24,17 @@ pub(crate) struct Shared<K, Req, V, E> {
 }
 
 pub(super) struct Registry<K, V> {
-    pub(super) slots: HashMap<K, Slot<V>>,
+    pub(super) slots: HashMap<K, Slot>,
     pub(super) next_id: u64,
-    /// The last board built, until a change makes it stale.
-    cached: Option<Board<K, V>>,
+    /// Every provider's state and the healthy ones' values.
+    pub(super) board: LiveBoard<K, V>,
 }
 
-pub(super) struct Slot<V> {
+pub(super) struct Slot {
     /// Tells a removed provider's task from a newer one under the same key,
     /// and orders the board.
     pub(super) id: u64,
-    pub(super) state: State,
-    /// `Some` only while the state is healthy.
-    pub(super) value: Option<(Arc<V>, Instant)>,
     pub(super) task: Option<JoinHandle<()>>,
-}
-
-impl<K, V> Registry<K, V> {
-    pub(super) fn touch(&mut self) {
-        self.cached = None;
-    }
 }
 
 impl<K, Req, V, E> Shared<K, Req, V, E> {
@@ -57,7 +49,7 @@ impl<K, Req, V, E> Shared<K, Req, V, E> {
             registry: Mutex::new(Registry {
                 slots: HashMap::new(),
                 next_id: 0,
-                cached: None,
+                board: LiveBoard::new(),
             }),
         }
     }
@@ -72,6 +64,12 @@ impl<K, Req, V, E> Shared<K, Req, V, E> {
         // No subscriber is not an error: events are optional.
         let _ = self.events.send(event);
     }
+
+    /// Whether anyone would receive an event: when no one would, a poll skips
+    /// making its events (and cloning its key into them).
+    fn listened(&self) -> bool {
+        self.events.receiver_count() > 0
+    }
 }
 
 impl<K, Req, V, E> Shared<K, Req, V, E>
@@ -79,53 +77,25 @@ where
     K: Clone + Eq + Hash,
 {
     pub(super) fn board(&self) -> Board<K, V> {
-        let mut registry = self.lock();
-        if let Some(board) = &registry.cached {
-            return board.clone();
-        }
-        let mut slots: Vec<_> = registry.slots.iter().collect();
-        slots.sort_unstable_by_key(|(_, slot)| slot.id);
-        let providers = slots
-            .iter()
-            .map(|&(key, slot)| (key.clone(), slot.state))
-            .collect();
-        let mut leaders: Vec<_> = slots
-            .iter()
-            .filter(|(_, slot)| slot.state.is_healthy())
-            .filter_map(|&(key, slot)| {
-                let (value, polled_at) = slot.value.as_ref()?;
-                Some(Leader {
-                    key: key.clone(),
-                    value: Arc::clone(value),
-                    polled_at: *polled_at,
-                })
-            })
-            .collect();
-        if let Some(rank) = &self.config.rank {
-            // Stable, so ties keep the order the providers were added in.
-            leaders.sort_by(|a, b| rank(&a.value, &b.value));
-        }
-        let board = Board::new(leaders, providers);
-        registry.cached = Some(board.clone());
-        board
+        self.lock().board.snapshot()
     }
 
-    /// Runs `change` on the slot of provider `id`, if it is still registered,
-    /// and sends its events while the lock is held, so a subscriber who
-    /// receives one finds the board already changed. `false` tells a task
+    /// Runs `change` on the board for provider `id`, if it is still
+    /// registered, and sends its events while the lock is held, so a
+    /// subscriber who receives one finds the board already changed. `change`
+    /// makes events only when it is told someone listens. `false` tells a task
     /// whose provider was removed to stop.
     fn update(
         &self,
         id: u64,
         key: &K,
-        change: impl FnOnce(&mut Slot<V>) -> [Option<Event<K>>; 2],
+        change: impl FnOnce(&mut LiveBoard<K, V>, bool) -> [Option<Event<K>>; 2],
     ) -> bool {
         let mut registry = self.lock();
-        let Some(slot) = registry.slots.get_mut(key).filter(|slot| slot.id == id) else {
+        if registry.slots.get(key).is_none_or(|slot| slot.id != id) {
             return false;
-        };
-        let events = change(slot);
-        registry.touch();
+        }
+        let events = change(&mut registry.board, self.listened());
         events
             .into_iter()
             .flatten()
@@ -142,9 +112,12 @@ where
         next_poll: Instant,
         recovered_from: u32,
     ) -> bool {
-        self.update(id, key, |slot| {
-            slot.state = State::Healthy { next_poll };
-            slot.value = Some((Arc::new(value), Instant::now()));
+        let rank = self.config.rank.as_deref();
+        self.update(id, key, |board, listened| {
+            board.set_healthy(id, next_poll, value, Instant::now(), rank);
+            if !listened {
+                return [None, None];
+            }
             let polled = Event::Polled {
                 key: key.clone(),
                 outcome: Ok(()),
@@ -167,10 +140,13 @@ where
         took: Duration,
         state: State,
     ) -> bool {
-        self.update(id, key, |slot| {
-            let was_evicted = matches!(slot.state, State::Evicted { .. });
-            slot.state = state;
-            slot.value = None;
+        self.update(id, key, |board, listened| {
+            let was_evicted = matches!(board.state(id), Some(State::Evicted { .. }));
+            board.set_state(id, state);
+            board.take_value(id);
+            if !listened {
+                return [None, None];
+            }
             let polled = Event::Polled {
                 key: key.clone(),
                 outcome: Err(failure),
@@ -201,35 +177,51 @@ where
 
     /// Records a poll the budget refused; only its time moves.
     pub(super) fn deferred(&self, id: u64, key: &K, next_poll: Instant) -> bool {
-        self.update(id, key, |slot| {
-            match &mut slot.state {
-                State::Quarantined { next_poll: at, .. } => *at = next_poll,
-                State::Evicted { reprobe_at, .. } => *reprobe_at = Some(next_poll),
-                State::Pending | State::Healthy { .. } => {}
+        self.update(id, key, |board, listened| {
+            let moved = match board.state(id) {
+                Some(State::Quarantined { failures, .. }) => Some(State::Quarantined {
+                    failures,
+                    next_poll,
+                }),
+                Some(State::Evicted { failures, .. }) => Some(State::Evicted {
+                    failures,
+                    reprobe_at: Some(next_poll),
+                }),
+                Some(State::Pending | State::Healthy { .. }) | None => None,
+            };
+            if let Some(state) = moved {
+                board.set_state(id, state);
             }
-            let deferred = Event::Deferred {
+            let deferred = listened.then(|| Event::Deferred {
                 key: key.clone(),
                 next_poll,
-            };
-            [Some(deferred), None]
+            });
+            [deferred, None]
         })
     }
 
     /// Records that the provider's service panicked and its task is gone, so
     /// its last value does not stay on the board with no one to refresh it.
+    /// Runs while the panic unwinds: no user code here.
     pub(super) fn panicked(&self, id: u64, key: &K) {
-        self.update(id, key, |slot| {
-            let failures = match slot.state {
-                State::Quarantined { failures, .. } | State::Evicted { failures, .. } => {
+        self.update(id, key, |board, listened| {
+            let failures = match board.state(id) {
+                Some(State::Quarantined { failures, .. } | State::Evicted { failures, .. }) => {
                     failures.saturating_add(1)
                 }
-                State::Pending | State::Healthy { .. } => 1,
+                Some(State::Pending | State::Healthy { .. }) | None => 1,
             };
-            slot.state = State::Evicted {
-                failures,
-                reprobe_at: None,
-            };
-            slot.value = None;
+            board.set_state(
+                id,
+                State::Evicted {
+                    failures,
+                    reprobe_at: None,
+                },
+            );
+            board.take_value(id);
+            if !listened {
+                return [None, None];
+            }
             let polled = Event::Polled {
                 key: key.clone(),
                 outcome: Err(Failure::Error("the provider panicked".to_string())),
