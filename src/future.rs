@@ -168,13 +168,12 @@ impl Progress {
         self.attempts - u32::from(self.transparent_used)
     }
 
-    /// Whether the attempt that `retry` sends leaves any retry in
-    /// `max_attempts`. Only the transparent retry could follow one that does
-    /// not, and policies that ask for it keep the request anyway.
-    fn retryable_after(&self, retry: &Retry) -> bool {
-        let transparent_used = self.transparent_used || retry.transparent;
-        let counted = self.attempts.saturating_add(1) - u32::from(transparent_used);
-        counted < self.max_attempts
+    /// Whether the next attempt leaves any retry in `max_attempts`. Only the
+    /// transparent retry could follow one that does not, and it is not
+    /// counted here: the policies that ask for it keep the request for every
+    /// attempt anyway (`Policy::needs_request`).
+    fn retryable_after_next(&self) -> bool {
+        self.counted().saturating_add(1) < self.max_attempts
     }
 }
 
@@ -571,7 +570,7 @@ where
         if progress.deadline.is_some_and(late) {
             return self.end(progress, take(kept), Event::OutOfTime);
         }
-        let Some(mut copy) = self.copy_for(progress, &retry) else {
+        let Some(mut copy) = self.copy_for(progress) else {
             return self.end(progress, take(kept), Event::NotClonable);
         };
         if !retry.transparent && config.budget().is_some_and(|b| !b.try_retry(retry.cause)) {
@@ -607,10 +606,10 @@ where
     /// attempt that cannot be retried, the kept one itself if the policy can
     /// judge its outcome without it. Made now, not when the last attempt went
     /// out: a streaming body may have outgrown its replay limit since.
-    fn copy_for(&mut self, progress: &Progress, retry: &Retry) -> Option<Req> {
+    fn copy_for(&mut self, progress: &Progress) -> Option<Req> {
         let policy = &self.config.policy;
         let request = self.request.as_ref()?;
-        let last = !progress.retryable_after(retry) && !policy.needs_request();
+        let last = !progress.retryable_after_next() && !policy.needs_request();
         if last && policy.can_resend(request) {
             return self.request.take();
         }
