@@ -1,6 +1,8 @@
 //! Cost of one deposit plus one withdrawal, from one thread and from two
 //! threads sharing the budget, for our budgets and tower's `TpsBudget`, in the
-//! same run.
+//! same run. Two controls say what the machine gives: a clock read alone,
+//! and work that shares no memory, on one thread and on two (on two free
+//! cores it takes as long on both).
 //!
 //! `cargo bench --bench budget -- --warm-up-time 1 --measurement-time 3`
 
@@ -42,12 +44,27 @@ impl Pair for TokenBucket {
     }
 }
 
+/// Arithmetic on the stack, about as long as a ratio budget's pair: what two
+/// threads sharing nothing get done.
+struct SharesNothing;
+
+impl Pair for SharesNothing {
+    fn pair(&self) -> bool {
+        let mut x = black_box(1u64);
+        for i in 0..64 {
+            x = black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i));
+        }
+        x & 1 == 0
+    }
+}
+
 /// The same configuration for both ratio budgets: 20% over 10 s, 10/s floor.
 fn budgets() -> Vec<(&'static str, Box<dyn Pair>)> {
     vec![
         ("tower TpsBudget", Box::new(TpsBudget::default())),
         ("RatioBudget", Box::new(RatioBudget::new())),
         ("TokenBucket", Box::new(TokenBucket::new())),
+        ("control: shares nothing", Box::new(SharesNothing)),
     ]
 }
 
@@ -59,6 +76,10 @@ fn one_thread(c: &mut Criterion) {
             b.iter(|| black_box(budget.pair()))
         });
     }
+    // What both budgets pay twice a pair.
+    group.bench_function(BenchmarkId::from_parameter("control: clock read"), |b| {
+        b.iter(tokio::time::Instant::now)
+    });
     group.finish();
 }
 

@@ -572,3 +572,40 @@ async fn a_ratio_budget_forgets_old_laps_and_counts_new_first_attempts_in_recycl
         "{room} retries for ~10 first attempts in the window"
     );
 }
+
+/// Each budget's slots start when it was built; threads remember the slot
+/// they last found per budget. Budgets built 30 ms apart (so their slots
+/// never line up), more of them than a thread remembers at once, used in
+/// turn from one thread: each counts exactly the first attempts of its own
+/// last ten slots.
+#[tokio::test(start_paused = true)]
+async fn ratio_budgets_sharing_a_thread_each_count_their_own_window() {
+    const SLOT: Duration = Duration::from_millis(100);
+    let mut budgets = Vec::new();
+    for _ in 0..6 {
+        let budget = RatioBudget::builder()
+            .window(SLOT * 10)
+            .ratio(1.0)
+            .reserve(0)
+            .build()
+            .unwrap();
+        budgets.push((Instant::now(), budget));
+        tokio::time::advance(Duration::from_millis(30)).await;
+    }
+    let slot_of = |built: Instant, at: Instant| (at - built).as_nanos() / SLOT.as_nanos();
+    let mut first_attempts = Vec::new();
+    for round in 0..40 {
+        let now = Instant::now();
+        first_attempts.push(now);
+        for (built, budget) in &budgets {
+            budget.on_first_attempt();
+            let current = slot_of(*built, now);
+            let in_window = first_attempts
+                .iter()
+                .filter(|&&at| slot_of(*built, at) + 9 >= current)
+                .count() as u64;
+            assert_eq!(budget.available(), in_window, "round {round}");
+        }
+        tokio::time::advance(Duration::from_millis(37)).await;
+    }
+}

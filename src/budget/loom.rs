@@ -79,7 +79,6 @@ fn ratio_budget(ratio: f64) -> RatioBudget {
     RatioBudget::builder()
         .ratio(ratio)
         .reserve(0)
-        .slots(2)
         .build()
         .unwrap()
 }
@@ -167,7 +166,6 @@ fn ratio_budget_earning_on_successes_pays_retries_racing_them() {
                 .ratio(1.0)
                 .reserve(0)
                 .earn(Earn::Successes)
-                .slots(2)
                 .build()
                 .unwrap(),
         );
@@ -258,5 +256,34 @@ fn ratio_budget_late_retry_never_spends_room_that_left_the_window() {
         // Whatever the late retry did, it counts in epoch 0, which has left
         // the window; epoch 2's first attempt is not lost.
         assert_eq!(budget.available_at(2), 1);
+    });
+}
+
+/// A thread that read the clock a slot ago starts that slot, its snapshot
+/// taken after a first attempt that a retry on another thread did not see
+/// in the earned total: the snapshot is ahead of that total, and must count
+/// as nothing, not as 2^36 earnings. One thread plays both the current and
+/// the late one, and the retry runs on a thread of its own: so loom reaches
+/// the race (checked by removing the guard in `since`, which fails here).
+/// Two first attempts at 40% earn less than one retry: none may pass.
+#[test]
+fn ratio_budget_late_snapshot_ahead_of_a_read_total_makes_no_room() {
+    loom::model(|| {
+        let budget = Arc::new(ratio_budget(0.4));
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || {
+                budget.deposit_at(2);
+                budget.deposit_at(1);
+            })
+        };
+        let mine = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.withdraw_at(2))
+        };
+        let granted = mine.join().unwrap();
+        other.join().unwrap();
+        assert!(!granted, "a retry from 0.8 retries' worth of earnings");
+        assert_eq!(budget.available_at(2), 0);
     });
 }

@@ -4,24 +4,31 @@
 use std::fmt;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::budget::Budget;
 use crate::error::ConfigError;
 use crate::policy::Cause;
 use crate::sync::{AtomicU64, Ordering};
 
+mod clock;
+
+use clock::SlotClock;
+
 /// The window is kept as this many slots; a record leaves the window when the
 /// clock has gone once round the ring past it, so the window slides in steps
-/// of a tenth of its length.
+/// of a tenth of its length. Two under loom, which keeps model checking
+/// tractable.
+#[cfg(not(tower_backoff_loom))]
 const SLOTS: usize = 10;
+#[cfg(tower_backoff_loom)]
+const SLOTS: usize = 2;
 
-/// A slot packs the lap of the ring it counts for (high half) with its count
-/// (low half), so one compare-and-swap both checks and restarts it. Four
-/// billion events in one slot (a tenth of the window) would be needed to
-/// overflow a count.
-const LAP_SHIFT: u32 = 32;
-const COUNT_MASK: u64 = (1 << LAP_SHIFT) - 1;
+/// A snapshot packs the lap of the ring it was taken in (high bits) with the
+/// running total it saw (low bits, modulo 2^36), so one compare-and-swap both
+/// checks and retakes it. Laps repeat after 2^28 (8.5 years of 100 ms slots),
+/// totals after 2^36 events: a window counts up to 2^35 events (34 billion).
+const TOTAL_BITS: u32 = 36;
+const TOTAL_MASK: u64 = (1 << TOTAL_BITS) - 1;
+const LAP_MASK: u32 = (1 << (64 - TOTAL_BITS)) - 1;
 
 /// The ratio is taken to a millionth, then kept as an exact fraction.
 const PARTS_PER_MILLION: u64 = 1_000_000;
@@ -52,19 +59,24 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// allowed, exactly 60 retries pass.
 ///
 /// # How it stays lock-free
-/// The window is a ring of ten slots, each with two counters (earnings,
-/// retries); a counter is one atomic word holding a count and the lap of the
-/// ring it counts for, so a counter left over from an earlier lap reads as
-/// zero and is restarted by the next write, with no sweeping. An earning is
-/// one atomic add. A retry sums the window and takes its place with a
-/// compare-and-swap on the current retry slot, so two retries can never both
-/// take the last place. Both read the clock, `tokio::time::Instant`, so a
-/// paused test clock drives the window.
+/// Two running totals count every earning and every retry since the budget
+/// was built. The window is a ring of ten slots, each holding the totals
+/// as they stood when its tenth of the window began, so what the window
+/// holds is the total now minus the total at the start of its oldest slot:
+/// no sum over the ring. A snapshot carries the lap of the ring it was taken
+/// in, so one left over from an earlier lap is known as such, and is retaken
+/// by the first operation of its slot, before that operation counts. An
+/// earning is one atomic add, a retry a compare-and-swap on the retry total,
+/// so two retries can never both take the last place. Both read the clock,
+/// `tokio::time::Instant`, so a paused test clock drives the window; each
+/// thread remembers which slot it last found the clock in and until when,
+/// so while that slot lasts the clock read is all the time costs.
 ///
 /// The bound is exact within each tenth of the window. At the instant the
-/// clock moves to the next slot, a retry on a thread that read the clock just
-/// before, racing one that read it just after, is checked against its own
-/// slot: at most one extra retry per such thread.
+/// clock moves to the next slot, a thread that read the clock just before
+/// counts in the new slot (an earning or a retry then stays in the window a
+/// tenth longer), and a retry on such a thread is checked against its own
+/// window: at most one extra retry per such thread.
 ///
 /// ```
 /// use tower_backoff::budget::{Budget, RatioBudget};
@@ -79,14 +91,14 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 pub struct RatioBudget {
-    slots: Box<[Slot]>,
+    totals: Totals,
+    slots: [Slot; SLOTS],
     /// The reserve's retries, in units.
     reserve: i64,
     deposit: i64,
     cost: i64,
     earn: Earn,
-    slot_nanos: u64,
-    origin: Instant,
+    clock: SlotClock,
     window: Duration,
     ratio: f64,
     reserve_retries: u32,
@@ -105,10 +117,18 @@ pub enum Earn {
     Successes,
 }
 
-/// One tenth of the window. Both counts of a slot share a cache line: a
-/// retry reads them together.
-struct Slot {
+/// Everything counted since the budget was built. The only words every
+/// operation writes: on a cache line of their own, so the settings beside
+/// them stay shared between cores.
+#[repr(align(128))]
+struct Totals {
     /// First attempts or successes, as the budget earns.
+    earned: AtomicU64,
+    retries: AtomicU64,
+}
+
+/// One tenth of the window: the totals when it began. Written once a lap.
+struct Slot {
     earned: AtomicU64,
     retries: AtomicU64,
 }
@@ -134,53 +154,74 @@ impl RatioBudget {
 
     /// How many retries would be allowed now.
     pub fn available(&self) -> u64 {
-        self.available_at(self.epoch())
+        self.available_at(self.clock.epoch())
     }
 
     pub(crate) fn available_at(&self, epoch: u64) -> u64 {
         let at = self.position(epoch);
-        let units = self.room(self.window(at, None));
+        let retries = self.totals.retries.load(Ordering::Acquire);
+        let units = self.room(self.window(at, retries));
         u64::try_from(units.max(0) / self.cost).unwrap_or(0)
     }
 
-    /// The slot the clock is in: slots since the budget was built.
-    fn epoch(&self) -> u64 {
-        let elapsed = self.origin.elapsed();
-        // u64 nanoseconds last 584 years, and dividing them is much cheaper
-        // than `as_nanos()`'s u128.
-        let nanos = elapsed
-            .as_secs()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(elapsed.subsec_nanos()));
-        nanos / self.slot_nanos
-    }
-
     fn position(&self, epoch: u64) -> Position {
-        let slots = self.slots.len() as u64;
+        let slots = SLOTS as u64;
         Position {
             index: (epoch % slots) as usize,
-            // Laps wrap after 2^32 (13 years of 100 ms slots); compared for
-            // equality only, so wrapping is harmless.
-            lap: (epoch / slots) as u32,
+            // Compared for equality only, so wrapping is harmless.
+            lap: (epoch / slots) as u32 & LAP_MASK,
         }
     }
 
-    /// Earnings and retries in the window ending at `at`, leaving out
-    /// the retries of slot `skip`. Slots up to `at.index` must be on `at.lap`,
-    /// the ones after it on the lap before; anything else has left the window.
-    fn window(&self, at: Position, skip: Option<usize>) -> (u64, u64) {
-        let skip = skip.unwrap_or(usize::MAX);
-        let (mut earned, mut retries) = (0u64, 0u64);
-        // Branch-free, so the loads go out together.
-        for (index, slot) in self.slots.iter().enumerate() {
-            let lap = at.lap.wrapping_sub(u32::from(index > at.index));
-            let earn = slot.earned.load(Ordering::Acquire);
-            let retry = slot.retries.load(Ordering::Acquire);
-            earned = earned.saturating_add(count_of(earn) * u64::from(lap_of(earn) == lap));
-            retries = retries
-                .saturating_add(count_of(retry) * u64::from(lap_of(retry) == lap && index != skip));
-        }
+    /// Earnings and retries in the window ending at `at`, given the retry
+    /// total. Read in this order: the retry total (by the caller), the earned
+    /// total, the snapshots. A retry counted in `retries` was paid for by
+    /// earnings made before it, so the earned total read after it holds them,
+    /// and the snapshot of their slot is there to be read. A snapshot taken
+    /// after a total was read is ahead of it: nothing of that window was in
+    /// the total, and [`since`] counts nothing.
+    #[inline]
+    fn window(&self, at: Position, retries: u64) -> (u64, u64) {
+        let earned = self.totals.earned.load(Ordering::Acquire);
+        let earned = since(earned, self.oldest_snapshot(at, |slot| &slot.earned));
+        let retries = since(retries, self.oldest_snapshot(at, |slot| &slot.retries));
         (earned, retries)
+    }
+
+    /// The totals at the start of the window ending at `at`: the snapshot of
+    /// its oldest slot that had an operation of this kind, or `None` if none
+    /// had, so that nothing of this kind happened in the window. With steady
+    /// traffic, the oldest slot has it: one load.
+    #[inline]
+    fn oldest_snapshot(&self, at: Position, pick: impl Fn(&Slot) -> &AtomicU64) -> Option<u64> {
+        let oldest = at.index + 1;
+        let (index, lap) = if oldest == SLOTS {
+            (0, at.lap)
+        } else {
+            (oldest, at.lap.wrapping_sub(1) & LAP_MASK)
+        };
+        let snapshot = pick(&self.slots[index]).load(Ordering::Acquire);
+        if lap_of(snapshot) == lap {
+            return Some(snapshot & TOTAL_MASK);
+        }
+        self.later_snapshot(at, pick)
+    }
+
+    /// [`oldest_snapshot`](Self::oldest_snapshot) past the oldest slot:
+    /// the next slots in order, up to `at`'s own.
+    #[cold]
+    fn later_snapshot(&self, at: Position, pick: impl Fn(&Slot) -> &AtomicU64) -> Option<u64> {
+        (2..=SLOTS).find_map(|ahead| {
+            let index = (at.index + ahead) % SLOTS;
+            // Slots after `at.index` hold the lap before, up to it this lap.
+            let lap = if index > at.index {
+                at.lap.wrapping_sub(1) & LAP_MASK
+            } else {
+                at.lap
+            };
+            let snapshot = pick(&self.slots[index]).load(Ordering::Acquire);
+            (lap_of(snapshot) == lap).then_some(snapshot & TOTAL_MASK)
+        })
     }
 
     /// Units left once the retries are paid for. Saturating: no count,
@@ -199,84 +240,71 @@ impl RatioBudget {
     /// Records an earning (a first attempt or a success) at `epoch`.
     pub(crate) fn deposit_at(&self, epoch: u64) {
         let at = self.position(epoch);
-        let slot = &self.slots[at.index].earned;
-        // Add first, look after: one trip of the cache line instead of a load
-        // and then an add. A slot only ever moves on to later laps, so an add
-        // into this lap's count (or a later one's, if this thread read the
-        // clock long ago) is final.
-        let previous = slot.fetch_add(1, Ordering::AcqRel);
-        if !is_before(lap_of(previous), at.lap) {
-            return;
-        }
-        // The slot still counted a lap that has left the window, and the add
-        // went there: restart the slot at this lap, or, if another thread just
-        // did, add again to its count.
-        let mut current = previous + 1;
-        loop {
-            if !is_before(lap_of(current), at.lap) {
-                slot.fetch_add(1, Ordering::AcqRel);
-                return;
-            }
-            match slot.compare_exchange_weak(
-                current,
-                pack(at.lap, 1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(actual) => current = actual,
-            }
-        }
+        start_slot(&self.slots[at.index].earned, &self.totals.earned, at.lap);
+        // Relaxed: a retry paid by this earning publishes it with its own
+        // compare-and-swap, and the snapshot was published by its own.
+        self.totals.earned.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes one retry at `epoch`, if the window allows it.
     pub(crate) fn withdraw_at(&self, epoch: u64) -> bool {
         let at = self.position(epoch);
-        let slot = &self.slots[at.index].retries;
-        let mut current = slot.load(Ordering::Acquire);
+        let total = &self.totals.retries;
+        start_slot(&self.slots[at.index].retries, total, at.lap);
+        let mut retries = total.load(Ordering::Acquire);
         loop {
-            // The room left by the other slots, read *after* this slot's
-            // retries: a retry counted in `current` was paid for by earnings
-            // made before it, and the acquire makes them visible here. Read
-            // before, a pair (earn, retry) finishing on another thread in
-            // between shows its retry without its earning, and a retry with
-            // room would be refused. Earnings arriving later only add room.
-            let room = self.room(self.window(at, Some(at.index)));
-            let (taken, next) = if is_before(lap_of(current), at.lap) {
-                (0, pack(at.lap, 1)) // Left from an earlier lap: start afresh.
-            } else {
-                (count_of(current), current + 1)
-            };
-            let taken = i64::try_from(taken).unwrap_or(i64::MAX);
-            if room.saturating_sub(self.cost.saturating_mul(taken)) < self.cost {
+            if self.room(self.window(at, retries)) < self.cost {
                 return false;
             }
-            // Retries racing in this slot meet here: one CAS wins the place,
-            // the others see its count and check again, against a fresh room.
-            match slot.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            // Retries racing meet here: one CAS wins the place, the others
+            // see its count and check again, against a fresh window.
+            match total.compare_exchange_weak(
+                retries,
+                retries + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return true,
-                Err(actual) => current = actual,
+                Err(actual) => retries = actual,
             }
         }
     }
 }
 
-fn pack(lap: u32, count: u64) -> u64 {
-    (u64::from(lap) << LAP_SHIFT) | count.min(COUNT_MASK)
+/// Makes sure the slot's snapshot is of this lap before anything is counted
+/// in it: the first operation of a slot records the total it finds, and every
+/// later one of the slot counts after it.
+fn start_slot(snapshot: &AtomicU64, total: &AtomicU64, lap: u32) {
+    let mut current = snapshot.load(Ordering::Acquire);
+    while lap_of(current) != lap {
+        // Read before the swap that publishes it: an operation that sees
+        // this snapshot counts after it.
+        let taken = pack(lap, total.load(Ordering::Acquire));
+        match snapshot.compare_exchange_weak(current, taken, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(actual) => current = actual,
+        }
+    }
 }
 
-fn lap_of(word: u64) -> u32 {
-    (word >> LAP_SHIFT) as u32
+/// Events counted since a snapshot, modulo 2^36. A snapshot taken after the
+/// total was read would come out negative: nothing then.
+fn since(total: u64, snapshot: Option<u64>) -> u64 {
+    let Some(snapshot) = snapshot else { return 0 };
+    let count = total.wrapping_sub(snapshot) & TOTAL_MASK;
+    if count > TOTAL_MASK / 2 {
+        0
+    } else {
+        count
+    }
 }
 
-fn count_of(word: u64) -> u64 {
-    word & COUNT_MASK
+fn pack(lap: u32, total: u64) -> u64 {
+    (u64::from(lap) << TOTAL_BITS) | (total & TOTAL_MASK)
 }
 
-/// Whether lap `a` comes before lap `b`, on the circle of wrapping laps.
-fn is_before(a: u32, b: u32) -> bool {
-    let behind = b.wrapping_sub(a);
-    behind != 0 && behind <= u32::MAX / 2
+fn lap_of(snapshot: u64) -> u32 {
+    (snapshot >> TOTAL_BITS) as u32
 }
 
 impl Default for RatioBudget {
@@ -291,13 +319,13 @@ impl Budget for RatioBudget {
     fn on_first_attempt(&self) {
         // A ratio of zero deposits nothing: skip the clock.
         if self.earn == Earn::FirstAttempts && self.deposit != 0 {
-            self.deposit_at(self.epoch());
+            self.deposit_at(self.clock.epoch());
         }
     }
 
     fn on_success(&self, _last_retry: Option<Cause>) {
         if self.earn == Earn::Successes && self.deposit != 0 {
-            self.deposit_at(self.epoch());
+            self.deposit_at(self.clock.epoch());
         }
     }
 
@@ -306,7 +334,7 @@ impl Budget for RatioBudget {
     }
 
     fn try_retry(&self, _cause: Cause) -> bool {
-        self.withdraw_at(self.epoch())
+        self.withdraw_at(self.clock.epoch())
     }
 }
 
@@ -330,7 +358,6 @@ pub struct RatioBudgetBuilder {
     ratio: f64,
     earn: Earn,
     reserve: u32,
-    slots: usize,
 }
 
 impl Default for RatioBudgetBuilder {
@@ -340,7 +367,6 @@ impl Default for RatioBudgetBuilder {
             ratio: 0.2,
             earn: Earn::FirstAttempts,
             reserve: 100,
-            slots: SLOTS,
         }
     }
 }
@@ -375,13 +401,6 @@ impl RatioBudgetBuilder {
         self
     }
 
-    /// Fewer slots make model checking tractable.
-    #[cfg(all(test, tower_backoff_loom))]
-    pub(crate) fn slots(mut self, slots: usize) -> Self {
-        self.slots = slots;
-        self
-    }
-
     /// Checks every setting and builds the budget.
     ///
     /// # Errors
@@ -409,20 +428,24 @@ impl RatioBudgetBuilder {
         // At most 2^32 retries of at most 10^6 units: no overflow.
         let reserve = i64::from(self.reserve) * cost as i64;
 
-        let slots = self.slots.max(1);
+        // Each slot starts as the snapshot of the lap before the first, when
+        // the totals were zero: true, and read as the window's start until
+        // the slot is first used.
+        let before_first = pack(LAP_MASK, 0);
         Ok(RatioBudget {
-            slots: (0..slots)
-                .map(|_| Slot {
-                    earned: AtomicU64::new(0),
-                    retries: AtomicU64::new(0),
-                })
-                .collect(),
+            totals: Totals {
+                earned: AtomicU64::new(0),
+                retries: AtomicU64::new(0),
+            },
+            slots: std::array::from_fn(|_| Slot {
+                earned: AtomicU64::new(before_first),
+                retries: AtomicU64::new(before_first),
+            }),
             reserve,
             deposit: deposit as i64,
             cost: cost as i64,
             earn: self.earn,
-            slot_nanos: (self.window.as_nanos() / slots as u128) as u64,
-            origin: Instant::now(),
+            clock: SlotClock::new(self.window / SLOTS as u32),
             window: self.window,
             ratio: self.ratio,
             reserve_retries: self.reserve,
