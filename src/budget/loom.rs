@@ -62,9 +62,10 @@ fn token_bucket_refunds_and_withdrawals_are_not_lost() {
 #[test]
 fn token_bucket_refill_is_paid_once_per_millisecond() {
     loom::model(|| {
-        let bucket = Arc::new(bucket(10, 1)); // one token per second
-        // Not by retries: they read the real clock, which would refill a
-        // token's fraction on some runs and not others.
+        // One token per second. Emptied directly, not by retries: they read
+        // the real clock, which would refill a token's fraction on some runs
+        // and not others.
+        let bucket = Arc::new(bucket(10, 1));
         bucket.empty();
         let early = {
             let bucket = bucket.clone();
