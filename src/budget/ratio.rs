@@ -459,3 +459,45 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     }
     a
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_events_since_a_snapshot_and_none_for_a_snapshot_ahead() {
+        assert_eq!(since(7, None), 0, "a slot never used");
+        assert_eq!(since(7, Some(5)), 2);
+        assert_eq!(since(3, Some(TOTAL_MASK)), 4, "across the wrap");
+        assert_eq!(
+            since(5, Some(7)),
+            0,
+            "a snapshot taken after the total was read"
+        );
+        assert_eq!(since(TOTAL_MASK / 2, Some(0)), TOTAL_MASK / 2);
+        assert_eq!(since(TOTAL_MASK / 2 + 1, Some(0)), 0);
+    }
+
+    #[test]
+    fn the_ratio_is_kept_as_its_smallest_fraction() {
+        // 0.6 = 3/5: a first attempt deposits 3 units, a retry costs 5.
+        let budget = RatioBudget::builder().ratio(0.6).build().unwrap();
+        assert_eq!((budget.deposit, budget.cost), (3, 5));
+        let budget = RatioBudget::builder().ratio(0.25).build().unwrap();
+        assert_eq!((budget.deposit, budget.cost), (1, 4));
+    }
+
+    #[test]
+    fn debug_shows_the_settings_and_what_is_available() {
+        let budget = RatioBudget::builder()
+            .ratio(0.5)
+            .window(Duration::from_secs(10))
+            .reserve(3)
+            .build()
+            .unwrap();
+        assert_eq!(
+            format!("{budget:?}"),
+            "RatioBudget { window: 10s, ratio: 0.5, earn: FirstAttempts, reserve: 3, available: 3 }"
+        );
+    }
+}

@@ -96,3 +96,43 @@ impl SlotClock {
         epoch
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remembered(clock: &SlotClock) -> Option<Found> {
+        FOUND.with(|found| found[clock.id as usize % REMEMBERED].get())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_slot_remembered_is_the_one_the_clock_is_in() {
+        let clock = SlotClock::new(Duration::from_millis(100));
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert_eq!(clock.epoch(), 2);
+        let found = remembered(&clock).expect("a slot is remembered");
+        assert_eq!(found.epoch, 2);
+        assert_eq!(found.start, clock.origin + Duration::from_millis(200));
+        assert_eq!(found.end, clock.origin + Duration::from_millis(300));
+        // Still inside: the same slot; past its end: the next one.
+        tokio::time::advance(Duration::from_millis(49)).await;
+        assert_eq!(clock.epoch(), 2);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(clock.epoch(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_remembered_slot_the_clock_is_not_in_yet_is_not_used() {
+        // A clock behind the remembered slot (another runtime's paused
+        // clock, say) finds its own slot.
+        let clock = SlotClock::new(Duration::from_millis(100));
+        let ahead = Found {
+            clock: clock.id,
+            epoch: 99,
+            start: clock.origin + Duration::from_secs(9),
+            end: clock.origin + Duration::from_secs(10),
+        };
+        FOUND.with(|found| found[clock.id as usize % REMEMBERED].set(Some(ahead)));
+        assert_eq!(clock.epoch(), 0);
+    }
+}
