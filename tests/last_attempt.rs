@@ -157,3 +157,68 @@ async fn a_request_that_never_left_is_retried_past_the_last_attempt() {
     assert_eq!(stats.attempts, 4, "{stats:?}");
     assert_eq!(copies, 4);
 }
+
+/// The same through `HttpPolicy`, whose request bodies are any `Clone` type.
+#[cfg(feature = "http")]
+mod http_policy {
+    use super::*;
+    use http::{Request, Response, StatusCode};
+    use tower_backoff::http::HttpPolicy;
+
+    /// 503 for the first `failures` attempts, then 200.
+    fn server(
+        failures: u32,
+    ) -> impl Service<Request<Counted>, Response = Response<String>, Error = std::io::Error> + Clone
+    {
+        let calls = Arc::new(AtomicU32::new(0));
+        service_fn(move |_: Request<Counted>| {
+            let n = calls.fetch_add(1, Ordering::Relaxed);
+            let status = if n < failures {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
+            };
+            let mut response = Response::new(String::new());
+            *response.status_mut() = status;
+            async move { Ok::<_, std::io::Error>(response) }
+        })
+    }
+
+    /// Copies of the body one GET made through `policy`, 3 attempts allowed.
+    async fn copies_through(policy: HttpPolicy, failures: u32) -> (StatusCode, u32) {
+        let layer = BackoffLayer::builder()
+            .policy(policy)
+            .schedule(Constant::new(Duration::ZERO))
+            .max_attempts(3)
+            .build()
+            .unwrap();
+        let copies = Arc::new(AtomicU32::new(0));
+        let body = Counted {
+            copies: Arc::clone(&copies),
+        };
+        let request = Request::get("http://localhost/").body(body).unwrap();
+        let response = layer
+            .layer(server(failures))
+            .oneshot(request)
+            .await
+            .unwrap();
+        (response.status(), copies.load(Ordering::Relaxed))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn its_last_attempt_goes_out_without_a_copy() {
+        assert_eq!(
+            copies_through(HttpPolicy::new(), 2).await,
+            (StatusCode::OK, 2)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_retry_unsent_every_attempt_gets_a_copy() {
+        // A request that never left may be retried past the last attempt.
+        assert_eq!(
+            copies_through(HttpPolicy::new().retry_unsent(), 2).await,
+            (StatusCode::OK, 3)
+        );
+    }
+}
