@@ -467,6 +467,26 @@ async fn streaming_body_under_the_limit_is_replayed_byte_identical() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn streaming_body_is_replayed_byte_identical_up_to_the_last_attempt() {
+    // The last attempt gets a fresh copy of the recording too: the kept one
+    // is older than the copies sent since, and may no longer be sent.
+    let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client_for());
+    let (body, whole) = streaming(16);
+    let request = Request::put(server.url("/upload"))
+        .body(ReplayBody::new(body))
+        .unwrap();
+    let response = svc.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response).attempts, 3);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|attempt| attempt.body == whole));
+}
+
+#[tokio::test(start_paused = true)]
 async fn streaming_body_over_the_limit_goes_out_once() {
     let server = Server::start(|_, _| status(503)).await;
     let svc = ServiceBuilder::new()
