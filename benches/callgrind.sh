@@ -9,30 +9,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v valgrind >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
-fi
+. benches/callgrind_common.sh
 
 LOW=${LOW:-200}
 HIGH=${HIGH:-2200}
-bin=$(cargo bench --bench instructions --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("executable") and m.get("target", {}).get("name") == "instructions":
-        print(m["executable"])')
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bin=$(bench_binary instructions)
 
 instructions() { # scenario column requests
-    valgrind --tool=callgrind --callgrind-out-file="$tmp/out" "$bin" "$1" "$2" "$3" 2>"$tmp/log" >/dev/null
-    sed -n 's/^==[0-9]*== Collected : \([0-9]*\)/\1/p' "$tmp/log"
+    collected "$bin" "$1" "$2" "$3"
 }
 
-"$bin" --table >"$tmp/table"
+"$bin" --table >"$callgrind_tmp/table"
 echo "| scenario | column | instructions/request | allocations/request | future bytes |"
 echo "|---|---|---:|---:|---:|"
-tail -n +2 "$tmp/table" | while IFS=$'\t' read -r scenario column allocs bytes; do
+tail -n +2 "$callgrind_tmp/table" | while IFS=$'\t' read -r scenario column allocs bytes; do
     low=$(instructions "$scenario" "$column" "$LOW")
     high=$(instructions "$scenario" "$column" "$HIGH")
     per=$(( (high - low) / (HIGH - LOW) ))

@@ -10,24 +10,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v valgrind >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
-fi
+. benches/callgrind_common.sh
 
 LOW=${LOW:-1000}
 HIGH=${HIGH:-11000}
-bin=$(cargo bench --bench budget_instructions --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("executable") and m.get("target", {}).get("name") == "budget_instructions":
-        print(m["executable"])')
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bin=$(bench_binary budget_instructions)
 
 instructions() { # budget pairs
-    valgrind --tool=callgrind --callgrind-out-file="$tmp/out" "$bin" "$1" "$2" 2>"$tmp/log" >/dev/null
-    sed -n 's/^==[0-9]*== Collected : \([0-9]*\)/\1/p' "$tmp/log"
+    collected "$bin" "$1" "$2"
 }
 
 echo "| budget | instructions/pair |"

@@ -8,21 +8,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+. benches/callgrind_common.sh
+
 LOW=${LOW:-10}
 HIGH=${HIGH:-30}
 PROVIDERS=1000
-bin=$(cargo bench --all-features --bench poller --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("executable") and m.get("target", {}).get("name") == "poller":
-        print(m["executable"])')
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bin=$(bench_binary poller --all-features)
 
 instructions() { # scenario rounds
-    valgrind --tool=callgrind --callgrind-out-file="$tmp/out" "$bin" --run "$1" "$2" 2>"$tmp/log" >/dev/null
-    sed -n 's/^==[0-9]*== Collected : \([0-9]*\)/\1/p' "$tmp/log"
+    collected "$bin" --run "$1" "$2"
 }
 
 echo "| scenario | instructions/poll |"
