@@ -37,9 +37,6 @@ pub(crate) struct Config<P, S, T = NoTimeout> {
     pub(crate) pacing: Option<AdaptivePacing>,
     pub(crate) stats: Option<Stats>,
     pub(crate) streams: Option<Arc<Streams>>,
-    /// Whether every request is tracked from its call: it has a deadline
-    /// (`max_elapsed`) or a pacing stamp, which its first outcome needs.
-    pub(crate) tracks_from_call: bool,
 }
 
 impl<P, S, T> Config<P, S, T> {
@@ -57,7 +54,6 @@ impl<P, S, T> Config<P, S, T> {
             pacing: self.pacing,
             stats: self.stats,
             streams: self.streams,
-            tracks_from_call: self.tracks_from_call,
         }
     }
 

@@ -432,7 +432,6 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
                 max_elapsed: limits.max_elapsed,
                 stop_at_cap: limits.stop_at_cap,
                 timeouts: self.timeouts,
-                tracks_from_call: limits.max_elapsed.is_some() || pacing.is_some(),
                 budget: budget.map(Arc::new),
                 pacing,
                 stats,

@@ -224,7 +224,7 @@ where
         let own = config.policy.limits(&request);
         // Only a request with limits of its own, a deadline or a pacing stamp
         // is tracked from the call: its first outcome already needs them.
-        let tracked = own.is_some() || config.tracks_from_call;
+        let tracked = own.is_some() || config.max_elapsed.is_some() || config.pacing.is_some();
         let limits = own.unwrap_or_default();
         let max_attempts = limits.max_attempts.unwrap_or(config.max_attempts);
         let deadline = deadline(config.max_elapsed, limits.deadline);
@@ -236,11 +236,8 @@ where
             config.policy.clone_request(&request)
         };
         let timer = config.timeouts.timer(deadline);
-        let mut stamp = 0;
         config.on_call();
-        if let Some(pacing) = config.pacing() {
-            stamp = pacing.sent(&mut self.gate);
-        }
+        let stamp = pacing_stamp(config, &mut self.gate);
         let future = self.inner.call(request);
         let attempt = Attempt {
             future,
@@ -288,12 +285,16 @@ pub(crate) fn send_retry<S, Req, P, Sch, T>(
 where
     S: Service<Req>,
 {
-    let mut stamp = 0;
     config.record(Event::Attempt { retry: true });
-    if let Some(pacing) = config.pacing() {
-        stamp = pacing.sent(gate);
-    }
+    let stamp = pacing_stamp(config, gate);
     (inner.call(request), stamp)
+}
+
+/// An attempt goes out through the clone owning `gate`: the stamp its outcome
+/// is reported to the pacing with (0 without pacing).
+#[inline]
+fn pacing_stamp<P, Sch, T>(config: &Config<P, Sch, T>, gate: &mut Gate) -> u16 {
+    config.pacing().map_or(0, |pacing| pacing.sent(gate))
 }
 
 /// When a request called now must end: `max_elapsed` from now, or the

@@ -289,13 +289,7 @@ where
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
-        let mut copy = Request::new(request.body().clone_body()?);
-        *copy.method_mut() = request.method().clone();
-        *copy.uri_mut() = request.uri().clone();
-        *copy.version_mut() = request.version();
-        *copy.headers_mut() = request.headers().clone();
-        *copy.extensions_mut() = request.extensions().clone();
-        Some(copy)
+        crate::http::copy_request(request)
     }
 
     fn prepare_retry(&self, request: &mut Request<ReqBody>, attempt: u32) {

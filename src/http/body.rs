@@ -33,3 +33,15 @@ impl<B: Clone> CloneBody for B {
         Some(self.clone())
     }
 }
+
+/// Another attempt's request: the same method, URI, version, headers and
+/// extensions, with a copy of the body; `None` when the body has none.
+pub(crate) fn copy_request<B: CloneBody>(request: &http::Request<B>) -> Option<http::Request<B>> {
+    let mut copy = http::Request::new(request.body().clone_body()?);
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    *copy.extensions_mut() = request.extensions().clone();
+    Some(copy)
+}

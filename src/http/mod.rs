@@ -140,6 +140,8 @@ mod reqwest_replay;
 mod retry_after;
 mod status;
 
+#[cfg(feature = "grpc")]
+pub(crate) use body::copy_request;
 pub use body::CloneBody;
 #[cfg(feature = "reqwest")]
 pub use buffer::BufferReqwestFuture;

@@ -667,13 +667,7 @@ impl HttpPolicy {
         if !self.may_retry(request.method(), request.headers()) {
             return None;
         }
-        let mut copy = Request::new(request.body().clone_body()?);
-        *copy.method_mut() = request.method().clone();
-        *copy.uri_mut() = request.uri().clone();
-        *copy.version_mut() = request.version();
-        *copy.headers_mut() = request.headers().clone();
-        *copy.extensions_mut() = request.extensions().clone();
-        Some(copy)
+        super::body::copy_request(request)
     }
 
     /// Writes the attempt number into the configured attempt header, if any.
