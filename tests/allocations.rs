@@ -247,3 +247,55 @@ fn retry_path_with_more_attempts_allowed_copies_for_every_attempt() {
         .unwrap();
     assert_retry_path_allocates(tower::Layer::layer(&layer, FailsTwice::default()), 3, 1);
 }
+
+/// tower::retry's simplest policy: copy the request, retry errors, 3 attempts.
+#[derive(Clone)]
+struct TowerAttempts(usize);
+
+impl tower::retry::Policy<Req, Response<Bytes>, std::io::Error> for TowerAttempts {
+    type Future = Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut Req,
+        result: &mut Result<Response<Bytes>, std::io::Error>,
+    ) -> Option<Self::Future> {
+        match result {
+            Err(_) if self.0 > 1 => {
+                self.0 -= 1;
+                Some(ready(()))
+            }
+            _ => None,
+        }
+    }
+
+    fn clone_request(&mut self, request: &Req) -> Option<Req> {
+        Some(request.clone())
+    }
+}
+
+/// The response future is no larger than `tower::retry`'s for the same
+/// service and request (the benches print both sizes: benches/callgrind.sh),
+/// with the defaults and with jitter, a budget and stats.
+#[test]
+fn the_response_future_is_no_larger_than_tower_retrys() {
+    let tower_size = {
+        let mut svc = tower::retry::Retry::new(TowerAttempts(3), Backend::default());
+        size_of_val(&svc.call(request()))
+    };
+    let defaults = BackoffLayer::new();
+    let full = BackoffLayer::builder()
+        .jitter(Jitter::Full)
+        .budget(tower_backoff::TokenBucket::default())
+        .stats(tower_backoff::Stats::new())
+        .build()
+        .unwrap();
+    for layer in [defaults, full] {
+        let mut svc = tower::Layer::layer(&layer, Backend::default());
+        let ours = size_of_val(&svc.call(request()));
+        assert!(
+            ours <= tower_size,
+            "{ours} bytes against tower's {tower_size}"
+        );
+    }
+}
