@@ -39,6 +39,15 @@ fn backoff(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
         .unwrap()
 }
 
+/// `client` behind the retry layer with `policy`, its response bodies read
+/// ahead up to the default limit.
+fn buffered<S>(
+    policy: HttpPolicy,
+    client: S,
+) -> tower_backoff::Backoff<tower_backoff::http::BufferBody<S>, HttpPolicy, Constant> {
+    backoff(policy).layer(BufferBodyLayer::new().layer(client))
+}
+
 /// What the server sends for one request.
 struct Answer {
     status: u16,
@@ -259,10 +268,7 @@ async fn hyper_util_get_whose_body_is_cut_short_is_retried_and_returns_the_whole
         _ => whole(200, pattern(1000)),
     })
     .await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new(), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(attempts(&response), 2);
@@ -276,10 +282,7 @@ async fn hyper_util_get_whose_body_is_cut_short_is_retried_and_returns_the_whole
 #[tokio::test(start_paused = true)]
 async fn hyper_util_get_whose_body_is_always_cut_short_returns_the_last_real_error() {
     let server = Server::start(|_, _| cut_short(1000, pattern(100))).await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new(), hyper_client());
     let error: BoxError = svc.oneshot(get(&server)).await.unwrap_err();
     let hyper_error = error
         .downcast_ref::<hyper::Error>()
@@ -299,10 +302,7 @@ async fn post_whose_body_is_cut_short_is_sent_once_and_its_error_returned() {
         _ => whole(200, pattern(1000)),
     })
     .await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new(), hyper_client());
     let post = Request::post(server.url())
         .body(Full::from("order"))
         .unwrap();
@@ -351,10 +351,7 @@ async fn resetting_server() -> (SocketAddr, Arc<AtomicUsize>) {
 #[tokio::test(start_paused = true)]
 async fn hyper_util_get_whose_connection_is_reset_mid_body_is_retried() {
     let (addr, connections) = resetting_server().await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new(), hyper_client());
     let request = Request::get(format!("http://{addr}/"))
         .body(Full::default())
         .unwrap();
@@ -417,10 +414,7 @@ async fn a_malformed_chunked_body_is_a_final_error_not_a_panic() {
                 .await;
         }
     });
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new(), hyper_client());
     let request = Request::get(format!("http://{addr}/"))
         .body(Full::default())
         .unwrap();
@@ -442,10 +436,7 @@ async fn a_200_whose_body_says_queue_capacity_is_retried_and_the_next_answer_ret
         _ => whole(200, "done"),
     })
     .await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new().retry_on_body(queue_full)))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 2);
     assert_eq!(
@@ -458,10 +449,7 @@ async fn a_200_whose_body_says_queue_capacity_is_retried_and_the_next_answer_ret
 #[tokio::test(start_paused = true)]
 async fn a_body_that_always_says_queue_capacity_returns_the_last_response_readable() {
     let server = Server::start(|n, _| whole(200, format!("queue capacity, try {n}"))).await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new().retry_on_body(queue_full)))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 3);
     assert_eq!(
@@ -480,10 +468,7 @@ async fn a_body_retry_waits_the_retry_after_the_server_names() {
     let policy = HttpPolicy::new()
         .retry_on_body(queue_full)
         .server_delay_jitter(0, Duration::ZERO);
-    let svc = ServiceBuilder::new()
-        .layer(backoff(policy))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(policy, hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     let info = *response.extensions().get::<RetryInfo>().unwrap();
     assert_eq!(info, RetryInfo::new(2, Duration::from_secs(2)));
@@ -499,10 +484,7 @@ async fn a_buffered_response_retried_away_leaves_its_connection_to_the_retry() {
         _ => whole(200, "done"),
     })
     .await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new(), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 2);
     assert_eq!(
@@ -533,10 +515,7 @@ async fn a_body_classifier_never_overrides_x_should_retry_false() {
     let server =
         Server::start(|_, _| with_header(whole(200, "queue capacity"), "x-should-retry", "false"))
             .await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new().retry_on_body(queue_full)))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 1);
     assert_eq!(server.requests(), 1);
@@ -545,10 +524,7 @@ async fn a_body_classifier_never_overrides_x_should_retry_false() {
 #[tokio::test(start_paused = true)]
 async fn a_body_classifier_does_not_make_a_post_repeatable() {
     let server = Server::start(|_, _| whole(200, "queue capacity")).await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new().retry_on_body(queue_full)))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), hyper_client());
     let post = Request::post(server.url())
         .body(Full::from("order"))
         .unwrap();
@@ -564,10 +540,7 @@ async fn statuses_still_retry_with_a_body_classifier_set() {
         _ => whole(200, "done"),
     })
     .await;
-    let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new().retry_on_body(queue_full)))
-        .layer(BufferBodyLayer::new())
-        .service(hyper_client());
+    let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 2);
     assert_eq!(
@@ -723,10 +696,7 @@ mod through_reqwest {
             _ => whole(200, pattern(1000)),
         })
         .await;
-        let svc = ServiceBuilder::new()
-            .layer(backoff(HttpPolicy::new()))
-            .layer(BufferBodyLayer::new())
-            .service(client());
+        let svc = buffered(HttpPolicy::new(), client());
         let response = svc.oneshot(get(&server)).await.unwrap();
         assert_eq!(attempts(&response), 2);
         assert_eq!(response.url().as_str(), server.url(), "the URL survives");
@@ -742,10 +712,7 @@ mod through_reqwest {
             _ => whole(200, "done"),
         })
         .await;
-        let svc = ServiceBuilder::new()
-            .layer(backoff(HttpPolicy::new().retry_on_body(queue_full)))
-            .layer(BufferBodyLayer::new())
-            .service(client());
+        let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), client());
         let response = svc.oneshot(get(&server)).await.unwrap();
         assert_eq!(attempts(&response), 2);
         assert_eq!(response.text().await.unwrap(), "done");
@@ -755,10 +722,7 @@ mod through_reqwest {
     #[tokio::test(start_paused = true)]
     async fn reqwest_get_whose_body_is_always_cut_short_returns_the_last_reqwest_error() {
         let server = Server::start(|_, _| cut_short(1000, pattern(100))).await;
-        let svc = ServiceBuilder::new()
-            .layer(backoff(HttpPolicy::new()))
-            .layer(BufferBodyLayer::new())
-            .service(client());
+        let svc = buffered(HttpPolicy::new(), client());
         let error: reqwest::Error = svc.oneshot(get(&server)).await.unwrap_err();
         assert!(error.is_body() || error.is_decode(), "{error:?}");
         assert!(
