@@ -118,6 +118,19 @@ pin_project! {
     }
 }
 
+impl<F, Tm, O> State<F, Tm, O> {
+    /// A request tracked from now on, in its own allocation.
+    #[inline(always)]
+    fn tracked(phase: Phase<F, Tm>, kept: Option<O>, progress: Progress) -> Self {
+        let tracked = Box::pin(Tracked {
+            phase,
+            kept,
+            progress,
+        });
+        State::Tracked { tracked }
+    }
+}
+
 /// The counters and limits of one request.
 struct Progress {
     // Attempts sent so far.
@@ -234,16 +247,11 @@ where
         // Tracked from the start only if the first outcome needs more than
         // the layer's settings to be judged.
         let state = if let Some(limits) = limits {
-            State::Tracked {
-                tracked: Box::pin(Tracked {
-                    phase: Phase::Called {
-                        future: first.future,
-                        timer: first.timer,
-                    },
-                    kept: None,
-                    progress: Progress::new(limits, first.stamp),
-                }),
-            }
+            let phase = Phase::Called {
+                future: first.future,
+                timer: first.timer,
+            };
+            State::tracked(phase, None, Progress::new(limits, first.stamp))
         } else {
             State::First {
                 future: first.future,
@@ -297,13 +305,7 @@ where
                     let mut kept = None;
                     match machine.retry(&mut progress, &mut kept, outcome, after, cause) {
                         Step::Return(outcome) => return Poll::Ready(outcome),
-                        Step::Next(phase) => state.set(State::Tracked {
-                            tracked: Box::pin(Tracked {
-                                phase,
-                                kept,
-                                progress,
-                            }),
-                        }),
+                        Step::Next(phase) => state.set(State::tracked(phase, kept, progress)),
                     }
                 }
                 StateProj::Tracked { tracked } => return machine.drive(tracked.as_mut(), cx),
