@@ -158,7 +158,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(limits: Limits, stamp: u16) -> Self {
+    fn new(limits: RequestLimits, stamp: u16) -> Self {
         Self {
             attempts: 1,
             max_attempts: limits.max_attempts,
@@ -192,7 +192,7 @@ impl Progress {
 
 /// The limits of one request, read when it is called.
 #[derive(Clone, Copy)]
-pub(crate) struct Limits {
+pub(crate) struct RequestLimits {
     pub(crate) max_attempts: u32,
     pub(crate) deadline: Option<Instant>,
 }
@@ -240,7 +240,7 @@ where
     pub(crate) fn new(
         first: Attempt<S::Future, T::Timer>,
         request: Option<Req>,
-        limits: Option<Limits>,
+        limits: Option<RequestLimits>,
         inner: S,
         config: Arc<Config<P, Sch, T>>,
     ) -> Self {
@@ -297,7 +297,7 @@ where
                         }
                         Verdict::Retry { after, cause } => (after, cause),
                     };
-                    let limits = Limits {
+                    let limits = RequestLimits {
                         max_attempts: machine.config.max_attempts,
                         deadline: None,
                     };

@@ -12,7 +12,7 @@ use tower_service::Service;
 use crate::adaptive::Gate;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
-use crate::future::{Attempt, Limits, ResponseFuture};
+use crate::future::{Attempt, RequestLimits, ResponseFuture};
 use crate::layer::BackoffLayer;
 use crate::policy::{ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError};
 use crate::schedule::{Exponential, Schedule};
@@ -244,7 +244,7 @@ where
             timer,
             stamp,
         };
-        let limits = tracked.then_some(Limits {
+        let limits = tracked.then_some(RequestLimits {
             max_attempts,
             deadline,
         });
