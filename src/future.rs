@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -119,14 +120,25 @@ pin_project! {
 }
 
 impl<F, Tm, O> State<F, Tm, O> {
-    /// A request tracked from now on, in its own allocation.
+    /// A request tracked from its first retry on, in its own allocation:
+    /// `kept` waits `delay` for the retry.
     #[inline(always)]
-    fn tracked(phase: Phase<F, Tm>, kept: Option<O>, progress: Progress) -> Self {
-        let tracked = Box::pin(Tracked {
-            phase,
-            kept,
-            progress,
-        });
+    fn tracked(delay: Duration, kept: O, progress: Progress) -> Self {
+        // Written into its allocation: `Box::pin` would build it on the
+        // stack and copy all of it (measured: 73 more instructions per
+        // retried request).
+        let tracked = Box::write(
+            Box::new_uninit(),
+            Tracked {
+                phase: Phase::Readying,
+                kept: Some(kept),
+                progress,
+            },
+        );
+        let mut tracked = Box::into_pin(tracked);
+        if !delay.is_zero() {
+            wait(tracked.as_mut().project().phase, delay);
+        }
         State::Tracked { tracked }
     }
 }
@@ -225,11 +237,9 @@ enum Verdict {
     },
 }
 
-/// What the future does after a transition.
-enum Step<F, Tm, O> {
-    Next(Phase<F, Tm>),
-    Return(O),
-}
+/// What the future does after a transition: go on in the phase the
+/// transition set, or return an outcome.
+type Flow<O> = ControlFlow<O>;
 
 impl<S, P, Sch, Req, T> ResponseFuture<S, P, Sch, Req, T>
 where
@@ -247,11 +257,15 @@ where
         // Tracked from the start only if the first outcome needs more than
         // the layer's settings to be judged.
         let state = if let Some(limits) = limits {
-            let phase = Phase::Called {
-                future: first.future,
-                timer: first.timer,
-            };
-            State::tracked(phase, None, Progress::new(limits, first.stamp))
+            let tracked = Box::pin(Tracked {
+                phase: Phase::Called {
+                    future: first.future,
+                    timer: first.timer,
+                },
+                kept: None,
+                progress: Progress::new(limits, first.stamp),
+            });
+            State::Tracked { tracked }
         } else {
             State::First {
                 future: first.future,
@@ -302,10 +316,11 @@ where
                         deadline: None,
                     };
                     let mut progress = Progress::new(limits, 0);
-                    let mut kept = None;
-                    match machine.retry(&mut progress, &mut kept, outcome, after, cause) {
-                        Step::Return(outcome) => return Poll::Ready(outcome),
-                        Step::Next(phase) => state.set(State::tracked(phase, kept, progress)),
+                    match machine.retry(&mut progress, after, cause) {
+                        Ok(delay) => state.set(State::tracked(delay, outcome, progress)),
+                        Err(ending) => {
+                            return Poll::Ready(machine.finish(1, Duration::ZERO, outcome, ending))
+                        }
                     }
                 }
                 StateProj::Tracked { tracked } => return machine.drive(tracked.as_mut(), cx),
@@ -334,11 +349,8 @@ fn take<O>(kept: &mut Option<O>) -> O {
 
 type Outcome<S, Req, T> =
     Result<<S as Service<Req>>::Response, <T as AttemptTimer<<S as Service<Req>>::Error>>::Error>;
-type StepOf<S, Req, T> = Step<
-    <S as Service<Req>>::Future,
-    <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
-    Outcome<S, Req, T>,
->;
+type PhaseOf<S, Req, T> =
+    Phase<<S as Service<Req>>::Future, <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer>;
 type TrackedOf<S, Req, T> = Tracked<
     <S as Service<Req>>::Future,
     <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
@@ -372,14 +384,14 @@ where
             let this = tracked.as_mut().project();
             let (progress, kept) = (this.progress, this.kept);
             let mut phase = this.phase;
-            let step = match phase.as_mut().project() {
+            let flow = match phase.as_mut().project() {
                 PhaseProj::Called { future, timer } => {
                     let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
-                    self.on_outcome(progress, kept, outcome)
+                    self.on_outcome(progress, kept, phase, outcome)
                 }
                 PhaseProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));
-                    self.on_wake(progress)
+                    self.on_wake(progress, phase)
                 }
                 PhaseProj::Readying => {
                     // Zero-delay retries against a ready service would never
@@ -392,28 +404,38 @@ where
                         cx
                     ));
                     coop.made_progress();
-                    self.send(progress, readiness, kept)
+                    self.send(progress, readiness, kept, phase)
                 }
             };
-            match step {
-                Step::Next(next) => phase.set(next),
-                Step::Return(outcome) => return Poll::Ready(outcome),
+            if let ControlFlow::Break(outcome) = flow {
+                return Poll::Ready(outcome);
             }
         }
     }
 
-    /// An attempt's outcome arrived: return it, or keep it and schedule a
-    /// retry.
+    /// An attempt's outcome arrived: return it, or keep it and wait for the
+    /// retry it asks for.
+    // Inline: the outcome is moved once, into `kept` or out of the future.
+    #[inline(always)]
     fn on_outcome(
         &mut self,
         progress: &mut Progress,
         kept: &mut Option<Outcome<S, Req, T>>,
+        phase: Pin<&mut PhaseOf<S, Req, T>>,
         outcome: Outcome<S, Req, T>,
-    ) -> StepOf<S, Req, T> {
-        match self.judge(&outcome, progress.stamp, progress.last_retry) {
-            Verdict::End(ending) => self.end(progress, outcome, ending),
-            Verdict::Retry { after, cause } => self.retry(progress, kept, outcome, after, cause),
-        }
+    ) -> Flow<Outcome<S, Req, T>> {
+        let ending = match self.judge(&outcome, progress.stamp, progress.last_retry) {
+            Verdict::End(ending) => ending,
+            Verdict::Retry { after, cause } => match self.retry(progress, after, cause) {
+                Ok(delay) => {
+                    *kept = Some(outcome);
+                    wait(phase, delay);
+                    return ControlFlow::Continue(());
+                }
+                Err(ending) => ending,
+            },
+        };
+        self.end(progress, outcome, ending)
     }
 
     /// What an attempt's outcome means: the policy's decision, heard by the
@@ -449,37 +471,30 @@ where
         }
     }
 
-    /// Keeps `outcome` and schedules the retry it asks for, or returns it if
-    /// none may follow.
+    /// Decides the retry an outcome asks for: its delay, or how the request
+    /// ends instead. The caller keeps the outcome until the retry is sent.
     // Out of line: the happy path's `poll` stays small.
     #[inline(never)]
     fn retry(
         &mut self,
         progress: &mut Progress,
-        kept: &mut Option<Outcome<S, Req, T>>,
-        outcome: Outcome<S, Req, T>,
         after: Option<Duration>,
         cause: Cause,
-    ) -> StepOf<S, Req, T> {
-        match self.schedule(progress, after, cause) {
-            Ok((delay, transparent, due)) => {
-                progress.previous_delay = delay;
-                if after.is_some() && !transparent {
-                    // The server timed this retry: the schedule starts over
-                    // after it (as gRPC's clients do after a pushback).
-                    progress.restart = progress.counted();
-                }
-                *kept = Some(outcome);
-                progress.retry = Some(Retry {
-                    cause,
-                    delay,
-                    transparent,
-                    due,
-                });
-                Step::Next(wait(delay))
-            }
-            Err(ending) => self.end(progress, outcome, ending),
+    ) -> Result<Duration, Event> {
+        let (delay, transparent, due) = self.schedule(progress, after, cause)?;
+        progress.previous_delay = delay;
+        if after.is_some() && !transparent {
+            // The server timed this retry: the schedule starts over
+            // after it (as gRPC's clients do after a pushback).
+            progress.restart = progress.counted();
         }
+        progress.retry = Some(Retry {
+            cause,
+            delay,
+            transparent,
+            due,
+        });
+        Ok(delay)
     }
 
     /// The delay before a retry for `cause`, whether it is the transparent
@@ -538,13 +553,18 @@ where
     }
 
     /// The sleep before a retry is over.
-    fn on_wake(&mut self, progress: &mut Progress) -> StepOf<S, Req, T> {
+    fn on_wake(
+        &mut self,
+        progress: &mut Progress,
+        mut phase: Pin<&mut PhaseOf<S, Req, T>>,
+    ) -> Flow<Outcome<S, Req, T>> {
         let delay = progress.retry.map_or(Duration::ZERO, |retry| retry.delay);
         progress.slept = progress.slept.saturating_add(delay);
         if let Some(stats) = &self.config.stats {
             stats.record_sleep(delay);
         }
-        Step::Next(Phase::Readying)
+        phase.set(Phase::Readying);
+        ControlFlow::Continue(())
     }
 
     /// The service answered readiness for a retry: commit it and send it, or
@@ -554,7 +574,8 @@ where
         progress: &mut Progress,
         readiness: Result<(), S::Error>,
         kept: &mut Option<Outcome<S, Req, T>>,
-    ) -> StepOf<S, Req, T> {
+        mut phase: Pin<&mut PhaseOf<S, Req, T>>,
+    ) -> Flow<Outcome<S, Req, T>> {
         if readiness.is_err() {
             // The readiness error says nothing about the request; the kept
             // outcome does.
@@ -604,7 +625,8 @@ where
         let timer = config.timeouts.timer(progress.deadline);
         let (future, stamp) = send_retry(self.inner, &mut progress.gate, config, copy);
         progress.stamp = stamp;
-        Step::Next(Phase::Called { future, timer })
+        phase.set(Phase::Called { future, timer });
+        ControlFlow::Continue(())
     }
 
     /// The request to send as the retry: a copy of the kept one, or, for an
@@ -627,8 +649,8 @@ where
         progress: &Progress,
         outcome: Outcome<S, Req, T>,
         ending: Event,
-    ) -> StepOf<S, Req, T> {
-        Step::Return(self.finish(progress.attempts, progress.slept, outcome, ending))
+    ) -> Flow<Outcome<S, Req, T>> {
+        ControlFlow::Break(self.finish(progress.attempts, progress.slept, outcome, ending))
     }
 
     /// The outcome to return after `attempts` attempts and `slept` asleep.
@@ -651,16 +673,16 @@ where
 /// millisecond.
 const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 
-/// The state that waits `delay` before readiness for a retry; a zero delay
-/// goes straight to readiness, with no timer and no clock (tokio's timer would
-/// round a zero sleep up to its 1 ms tick).
-fn wait<F, Tm>(delay: Duration) -> Phase<F, Tm> {
+/// Waits `delay` before readiness for a retry; a zero delay goes straight to
+/// readiness, with no timer and no clock (tokio's timer would round a zero
+/// sleep up to its 1 ms tick).
+fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, delay: Duration) {
     if delay.is_zero() {
-        Phase::Readying
+        phase.set(Phase::Readying);
     } else {
-        Phase::Waiting {
+        phase.set(Phase::Waiting {
             sleep: tokio::time::sleep(delay),
-        }
+        });
     }
 }
 
