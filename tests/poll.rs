@@ -849,7 +849,7 @@ async fn ranked_board_follows_every_change_in_place_and_earlier_boards_never_cha
     let script = |provider: u32| {
         move |n: usize| {
             let n = n as u32;
-            if (provider + n) % 7 == 0 {
+            if (provider + n).is_multiple_of(7) {
                 Answer::Fail
             } else {
                 Answer::Value((provider * 37 + n * 11) % 20)
@@ -946,7 +946,7 @@ async fn a_rank_that_is_not_an_order_still_shows_every_healthy_value_once() {
         .map(|key| {
             let probe = Probe::new();
             let script = move |n: usize| {
-                if (key as usize + n) % 5 == 0 {
+                if (key as usize + n).is_multiple_of(5) {
                     Answer::Fail
                 } else {
                     Answer::Value(key * 1000 + n as u32)
