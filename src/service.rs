@@ -273,21 +273,13 @@ where
     inner.poll_ready(cx)
 }
 
-/// Sends a retry through `inner`, which [`poll_ready_to_send`] readied;
-/// returns its future and its pacing stamp.
+/// A retry goes out through the clone owning `gate` (the caller sends it
+/// through the service [`poll_ready_to_send`] readied): counts it and returns
+/// its pacing stamp.
 #[inline]
-pub(crate) fn send_retry<S, Req, P, Sch, T>(
-    inner: &mut S,
-    gate: &mut Gate,
-    config: &Config<P, Sch, T>,
-    request: Req,
-) -> (S::Future, u16)
-where
-    S: Service<Req>,
-{
+pub(crate) fn retry_sent<P, Sch, T>(config: &Config<P, Sch, T>, gate: &mut Gate) -> u16 {
     config.record(Event::Attempt { retry: true });
-    let stamp = pacing_stamp(config, gate);
-    (inner.call(request), stamp)
+    pacing_stamp(config, gate)
 }
 
 /// An attempt goes out through the clone owning `gate`: the stamp its outcome
