@@ -257,6 +257,9 @@ where
         // Tracked from the start only if the first outcome needs more than
         // the layer's settings to be judged.
         let state = if let Some(limits) = limits {
+            // `Box::pin`, not written in place as in `State::tracked`: this
+            // code is inlined into every call, and there the in-place write
+            // measured 33 instructions more on the happy path.
             let tracked = Box::pin(Tracked {
                 phase: Phase::Called {
                     future: first.future,
