@@ -76,7 +76,7 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// it would cost more than the rest of an operation, so each thread
 /// remembers which slot it last found and, when tokio's clock is the real
 /// one, until when the kernel's coarse clock (`CLOCK_MONOTONIC_COARSE` on
-/// Linux and Android: 5 ns a read against 24, at most a timer tick of 1 to
+/// Linux and Android: 7 ns a read against 24, at most a timer tick of 1 to
 /// 10 ms behind) proves the real clock is still in that slot. For all but
 /// the last tick or two of each slot an operation reads only the coarse
 /// clock; then, on a paused clock and on other systems, it reads tokio's.

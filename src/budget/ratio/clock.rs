@@ -13,13 +13,13 @@ use super::coarse;
 /// Slots of `slot_nanos` since `origin`, on tokio's clock, so a paused test
 /// clock drives them.
 ///
-/// Reading that clock is most of what a budget operation costs (24 ns, and
-/// a budget operation needs one), and turning an instant into a slot takes
+/// Reading that clock would be most of what a budget operation costs (24
+/// ns, and a budget operation needs one), and turning an instant into a slot takes
 /// more instructions than reading it (a subtraction of timespecs and a
 /// 64-bit division). So each thread remembers, for the last few budgets it
 /// asked, the slot it found and where it starts and ends; and when tokio's
 /// clock was the real one, until when the kernel's coarse clock
-/// ([`coarse`], 5 ns a read) proves the real clock is still inside. Then the
+/// ([`coarse`], 7 ns a read) proves the real clock is still inside. Then the
 /// answer is one coarse read and a comparison; within a tick of the slot's
 /// end, or on a paused clock, tokio's clock is read as before.
 pub(super) struct SlotClock {
@@ -195,6 +195,27 @@ mod tests {
         );
         std::thread::sleep(found.end - Instant::now());
         assert!(clock.epoch() > epoch, "the slot ended");
+    }
+
+    /// Read after read across several slot ends, on the real clock: the
+    /// slot answered is the one the clock was in at some instant of the call.
+    #[test]
+    fn on_the_real_clock_every_answer_is_the_slot_the_clock_is_in() {
+        const SLOT: Duration = Duration::from_millis(20);
+        let clock = SlotClock::new(SLOT);
+        let slot_of = |at: Instant| ((at - clock.origin).as_nanos() / SLOT.as_nanos()) as u64;
+        let mut answers = 0;
+        while slot_of(Instant::now()) < 3 {
+            let before = slot_of(Instant::now());
+            let epoch = clock.epoch();
+            let after = slot_of(Instant::now());
+            assert!(
+                (before..=after).contains(&epoch),
+                "slot {epoch}, the clock was in {before} then {after}"
+            );
+            answers += 1;
+        }
+        assert!(answers > 1000, "{answers} answers");
     }
 
     #[test]

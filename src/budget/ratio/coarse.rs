@@ -1,7 +1,7 @@
 //! The kernel's coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`): the time of
-//! the last timer tick, read without the cycle counter, so about five times
-//! cheaper than `Instant::now()` (4.7 against 24 ns on the machine the budget
-//! benches ran on). Linux and Android only; elsewhere [`lag`] is `None` and
+//! the last timer tick, read without the cycle counter, so several times
+//! cheaper than `Instant::now()` (7 against 24 ns: the controls of
+//! `benches/budget.rs`). Linux and Android only; elsewhere [`lag`] is `None` and
 //! nothing is decided on it.
 
 /// Nanoseconds on the coarse clock. It runs on `CLOCK_MONOTONIC`, which std's
