@@ -14,14 +14,14 @@ use super::coarse;
 /// clock drives them.
 ///
 /// Reading that clock would be most of what a budget operation costs (24
-/// ns, and a budget operation needs one), and turning an instant into a slot takes
-/// more instructions than reading it (a subtraction of timespecs and a
-/// 64-bit division). So each thread remembers, for the last few budgets it
-/// asked, the slot it found and where it starts and ends; and when tokio's
-/// clock was the real one, until when the kernel's coarse clock
+/// ns, and a budget operation needs one), and turning an instant into a
+/// slot takes more instructions than reading it (a subtraction of timespecs
+/// and a 64-bit division). So each thread remembers, for the last few
+/// budgets it asked, the slot it found and where it starts and ends; and,
+/// when tokio's clock was the real one, until when the kernel's coarse clock
 /// ([`coarse`], 7 ns a read) proves the real clock is still inside. Then the
-/// answer is one coarse read and a comparison; within a tick of the slot's
-/// end, or on a paused clock, tokio's clock is read as before.
+/// answer is one coarse read and a comparison; within a tick or two of the
+/// slot's end, or on a paused clock, tokio's clock is read and compared.
 pub(super) struct SlotClock {
     /// Tells budgets apart in the threads' memory: never reused, unlike an
     /// address.
@@ -107,11 +107,10 @@ impl SlotClock {
             .checked_add(Duration::from_nanos(epoch * self.slot_nanos));
         let end = start.and_then(|start| start.checked_add(Duration::from_nanos(self.slot_nanos)));
         if let (Some(start), Some(end)) = (start, end) {
-            // The real clock reaches the end `end - now` after `now`, which
-            // the coarse clock read at or after `coarse`, and the real clock
-            // is at most `lag` ahead of the coarse one: so until the coarse
-            // clock reads `coarse + (end - now) - lag`, the real clock is in
-            // the slot.
+            // `coarse`, read before `now`, is behind it, and a later coarse
+            // read is at most `lag` behind the real clock: while the coarse
+            // clock reads less than `coarse + (end - now) - lag`, the real
+            // clock is before `end`.
             let coarse_until = match coarse::lag() {
                 Some(lag) if real && coarse > 0 => {
                     let left = u64::try_from((end - now).as_nanos()).unwrap_or(u64::MAX);
