@@ -6,6 +6,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::runtime::RuntimeFlavor;
 use tokio::time::Instant;
 
 use super::coarse;
@@ -18,10 +19,12 @@ use super::coarse;
 /// slot takes more instructions than reading it (a subtraction of timespecs
 /// and a 64-bit division). So each thread remembers, for the last few
 /// budgets it asked, the slot it found and where it starts and ends; and,
-/// when tokio's clock was the real one, until when the kernel's coarse clock
+/// when tokio's clock was the real one and cannot be paused (outside any
+/// runtime, or in a multi-thread one), until when the kernel's coarse clock
 /// ([`coarse`], 7 ns a read) proves the real clock is still inside. Then the
 /// answer is one coarse read and a comparison; within a tick or two of the
-/// slot's end, or on a paused clock, tokio's clock is read and compared.
+/// slot's end, or on a clock that is or may be paused, tokio's clock is read
+/// and compared.
 pub(super) struct SlotClock {
     /// Tells budgets apart in the threads' memory: never reused, unlike an
     /// address.
@@ -38,7 +41,7 @@ struct Found {
     start: Instant,
     end: Instant,
     /// While the coarse clock reads less than this, the real clock is in the
-    /// slot. Zero when tokio's clock was not the real one (paused).
+    /// slot. Zero when tokio's clock was paused or could be.
     coarse_until: u64,
 }
 
@@ -89,8 +92,10 @@ impl SlotClock {
         let now = Instant::now();
         // tokio's clock is the real one unless paused; a paused one stands
         // still, and reads between two real reads only by a nanosecond's
-        // coincidence.
+        // coincidence. Kept on the coarse clock only where it cannot be
+        // paused later: a current-thread runtime's can.
         let real = before <= now.into_std() && now.into_std() <= std::time::Instant::now();
+        let keep = real && !may_pause();
 
         let elapsed = now.saturating_duration_since(self.origin);
         // u64 nanoseconds last 584 years, and dividing them is much cheaper
@@ -112,7 +117,7 @@ impl SlotClock {
             // clock reads less than `coarse + (end - now) - lag`, the real
             // clock is before `end`.
             let coarse_until = match coarse::lag() {
-                Some(lag) if real && coarse > 0 => {
+                Some(lag) if keep && coarse > 0 => {
                     let left = u64::try_from((end - now).as_nanos()).unwrap_or(u64::MAX);
                     coarse.saturating_add(left).saturating_sub(lag)
                 }
@@ -129,6 +134,13 @@ impl SlotClock {
         }
         epoch
     }
+}
+
+/// Whether this thread's tokio clock could be paused: only a current-thread
+/// runtime's can (`start_paused`, `tokio::time::pause`), so one is taken to.
+fn may_pause() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|runtime| runtime.runtime_flavor() != RuntimeFlavor::MultiThread)
 }
 
 #[cfg(test)]
@@ -194,6 +206,31 @@ mod tests {
         );
         std::thread::sleep(found.end - Instant::now());
         assert!(clock.epoch() > epoch, "the slot ended");
+    }
+
+    /// A current-thread runtime's clock runs free until it is paused: then
+    /// the next read follows the paused clock at once, however little real
+    /// time has passed.
+    #[tokio::test]
+    async fn a_clock_paused_after_a_slot_was_found_moves_the_slot_at_once() {
+        let clock = SlotClock::new(Duration::from_secs(1));
+        assert_eq!(clock.epoch(), 0);
+        let found = remembered(&clock).expect("a slot is remembered");
+        assert_eq!(found.coarse_until, 0, "a current-thread clock may be paused");
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_millis(2500)).await;
+        assert_eq!(clock.epoch(), 2);
+    }
+
+    /// A multi-thread runtime's clock is never paused: the slot is kept on
+    /// the coarse clock there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    async fn in_a_multi_thread_runtime_the_slot_is_kept_on_the_coarse_clock() {
+        let clock = SlotClock::new(Duration::from_secs(1));
+        assert_eq!(clock.epoch(), 0);
+        let found = remembered(&clock).expect("a slot is remembered");
+        assert!(found.coarse_until > 0);
     }
 
     /// Read after read across several slot ends, on the real clock: the
