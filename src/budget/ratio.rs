@@ -74,12 +74,14 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// Every operation needs the slot the clock is in. The clock is
 /// `tokio::time::Instant`, so a paused test clock drives the window. Reading
 /// it would cost more than the rest of an operation, so each thread
-/// remembers which slot it last found and, when tokio's clock is the real
-/// one, until when the kernel's coarse clock (`CLOCK_MONOTONIC_COARSE` on
-/// Linux and Android: 7 ns a read against 24, at most a timer tick of 1 to
-/// 10 ms behind) proves the real clock is still in that slot. For all but
-/// the last tick or two of each slot an operation reads only the coarse
-/// clock; then, on a paused clock and on other systems, it reads tokio's.
+/// remembers which slot it last found and, where tokio's clock is the real
+/// one and cannot be paused (outside any runtime, or on a multi-thread
+/// runtime), until when the kernel's coarse clock (`CLOCK_MONOTONIC_COARSE`
+/// on Linux and Android: 7 ns a read against 24, at most a timer tick of 1
+/// to 10 ms behind) proves the real clock is still in that slot. There, for
+/// all but the last tick or two of each slot, an operation reads only the
+/// coarse clock. Otherwise (the end of a slot, a current-thread runtime,
+/// whose clock may be paused, other systems) it reads tokio's clock.
 ///
 /// # Accuracy
 /// The bound is exact within each tenth of the window: an operation counts
@@ -89,10 +91,10 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// same way), an earning counts in the slot before, and leaves the window a
 /// tenth early, which only refuses more; a retry is checked against the
 /// window its thread read, and leaves a tenth early too: at most one extra
-/// retry per such thread. And a thread that found its slot on the real clock
-/// keeps counting in it until the real clock leaves it, a tenth of the
-/// window at most, even if it runs under a paused clock meanwhile
-/// (`tokio::time::pause`) advanced past that slot.
+/// retry per such thread. And a thread that found its slot outside any
+/// runtime keeps counting in it until the real clock leaves it, a tenth of
+/// the window at most, even if it then runs a runtime with a paused clock
+/// advanced past that slot.
 ///
 /// ```
 /// use tower_backoff::budget::{Budget, RatioBudget};
