@@ -216,7 +216,10 @@ mod tests {
         let clock = SlotClock::new(Duration::from_secs(1));
         assert_eq!(clock.epoch(), 0);
         let found = remembered(&clock).expect("a slot is remembered");
-        assert_eq!(found.coarse_until, 0, "a current-thread clock may be paused");
+        assert_eq!(
+            found.coarse_until, 0,
+            "a current-thread clock may be paused"
+        );
         tokio::time::pause();
         tokio::time::advance(Duration::from_millis(2500)).await;
         assert_eq!(clock.epoch(), 2);
