@@ -6,6 +6,9 @@
 # (a success for TpsBudget and RatioBudget-successes) and a retry; for the token
 # bucket, a retry and the success that refunds it.
 #
+# Fails (exit 1) when a RatioBudget pair costs more instructions than a
+# TpsBudget pair: the goal of issue 16.
+#
 #   bash benches/callgrind_budget.sh     # markdown table on stdout
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,12 +23,21 @@ instructions() { # budget pairs
     collected "$bin" "$1" "$2"
 }
 
+declare -A per_pair
 echo "| budget | instructions/pair |"
 echo "|---|---:|"
-"$bin" --list | while read -r budget; do
+while read -r budget; do
     low=$(instructions "$budget" "$LOW")
     high=$(instructions "$budget" "$HIGH")
-    echo "| $budget | $(( (high - low) / (HIGH - LOW) )) |"
-done
+    per_pair[$budget]=$(( (high - low) / (HIGH - LOW) ))
+    echo "| $budget | ${per_pair[$budget]} |"
+done < <("$bin" --list)
 echo
 echo "($(rustc --version), $(uname -m); pairs $LOW vs $HIGH)"
+
+for budget in RatioBudget RatioBudget-successes; do
+    if (( per_pair[$budget] > per_pair[TpsBudget] )); then
+        echo "$budget: ${per_pair[$budget]} instructions per pair, more than TpsBudget's ${per_pair[TpsBudget]}" >&2
+        exit 1
+    fi
+done
