@@ -60,14 +60,8 @@ impl Pair for SharesNothing {
 
 /// `CLOCK_MONOTONIC_COARSE`, as `RatioBudget` reads it.
 #[cfg(any(target_os = "linux", target_os = "android"))]
-fn coarse_clock() -> libc::timespec {
-    let mut time = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: the call only writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut time) };
-    time
+fn coarse_clock() -> rustix::time::Timespec {
+    rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse)
 }
 
 /// The same configuration for both ratio budgets: 20% over 10 s, 10/s floor.

@@ -4,6 +4,9 @@
 //! `benches/budget.rs`). Linux and Android only; elsewhere [`lag`] is `None` and
 //! nothing is decided on it.
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
+use rustix::time::ClockId;
+
 /// Nanoseconds on the coarse clock. It runs on `CLOCK_MONOTONIC`, which std's
 /// and tokio's `Instant` read on Linux and Android, at most [`lag`] behind:
 /// `now() <= Instant::now()` read after it, and `Instant::now()` read before
@@ -11,7 +14,7 @@
 #[cfg(any(target_os = "linux", target_os = "android"))]
 #[inline]
 pub(super) fn now() -> u64 {
-    read(libc::CLOCK_MONOTONIC_COARSE, Clock::Time)
+    nanos(rustix::time::clock_gettime(ClockId::MonotonicCoarse))
 }
 
 /// How far the coarse clock may be behind `CLOCK_MONOTONIC`: its resolution,
@@ -20,7 +23,7 @@ pub(super) fn now() -> u64 {
 /// reading a clock and using what it read.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(super) fn lag() -> Option<u64> {
-    Some(read(libc::CLOCK_MONOTONIC_COARSE, Clock::Resolution)).filter(|&lag| lag > 0)
+    Some(nanos(rustix::time::clock_getres(ClockId::MonotonicCoarse))).filter(|&lag| lag > 0)
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
@@ -34,33 +37,13 @@ pub(super) fn lag() -> Option<u64> {
     None
 }
 
-#[cfg(any(target_os = "linux", target_os = "android"))]
-enum Clock {
-    Time,
-    Resolution,
-}
-
-/// A failed read (a kernel without the clock) reads as zero: no lag, so
-/// nothing is decided on it, and a time that is never ahead of anything.
+/// A timespec in nanoseconds. Monotonic time is non-negative (a negative
+/// field, which no kernel returns, reads as zero: a time never ahead of
+/// anything, and no lag, so nothing is decided on it); u64 nanoseconds last
+/// 584 years.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 #[inline]
-fn read(clock: libc::clockid_t, what: Clock) -> u64 {
-    let mut time = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: both calls only write the timespec they are given, which lives
-    // for the call.
-    let status = unsafe {
-        match what {
-            Clock::Time => libc::clock_gettime(clock, &mut time),
-            Clock::Resolution => libc::clock_getres(clock, &mut time),
-        }
-    };
-    if status != 0 {
-        return 0;
-    }
-    // Monotonic time is non-negative; u64 nanoseconds last 584 years.
+fn nanos(time: rustix::time::Timespec) -> u64 {
     u64::try_from(time.tv_sec)
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)
