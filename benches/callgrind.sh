@@ -5,6 +5,10 @@
 # removes start-up and set-up. Then prints allocations per request and the
 # response future's size, measured in-process.
 #
+# Fails (exit 1) when, on either path, one of our columns costs more
+# instructions than a bare tower::retry or its future is larger: issue 16's
+# goals.
+#
 #   bash benches/callgrind.sh            # markdown table on stdout
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,11 +26,31 @@ instructions() { # scenario column requests
 "$bin" --table >"$callgrind_tmp/table"
 echo "| scenario | column | instructions/request | allocations/request | future bytes |"
 echo "|---|---|---:|---:|---:|"
-tail -n +2 "$callgrind_tmp/table" | while IFS=$'\t' read -r scenario column allocs bytes; do
+declare -A per_request size
+while IFS=$'\t' read -r scenario column allocs bytes; do
     low=$(instructions "$scenario" "$column" "$LOW")
     high=$(instructions "$scenario" "$column" "$HIGH")
     per=$(( (high - low) / (HIGH - LOW) ))
+    per_request[$scenario/$column]=$per
+    size[$scenario/$column]=$bytes
     echo "| $scenario | $column | $per | $allocs | $bytes |"
-done
+done < <(tail -n +2 "$callgrind_tmp/table")
 echo
 echo "($(rustc --version), $(nproc) cores, $(uname -m); requests $LOW vs $HIGH)"
+
+status=0
+for scenario in happy_path retry_path; do
+    tower=$scenario/tower::retry
+    for column in "ours" "ours + jitter + bucket + stats"; do
+        ours=$scenario/$column
+        if (( per_request[$ours] >= per_request[$tower] )); then
+            echo "$ours: ${per_request[$ours]} instructions, not fewer than tower::retry's ${per_request[$tower]}" >&2
+            status=1
+        fi
+        if (( size[$ours] > size[$tower] )); then
+            echo "$ours: a ${size[$ours]}-byte future, larger than tower::retry's ${size[$tower]}" >&2
+            status=1
+        fi
+    done
+done
+exit $status
