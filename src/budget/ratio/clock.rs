@@ -88,14 +88,11 @@ impl SlotClock {
     fn find(&self, place: usize) -> u64 {
         // Coarse first: it is then behind the instant read after it.
         let coarse = coarse::now();
-        let before = std::time::Instant::now();
         let now = Instant::now();
-        // tokio's clock is the real one unless paused; a paused one stands
-        // still, and reads between two real reads only by a nanosecond's
-        // coincidence. Kept on the coarse clock only where it cannot be
-        // paused later: a current-thread runtime's can.
-        let real = before <= now.into_std() && now.into_std() <= std::time::Instant::now();
-        let keep = real && !may_pause();
+        // Kept on the coarse clock only where tokio's clock is the real one
+        // and stays so: only a current-thread runtime's clock can be paused,
+        // now or later.
+        let keep = !may_pause();
 
         let elapsed = now.saturating_duration_since(self.origin);
         // u64 nanoseconds last 584 years, and dividing them is much cheaper

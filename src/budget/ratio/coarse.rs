@@ -54,6 +54,31 @@ fn nanos(time: rustix::time::Timespec) -> u64 {
 mod tests {
     use super::*;
 
+    /// The lag is the coarse clock's step: the time of one tick. Steps come
+    /// a nanosecond short of it (the kernel's clock is slewed) or a tick or
+    /// more long (ticks skipped while idle), never half as short.
+    #[test]
+    fn the_lag_is_the_coarse_clocks_step() {
+        let lag = lag().expect("Linux has a coarse clock");
+        let mut last = now();
+        let mut shortest = u64::MAX;
+        let mut steps = 0;
+        let started = std::time::Instant::now();
+        while steps < 5 && started.elapsed() < std::time::Duration::from_secs(2) {
+            let read = now();
+            if read != last {
+                shortest = shortest.min(read - last);
+                last = read;
+                steps += 1;
+            }
+        }
+        assert_eq!(steps, 5, "the coarse clock moves");
+        assert!(
+            lag >= shortest / 2 && lag <= shortest * 2,
+            "lag {lag} ns, shortest step {shortest} ns"
+        );
+    }
+
     #[test]
     fn the_coarse_clock_runs_on_the_instant_clock_a_tick_behind() {
         let lag = lag().expect("Linux has a coarse clock");
