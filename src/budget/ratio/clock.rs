@@ -114,7 +114,7 @@ impl SlotClock {
             // clock reads less than `coarse + (end - now) - lag`, the real
             // clock is before `end`.
             let coarse_until = match coarse::lag() {
-                Some(lag) if keep && coarse > 0 => {
+                Some(lag) if keep => {
                     let left = u64::try_from((end - now).as_nanos()).unwrap_or(u64::MAX);
                     coarse.saturating_add(left).saturating_sub(lag)
                 }

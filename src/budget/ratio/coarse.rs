@@ -23,7 +23,7 @@ pub(super) fn now() -> u64 {
 /// reading a clock and using what it read.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(super) fn lag() -> Option<u64> {
-    Some(nanos(rustix::time::clock_getres(ClockId::MonotonicCoarse))).filter(|&lag| lag > 0)
+    Some(nanos(rustix::time::clock_getres(ClockId::MonotonicCoarse)))
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
@@ -37,10 +37,9 @@ pub(super) fn lag() -> Option<u64> {
     None
 }
 
-/// A timespec in nanoseconds. Monotonic time is non-negative (a negative
-/// field, which no kernel returns, reads as zero: a time never ahead of
-/// anything, and no lag, so nothing is decided on it); u64 nanoseconds last
-/// 584 years.
+/// A timespec in nanoseconds. The kernel's monotonic times and resolutions
+/// are never negative (a negative field would read as zero); u64
+/// nanoseconds last 584 years.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 #[inline]
 fn nanos(time: rustix::time::Timespec) -> u64 {
