@@ -113,31 +113,31 @@ pin_project! {
         // An attempt is in flight, racing its timer.
         Called { #[pin] future: F, #[pin] timer: Tm },
         // Sleeping before a retry.
-        Waiting { #[pin] sleep: Sleep },
+        Waiting { #[pin] sleep: Sleep, retry: Retry },
         // Waiting for the service to be ready to send a retry.
-        Readying,
+        Readying { retry: Retry },
     }
 }
 
 impl<F, Tm, O> State<F, Tm, O> {
     /// A request tracked from its first retry on, in its own allocation:
-    /// `kept` waits `delay` for the retry.
+    /// `kept` waits for `retry`.
     #[inline(always)]
-    fn tracked(delay: Duration, kept: O, progress: Progress) -> Self {
+    fn tracked(retry: Retry, kept: O, progress: Progress) -> Self {
         // Written into its allocation: `Box::pin` would build it on the
         // stack and copy all of it (measured: 73 more instructions per
         // retried request).
         let tracked = Box::write(
             Box::new_uninit(),
             Tracked {
-                phase: Phase::Readying,
+                phase: Phase::Readying { retry },
                 kept: Some(kept),
                 progress,
             },
         );
         let mut tracked = Box::into_pin(tracked);
-        if !delay.is_zero() {
-            wait(tracked.as_mut().project().phase, delay);
+        if !retry.delay.is_zero() {
+            wait(tracked.as_mut().project().phase, retry);
         }
         State::Tracked { tracked }
     }
@@ -165,8 +165,6 @@ struct Progress {
     rng: Option<Rng>,
     // This request's turn under pacing, for its retries.
     gate: Gate,
-    // The retry decided and not sent yet.
-    retry: Option<Retry>,
 }
 
 impl Progress {
@@ -183,7 +181,6 @@ impl Progress {
             last_retry: None,
             rng: None,
             gate: Gate::default(),
-            retry: None,
         }
     }
 
@@ -209,8 +206,9 @@ pub(crate) struct RequestLimits {
     pub(crate) deadline: Option<Instant>,
 }
 
-/// A retry decided but not yet sent. The outcome it would replace is kept
-/// beside it, to be returned if the retry is stopped.
+/// A retry decided but not yet sent, held by the phase that waits for it. The
+/// outcome it would replace is kept beside it, to be returned if the retry is
+/// stopped.
 #[derive(Clone, Copy)]
 struct Retry {
     cause: Cause,
@@ -320,7 +318,7 @@ where
                     };
                     let mut progress = Progress::new(limits, 0);
                     match machine.retry(&mut progress, after, cause) {
-                        Ok(delay) => state.set(State::tracked(delay, outcome, progress)),
+                        Ok(retry) => state.set(State::tracked(retry, outcome, progress)),
                         Err(ending) => {
                             return Poll::Ready(machine.finish(1, Duration::ZERO, outcome, ending))
                         }
@@ -392,11 +390,13 @@ where
                     let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
                     self.on_outcome(progress, kept, phase, outcome)
                 }
-                PhaseProj::Waiting { sleep } => {
+                PhaseProj::Waiting { sleep, retry } => {
                     ready!(sleep.poll(cx));
-                    self.on_wake(progress, phase)
+                    let retry = *retry;
+                    self.on_wake(progress, phase, retry)
                 }
-                PhaseProj::Readying => {
+                PhaseProj::Readying { retry } => {
+                    let retry = *retry;
                     // Zero-delay retries against a ready service would never
                     // yield: spend tokio's task budget like any I/O would.
                     let coop = ready!(tokio::task::coop::poll_proceed(cx));
@@ -407,7 +407,7 @@ where
                         cx
                     ));
                     coop.made_progress();
-                    self.send(progress, readiness, kept, phase)
+                    self.send(progress, readiness, kept, phase, retry)
                 }
             };
             if let ControlFlow::Break(outcome) = flow {
@@ -430,9 +430,9 @@ where
         let ending = match self.judge(&outcome, progress.stamp, progress.last_retry) {
             Verdict::End(ending) => ending,
             Verdict::Retry { after, cause } => match self.retry(progress, after, cause) {
-                Ok(delay) => {
+                Ok(retry) => {
                     *kept = Some(outcome);
-                    wait(phase, delay);
+                    wait(phase, retry);
                     return ControlFlow::Continue(());
                 }
                 Err(ending) => ending,
@@ -483,7 +483,7 @@ where
         progress: &mut Progress,
         after: Option<Duration>,
         cause: Cause,
-    ) -> Result<Duration, Event> {
+    ) -> Result<Retry, Event> {
         let (delay, transparent, due) = self.schedule(progress, after, cause)?;
         progress.previous_delay = delay;
         if after.is_some() && !transparent {
@@ -491,13 +491,12 @@ where
             // after it (as gRPC's clients do after a pushback).
             progress.restart = progress.counted();
         }
-        progress.retry = Some(Retry {
+        Ok(Retry {
             cause,
             delay,
             transparent,
             due,
-        });
-        Ok(delay)
+        })
     }
 
     /// The delay before a retry for `cause`, whether it is the transparent
@@ -560,13 +559,14 @@ where
         &mut self,
         progress: &mut Progress,
         mut phase: Pin<&mut PhaseOf<S, Req, T>>,
+        retry: Retry,
     ) -> Flow<Outcome<S, Req, T>> {
-        let delay = progress.retry.map_or(Duration::ZERO, |retry| retry.delay);
+        let delay = retry.delay;
         progress.slept = progress.slept.saturating_add(delay);
         if let Some(stats) = &self.config.stats {
             stats.record_sleep(delay);
         }
-        phase.set(Phase::Readying);
+        phase.set(Phase::Readying { retry });
         ControlFlow::Continue(())
     }
 
@@ -578,15 +578,13 @@ where
         readiness: Result<(), S::Error>,
         kept: &mut Option<Outcome<S, Req, T>>,
         mut phase: Pin<&mut PhaseOf<S, Req, T>>,
+        retry: Retry,
     ) -> Flow<Outcome<S, Req, T>> {
         if readiness.is_err() {
             // The readiness error says nothing about the request; the kept
             // outcome does.
             return self.end(progress, take(kept), Event::Final);
         }
-        let Some(retry) = progress.retry.take() else {
-            return self.end(progress, take(kept), Event::Final);
-        };
         let config = self.config;
         // No attempt starts once the deadline has passed; but a sleep allowed
         // to end at the deadline wakes up to one timer tick after it, and
@@ -681,15 +679,16 @@ where
 /// millisecond.
 const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 
-/// Waits `delay` before readiness for a retry; a zero delay goes straight to
-/// readiness, with no timer and no clock (tokio's timer would round a zero
+/// Waits `retry`'s delay before readiness for it; a zero delay goes straight
+/// to readiness, with no timer and no clock (tokio's timer would round a zero
 /// sleep up to its 1 ms tick).
-fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, delay: Duration) {
-    if delay.is_zero() {
-        phase.set(Phase::Readying);
+fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry) {
+    if retry.delay.is_zero() {
+        phase.set(Phase::Readying { retry });
     } else {
         phase.set(Phase::Waiting {
-            sleep: tokio::time::sleep(delay),
+            sleep: tokio::time::sleep(retry.delay),
+            retry,
         });
     }
 }
