@@ -3,6 +3,8 @@
 //! 127.0.0.1 and real hyper-util and reqwest clients.
 #![cfg(feature = "http")]
 
+mod http_server;
+
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,19 +27,7 @@ use tower::{BoxError, Layer, ServiceBuilder, ServiceExt};
 use tower_backoff::http::{BufferBodyLayer, HttpPolicy, RetryInfo, DEFAULT_BUFFER_LIMIT};
 use tower_backoff::{BackoffLayer, Cause, Constant, Jitter};
 
-/// The sleep between attempts: a fixed 100 ms, no jitter.
-const STEP: Duration = Duration::from_millis(100);
-
-/// Up to three attempts, [`STEP`] apart.
-fn backoff(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
-    BackoffLayer::builder()
-        .policy(policy)
-        .schedule(Constant::new(STEP))
-        .jitter(Jitter::None)
-        .max_attempts(3)
-        .build()
-        .unwrap()
-}
+use http_server::{layer, STEP};
 
 /// `client` behind the retry layer with `policy`, its response bodies read
 /// ahead up to the default limit.
@@ -45,7 +35,7 @@ fn buffered<S>(
     policy: HttpPolicy,
     client: S,
 ) -> tower_backoff::Backoff<tower_backoff::http::BufferBody<S>, HttpPolicy, Constant> {
-    backoff(policy).layer(BufferBodyLayer::new().layer(client))
+    layer(policy).layer(BufferBodyLayer::new().layer(client))
 }
 
 /// What the server sends for one request.
@@ -249,7 +239,7 @@ async fn without_buffering_a_body_cut_short_is_returned_as_a_success_that_fails_
     })
     .await;
     let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
+        .layer(layer(HttpPolicy::new()))
         .service(hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 1);
@@ -499,7 +489,7 @@ async fn a_buffered_response_retried_away_leaves_its_connection_to_the_retry() {
     })
     .await;
     let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
+        .layer(layer(HttpPolicy::new()))
         .service(hyper_client());
     let response = svc.oneshot(get(&unbuffered)).await.unwrap();
     assert_eq!(attempts(&response), 2);
@@ -557,7 +547,7 @@ async fn a_chunked_body_over_the_limit_streams_through_byte_identical_and_unclas
     let sent = body.clone();
     let server = Server::start(move |_, _| chunked(&sent, 100)).await;
     let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new().retry_on_body(queue_full)))
+        .layer(layer(HttpPolicy::new().retry_on_body(queue_full)))
         .layer(BufferBodyLayer::new().limit(1000))
         .service(hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
@@ -738,7 +728,7 @@ mod through_reqwest {
         let sent = body.clone();
         let server = Server::start(move |_, _| chunked(&sent, 100)).await;
         let svc = ServiceBuilder::new()
-            .layer(backoff(HttpPolicy::new()))
+            .layer(layer(HttpPolicy::new()))
             .layer(BufferBodyLayer::new().limit(1000))
             .service(client());
         let response = svc.oneshot(get(&server)).await.unwrap();
@@ -757,7 +747,7 @@ async fn a_body_failing_past_the_limit_is_returned_and_fails_when_read_after_its
     })
     .await;
     let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
+        .layer(layer(HttpPolicy::new()))
         .layer(BufferBodyLayer::new().limit(1000))
         .service(hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
