@@ -87,13 +87,7 @@ where
     E: AsStdError,
 {
     fn classify(&self, request: &Request<B>, result: &Result<reqwest::Response, E>) -> Decision {
-        let decision = classify_outcome(self, result);
-        let decision = self.allow_retry(decision, request.method(), request.headers());
-        // As for hyper-util: a body that outgrew its recording is not resent.
-        if decision.is_retry() && !request.body().is_replayable() {
-            return Decision::Final;
-        }
-        decision
+        self.allow_request_retry(classify_outcome(self, result), request)
     }
 
     fn limits(&self, request: &Request<B>) -> Option<RetryLimits> {
