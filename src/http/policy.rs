@@ -605,11 +605,9 @@ where
 
     fn discard(&self, result: Result<Response<ResBody>, E>) {
         if let Ok(response) = result {
-            // A body buffered whole has already given its connection back.
-            if response.extensions().get::<BufferedBytes>().is_some() {
-                return;
+            if !BufferedBytes::is_in(response.extensions()) {
+                self.discard_body(response.into_body());
             }
-            self.discard_body(response.into_body());
         }
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use ::http::Request;
 
 use super::body::CloneBody;
+use super::buffer::BufferedBytes;
 use super::error::AsStdError;
 use super::info::RetryInfo;
 use super::policy::HttpPolicy;
@@ -137,8 +138,12 @@ fn classify_outcome<E: AsStdError>(
 }
 
 fn discard<E>(policy: &HttpPolicy, result: Result<reqwest::Response, E>) {
+    // As for hyper-util's responses: one `BufferBody` read whole has
+    // nothing left to drain, and draining it would only spawn a task.
     if let Ok(response) = result {
-        policy.discard_body(reqwest::Body::from(response));
+        if !BufferedBytes::is_in(response.extensions()) {
+            policy.discard_body(reqwest::Body::from(response));
+        }
     }
 }
 
