@@ -24,20 +24,20 @@ use http_server::{layer, layer_with, status, unused_addr, Reply, Server, STEP};
 use reqwest_cases as cases;
 use reqwest_cases::{busy_once, info, upload_bytes, upload_chunks, Through};
 
-fn client<S>(layer: BackoffLayer<HttpPolicy, S>) -> ClientWithMiddleware
+fn client<S, T>(layer: BackoffLayer<HttpPolicy, S, T>) -> ClientWithMiddleware
 where
-    S: Schedule + Clone + Send + Sync + 'static,
+    BackoffMiddleware<HttpPolicy, S, T>: Middleware,
 {
     ClientBuilder::new(cases::client())
         .with(BackoffMiddleware::new(layer))
         .build()
 }
 
-/// The layer in a `reqwest_middleware` client, through `execute` (what
+/// The layer in a `reqwest_middleware` chain, through `execute` (what
 /// `.send()` calls).
-struct ThroughMiddleware;
+struct Chain;
 
-impl Through for ThroughMiddleware {
+impl Through for Chain {
     async fn send_all<S>(
         layer: BackoffLayer<HttpPolicy, S>,
         requests: Vec<reqwest::Request>,
@@ -86,49 +86,44 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn get_is_retried_on_503_and_returns_200() {
-    cases::get_is_retried_on_503_and_returns_200::<ThroughMiddleware>().await;
+    cases::get_is_retried_on_503_and_returns_200::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn get_is_retried_on_429_and_returns_200() {
-    cases::get_is_retried_on_429_and_returns_200::<ThroughMiddleware>().await;
+    cases::get_is_retried_on_429_and_returns_200::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn post_on_503_is_sent_once_and_its_response_returned() {
-    cases::post_on_503_is_sent_once_and_its_response_returned::<ThroughMiddleware>().await;
+    cases::post_on_503_is_sent_once_and_its_response_returned::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn post_with_idempotency_key_is_retried_with_the_same_key_and_body() {
-    cases::post_with_idempotency_key_is_retried_with_the_same_key_and_body::<ThroughMiddleware>()
-        .await;
+    cases::post_with_idempotency_key_is_retried_with_the_same_key_and_body::<Chain>().await;
 }
 
 // --- Retry-After -----------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_two_seconds_waits_two_seconds() {
-    cases::retry_after_two_seconds_waits_two_seconds::<ThroughMiddleware>().await;
+    cases::retry_after_two_seconds_waits_two_seconds::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds() {
-    cases::retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds::<ThroughMiddleware>(
-    )
-    .await;
+    cases::retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn hostile_retry_after_values_fall_back_to_the_schedule() {
-    cases::hostile_retry_after_values_fall_back_to_the_schedule::<ThroughMiddleware>().await;
+    cases::hostile_retry_after_values_fall_back_to_the_schedule::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_longer_than_the_time_left_returns_the_response_at_once() {
-    cases::retry_after_longer_than_the_time_left_returns_the_response_at_once::<ThroughMiddleware>(
-    )
-    .await;
+    cases::retry_after_longer_than_the_time_left_returns_the_response_at_once::<Chain>().await;
 }
 
 // --- errors ------------------------------------------------------------------
@@ -215,9 +210,7 @@ async fn the_layer_attempt_timeout_retries_a_hung_attempt() {
         .attempt_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    let client = ClientBuilder::new(cases::client())
-        .with(BackoffMiddleware::new(layer))
-        .build();
+    let client = client(layer);
     let response = client.get(server.url("/")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.requests(), 2);
@@ -235,9 +228,7 @@ async fn the_layer_attempt_timeout_on_the_last_attempt_is_a_middleware_error() {
         .attempt_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    let client = ClientBuilder::new(cases::client())
-        .with(BackoffMiddleware::new(layer))
-        .build();
+    let client = client(layer);
     let error = client.get(server.url("/")).send().await.unwrap_err();
     assert!(error.is_middleware(), "{error:?}");
     assert!(error.to_string().contains("timed out"), "{error}");
@@ -288,42 +279,40 @@ async fn streaming_body_over_the_replay_limit_is_sent_once_and_its_response_retu
 
 #[tokio::test(start_paused = true)]
 async fn a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained() {
-    cases::a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained::<
-        ThroughMiddleware,
-    >()
-    .await;
+    cases::a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained::<Chain>()
+        .await;
 }
 
 // --- every server signal ------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
 async fn every_delay_header_is_waited() {
-    cases::every_delay_header_is_waited::<ThroughMiddleware>().await;
+    cases::every_delay_header_is_waited::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_server_delay_past_max_server_delay_is_returned_at_once() {
-    cases::a_server_delay_past_max_server_delay_is_returned_at_once::<ThroughMiddleware>().await;
+    cases::a_server_delay_past_max_server_delay_is_returned_at_once::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn should_retry_overrides_the_status() {
-    cases::should_retry_overrides_the_status::<ThroughMiddleware>().await;
+    cases::should_retry_overrides_the_status::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn server_delays_are_jittered_upward() {
-    cases::server_delays_are_jittered_upward::<ThroughMiddleware>().await;
+    cases::server_delays_are_jittered_upward::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_server_sees_the_attempt_number() {
-    cases::the_server_sees_the_attempt_number::<ThroughMiddleware>().await;
+    cases::the_server_sees_the_attempt_number::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn without_retry_info_responses_carry_none() {
-    cases::without_retry_info_responses_carry_none::<ThroughMiddleware>().await;
+    cases::without_retry_info_responses_carry_none::<Chain>().await;
 }
 
 // --- what the middleware shares, and what it hands on ---------------------------
