@@ -102,6 +102,23 @@ fn pattern(len: usize) -> Bytes {
     Bytes::from(body)
 }
 
+/// The first answer's body breaks off after 100 of its 1,000 bytes; the
+/// next ones come whole.
+fn cut_short_once(n: usize, _: &Method) -> Answer {
+    match n {
+        0 => cut_short(1000, pattern(100)),
+        _ => whole(200, pattern(1000)),
+    }
+}
+
+/// A `200` whose body says the queue is full, then `200` "done".
+fn queue_full_once(n: usize, _: &Method) -> Answer {
+    match n {
+        0 => whole(200, "error: queue capacity exceeded"),
+        _ => whole(200, "done"),
+    }
+}
+
 /// A hyper server on 127.0.0.1 (port 0) answering the `n`th request (from 0)
 /// with `script(n, method)`; counts requests.
 struct Server {
@@ -233,11 +250,7 @@ fn chain_has_io_kind(error: &(dyn std::error::Error + 'static), kind: io::ErrorK
 
 #[tokio::test(start_paused = true)]
 async fn without_buffering_a_body_cut_short_is_returned_as_a_success_that_fails_when_read() {
-    let server = Server::start(|n, _| match n {
-        0 => cut_short(1000, pattern(100)),
-        _ => whole(200, pattern(1000)),
-    })
-    .await;
+    let server = Server::start(cut_short_once).await;
     let svc = ServiceBuilder::new()
         .layer(layer(HttpPolicy::new()))
         .service(hyper_client());
@@ -253,11 +266,7 @@ async fn without_buffering_a_body_cut_short_is_returned_as_a_success_that_fails_
 
 #[tokio::test(start_paused = true)]
 async fn hyper_util_get_whose_body_is_cut_short_is_retried_and_returns_the_whole_body() {
-    let server = Server::start(|n, _| match n {
-        0 => cut_short(1000, pattern(100)),
-        _ => whole(200, pattern(1000)),
-    })
-    .await;
+    let server = Server::start(cut_short_once).await;
     let svc = buffered(HttpPolicy::new(), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -287,11 +296,7 @@ async fn hyper_util_get_whose_body_is_always_cut_short_returns_the_last_real_err
 
 #[tokio::test(start_paused = true)]
 async fn post_whose_body_is_cut_short_is_sent_once_and_its_error_returned() {
-    let server = Server::start(|n, _| match n {
-        0 => cut_short(1000, pattern(100)),
-        _ => whole(200, pattern(1000)),
-    })
-    .await;
+    let server = Server::start(cut_short_once).await;
     let svc = buffered(HttpPolicy::new(), hyper_client());
     let post = Request::post(server.url())
         .body(Full::from("order"))
@@ -421,11 +426,7 @@ async fn a_malformed_chunked_body_is_a_final_error_not_a_panic() {
 
 #[tokio::test(start_paused = true)]
 async fn a_200_whose_body_says_queue_capacity_is_retried_and_the_next_answer_returned() {
-    let server = Server::start(|n, _| match n {
-        0 => whole(200, "error: queue capacity exceeded"),
-        _ => whole(200, "done"),
-    })
-    .await;
+    let server = Server::start(queue_full_once).await;
     let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 2);
@@ -681,11 +682,7 @@ mod through_reqwest {
 
     #[tokio::test(start_paused = true)]
     async fn reqwest_get_whose_body_is_cut_short_is_retried_and_returns_the_whole_body() {
-        let server = Server::start(|n, _| match n {
-            0 => cut_short(1000, pattern(100)),
-            _ => whole(200, pattern(1000)),
-        })
-        .await;
+        let server = Server::start(cut_short_once).await;
         let svc = buffered(HttpPolicy::new(), client());
         let response = svc.oneshot(get(&server)).await.unwrap();
         assert_eq!(attempts(&response), 2);
@@ -697,11 +694,7 @@ mod through_reqwest {
 
     #[tokio::test(start_paused = true)]
     async fn reqwest_200_whose_body_says_queue_capacity_is_retried() {
-        let server = Server::start(|n, _| match n {
-            0 => whole(200, "error: queue capacity exceeded"),
-            _ => whole(200, "done"),
-        })
-        .await;
+        let server = Server::start(queue_full_once).await;
         let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), client());
         let response = svc.oneshot(get(&server)).await.unwrap();
         assert_eq!(attempts(&response), 2);
