@@ -3,6 +3,8 @@
 //! 127.0.0.1 and real hyper-util and reqwest clients.
 #![cfg(feature = "http")]
 
+mod http_server;
+
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,19 +27,7 @@ use tower::{BoxError, Layer, ServiceBuilder, ServiceExt};
 use tower_backoff::http::{BufferBodyLayer, HttpPolicy, RetryInfo, DEFAULT_BUFFER_LIMIT};
 use tower_backoff::{BackoffLayer, Cause, Constant, Jitter};
 
-/// The sleep between attempts: a fixed 100 ms, no jitter.
-const STEP: Duration = Duration::from_millis(100);
-
-/// Up to three attempts, [`STEP`] apart.
-fn backoff(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
-    BackoffLayer::builder()
-        .policy(policy)
-        .schedule(Constant::new(STEP))
-        .jitter(Jitter::None)
-        .max_attempts(3)
-        .build()
-        .unwrap()
-}
+use http_server::{layer, STEP};
 
 /// `client` behind the retry layer with `policy`, its response bodies read
 /// ahead up to the default limit.
@@ -45,7 +35,7 @@ fn buffered<S>(
     policy: HttpPolicy,
     client: S,
 ) -> tower_backoff::Backoff<tower_backoff::http::BufferBody<S>, HttpPolicy, Constant> {
-    backoff(policy).layer(BufferBodyLayer::new().layer(client))
+    layer(policy).layer(BufferBodyLayer::new().layer(client))
 }
 
 /// What the server sends for one request.
@@ -110,6 +100,23 @@ fn pattern(len: usize) -> Bytes {
     body.extend((0..len).map(|i| (i % 251) as u8));
     body.truncate(len);
     Bytes::from(body)
+}
+
+/// The first answer's body breaks off after 100 of its 1,000 bytes; the
+/// next ones come whole.
+fn cut_short_once(n: usize, _: &Method) -> Answer {
+    match n {
+        0 => cut_short(1000, pattern(100)),
+        _ => whole(200, pattern(1000)),
+    }
+}
+
+/// A `200` whose body says the queue is full, then `200` "done".
+fn queue_full_once(n: usize, _: &Method) -> Answer {
+    match n {
+        0 => whole(200, "error: queue capacity exceeded"),
+        _ => whole(200, "done"),
+    }
 }
 
 /// A hyper server on 127.0.0.1 (port 0) answering the `n`th request (from 0)
@@ -243,13 +250,9 @@ fn chain_has_io_kind(error: &(dyn std::error::Error + 'static), kind: io::ErrorK
 
 #[tokio::test(start_paused = true)]
 async fn without_buffering_a_body_cut_short_is_returned_as_a_success_that_fails_when_read() {
-    let server = Server::start(|n, _| match n {
-        0 => cut_short(1000, pattern(100)),
-        _ => whole(200, pattern(1000)),
-    })
-    .await;
+    let server = Server::start(cut_short_once).await;
     let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
+        .layer(layer(HttpPolicy::new()))
         .service(hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 1);
@@ -263,11 +266,7 @@ async fn without_buffering_a_body_cut_short_is_returned_as_a_success_that_fails_
 
 #[tokio::test(start_paused = true)]
 async fn hyper_util_get_whose_body_is_cut_short_is_retried_and_returns_the_whole_body() {
-    let server = Server::start(|n, _| match n {
-        0 => cut_short(1000, pattern(100)),
-        _ => whole(200, pattern(1000)),
-    })
-    .await;
+    let server = Server::start(cut_short_once).await;
     let svc = buffered(HttpPolicy::new(), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -297,11 +296,7 @@ async fn hyper_util_get_whose_body_is_always_cut_short_returns_the_last_real_err
 
 #[tokio::test(start_paused = true)]
 async fn post_whose_body_is_cut_short_is_sent_once_and_its_error_returned() {
-    let server = Server::start(|n, _| match n {
-        0 => cut_short(1000, pattern(100)),
-        _ => whole(200, pattern(1000)),
-    })
-    .await;
+    let server = Server::start(cut_short_once).await;
     let svc = buffered(HttpPolicy::new(), hyper_client());
     let post = Request::post(server.url())
         .body(Full::from("order"))
@@ -431,11 +426,7 @@ async fn a_malformed_chunked_body_is_a_final_error_not_a_panic() {
 
 #[tokio::test(start_paused = true)]
 async fn a_200_whose_body_says_queue_capacity_is_retried_and_the_next_answer_returned() {
-    let server = Server::start(|n, _| match n {
-        0 => whole(200, "error: queue capacity exceeded"),
-        _ => whole(200, "done"),
-    })
-    .await;
+    let server = Server::start(queue_full_once).await;
     let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(attempts(&response), 2);
@@ -499,7 +490,7 @@ async fn a_buffered_response_retried_away_leaves_its_connection_to_the_retry() {
     })
     .await;
     let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
+        .layer(layer(HttpPolicy::new()))
         .service(hyper_client());
     let response = svc.oneshot(get(&unbuffered)).await.unwrap();
     assert_eq!(attempts(&response), 2);
@@ -557,7 +548,7 @@ async fn a_chunked_body_over_the_limit_streams_through_byte_identical_and_unclas
     let sent = body.clone();
     let server = Server::start(move |_, _| chunked(&sent, 100)).await;
     let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new().retry_on_body(queue_full)))
+        .layer(layer(HttpPolicy::new().retry_on_body(queue_full)))
         .layer(BufferBodyLayer::new().limit(1000))
         .service(hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();
@@ -691,11 +682,7 @@ mod through_reqwest {
 
     #[tokio::test(start_paused = true)]
     async fn reqwest_get_whose_body_is_cut_short_is_retried_and_returns_the_whole_body() {
-        let server = Server::start(|n, _| match n {
-            0 => cut_short(1000, pattern(100)),
-            _ => whole(200, pattern(1000)),
-        })
-        .await;
+        let server = Server::start(cut_short_once).await;
         let svc = buffered(HttpPolicy::new(), client());
         let response = svc.oneshot(get(&server)).await.unwrap();
         assert_eq!(attempts(&response), 2);
@@ -707,11 +694,7 @@ mod through_reqwest {
 
     #[tokio::test(start_paused = true)]
     async fn reqwest_200_whose_body_says_queue_capacity_is_retried() {
-        let server = Server::start(|n, _| match n {
-            0 => whole(200, "error: queue capacity exceeded"),
-            _ => whole(200, "done"),
-        })
-        .await;
+        let server = Server::start(queue_full_once).await;
         let svc = buffered(HttpPolicy::new().retry_on_body(queue_full), client());
         let response = svc.oneshot(get(&server)).await.unwrap();
         assert_eq!(attempts(&response), 2);
@@ -738,7 +721,7 @@ mod through_reqwest {
         let sent = body.clone();
         let server = Server::start(move |_, _| chunked(&sent, 100)).await;
         let svc = ServiceBuilder::new()
-            .layer(backoff(HttpPolicy::new()))
+            .layer(layer(HttpPolicy::new()))
             .layer(BufferBodyLayer::new().limit(1000))
             .service(client());
         let response = svc.oneshot(get(&server)).await.unwrap();
@@ -757,7 +740,7 @@ async fn a_body_failing_past_the_limit_is_returned_and_fails_when_read_after_its
     })
     .await;
     let svc = ServiceBuilder::new()
-        .layer(backoff(HttpPolicy::new()))
+        .layer(layer(HttpPolicy::new()))
         .layer(BufferBodyLayer::new().limit(1000))
         .service(hyper_client());
     let response = svc.oneshot(get(&server)).await.unwrap();

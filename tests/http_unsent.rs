@@ -24,19 +24,13 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::http::{is_unsent, HttpPolicy, RetryInfo};
 use tower_backoff::{BackoffLayer, Budget, Cause, Constant, Jitter};
 
-use http_server::{counting, status, unused_addr, Server};
+use http_server::{counting, layer_with, status, unused_addr, Server};
 
 /// The sleep between ordinary retries.
 const SLEEP: Duration = Duration::from_secs(1);
 
 fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
-    BackoffLayer::builder()
-        .policy(policy)
-        .schedule(Constant::new(SLEEP))
-        .jitter(Jitter::None)
-        .max_attempts(3)
-        .build()
-        .unwrap()
+    layer_with(policy, Constant::new(SLEEP), 3, None)
 }
 
 /// A server on `addr` that starts half a second from now, between the

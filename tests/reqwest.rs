@@ -3,10 +3,11 @@
 #![cfg(feature = "reqwest")]
 
 mod http_server;
+mod reqwest_cases;
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream;
@@ -15,190 +16,73 @@ use http_body::Frame;
 use http_body_util::StreamBody;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{
-    HttpPolicy, IntoReqwestLayer, ReplayBody, ReplayLayer, RetryInfo, IDEMPOTENCY_KEY,
-};
-use tower_backoff::{Constant, Exponential};
+use tower_backoff::http::{HttpPolicy, IntoReqwestLayer, ReplayBody, ReplayLayer, RetryInfo};
+use tower_backoff::{BackoffLayer, Constant, Schedule};
 
-use http_server::{
-    counting, layer, layer_with, status, status_with, unused_addr, with_chunked_body, Reply,
-    Server, STEP,
-};
+use http_server::{counting, layer, layer_with, status, unused_addr, Reply, Server, STEP};
+use reqwest_cases as cases;
+use reqwest_cases::{busy_once, client, get, info, request, upload_bytes, upload_chunks, Through};
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
+/// The layer around `reqwest::Client` as a tower service.
+struct Tower;
 
-fn request(method: Method, url: &str) -> reqwest::Request {
-    reqwest::Request::new(method, url.parse().unwrap())
-}
-
-fn get(server: &Server) -> reqwest::Request {
-    request(Method::GET, &server.url("/"))
-}
-
-fn info(response: &reqwest::Response) -> RetryInfo {
-    *response
-        .extensions()
-        .get::<RetryInfo>()
-        .expect("every response carries RetryInfo")
-}
-
-fn busy_once(code: u16) -> impl Fn(usize, &http_server::Seen) -> Reply {
-    move |n, _| if n == 0 { status(code) } else { status(200) }
+impl Through for Tower {
+    async fn send_all<S>(
+        layer: BackoffLayer<HttpPolicy, S>,
+        requests: Vec<reqwest::Request>,
+    ) -> Vec<reqwest::Response>
+    where
+        S: Schedule + Clone + Send + Sync + 'static,
+    {
+        let svc = ServiceBuilder::new().layer(layer).service(client());
+        let mut responses = Vec::with_capacity(requests.len());
+        for request in requests {
+            responses.push(svc.clone().oneshot(request).await.unwrap());
+        }
+        responses
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn get_is_retried_on_503_and_returns_200() {
-    let server = Server::start(busy_once(503)).await;
-    let svc = ServiceBuilder::new()
-        .layer(layer(HttpPolicy::new()))
-        .service(client());
-    let response = svc.oneshot(get(&server)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(server.requests(), 2);
-    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+    cases::get_is_retried_on_503_and_returns_200::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn get_is_retried_on_429_and_returns_200() {
-    let server = Server::start(busy_once(429)).await;
-    let svc = ServiceBuilder::new()
-        .layer(layer(HttpPolicy::new()))
-        .service(client());
-    let response = svc.oneshot(get(&server)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(server.requests(), 2);
+    cases::get_is_retried_on_429_and_returns_200::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn post_on_503_is_sent_once_and_its_response_returned() {
-    let server = Server::start(|_, _| status(503)).await;
-    let svc = ServiceBuilder::new()
-        .layer(layer(HttpPolicy::new()))
-        .service(client());
-    let mut post = request(Method::POST, &server.url("/orders"));
-    *post.body_mut() = Some("buy 1".into());
-    let response = svc.oneshot(post).await.unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(server.requests(), 1);
-    assert_eq!(info(&response).attempts, 1);
+    cases::post_on_503_is_sent_once_and_its_response_returned::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn post_with_idempotency_key_is_retried_with_the_same_key_and_body() {
-    let server = Server::start(busy_once(503)).await;
-    let svc = ServiceBuilder::new()
-        .layer(layer(HttpPolicy::new()))
-        .service(client());
-    let mut post = request(Method::POST, &server.url("/orders"));
-    post.headers_mut()
-        .insert(IDEMPOTENCY_KEY, "order-17".parse().unwrap());
-    *post.body_mut() = Some("buy 1".into());
-    let response = svc.oneshot(post).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let seen = server.seen();
-    assert_eq!(seen.len(), 2);
-    for attempt in &seen {
-        assert_eq!(attempt.headers[&IDEMPOTENCY_KEY], "order-17");
-        assert_eq!(attempt.body, "buy 1");
-    }
+    cases::post_with_idempotency_key_is_retried_with_the_same_key_and_body::<Tower>().await;
 }
 
 // --- Retry-After -----------------------------------------------------------
 
-fn schedule(cap: Duration) -> Exponential {
-    Exponential::new(STEP).max_delay(cap)
-}
-
-async fn wait_before_retry(
-    retry_after: impl Fn() -> String + Send + Sync + 'static,
-) -> (Duration, RetryInfo) {
-    let server = Server::start(move |n, _| {
-        if n == 0 {
-            status_with(503, &[("retry-after", retry_after().as_str())])
-        } else {
-            status(200)
-        }
-    })
-    .await;
-    let svc = ServiceBuilder::new()
-        .layer(layer_with(
-            // Without the upward jitter on server delays, so delays are exact.
-            HttpPolicy::new().server_delay_jitter(0, Duration::ZERO),
-            schedule(Duration::from_secs(10)),
-            3,
-            None,
-        ))
-        .service(client());
-    let response = svc.oneshot(get(&server)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let seen = server.seen();
-    assert_eq!(seen.len(), 2);
-    (seen[1].at - seen[0].at, info(&response))
-}
-
 #[tokio::test(start_paused = true)]
 async fn retry_after_two_seconds_waits_two_seconds() {
-    let (gap, info) = wait_before_retry(|| "2".into()).await;
-    assert_eq!(info.slept, Duration::from_secs(2));
-    assert!(
-        gap >= Duration::from_secs(2) && gap < Duration::from_millis(2050),
-        "{gap:?}"
-    );
+    cases::retry_after_two_seconds_waits_two_seconds::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds() {
-    // Computed when the server answers; HTTP-dates have whole seconds.
-    let (gap, info) =
-        wait_before_retry(|| httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(2)))
-            .await;
-    assert!(
-        info.slept >= Duration::from_secs(1) && info.slept <= Duration::from_secs(2),
-        "{:?}",
-        info.slept
-    );
-    assert!(
-        gap >= Duration::from_secs(1) && gap < Duration::from_millis(2050),
-        "{gap:?}"
-    );
+    cases::retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn hostile_retry_after_values_fall_back_to_the_schedule() {
-    let hostile: [fn() -> String; 4] = [
-        || "-5".into(),
-        || "abc".into(),
-        || "9".repeat(10_000),
-        || httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(60)),
-    ];
-    for (i, value) in hostile.into_iter().enumerate() {
-        let (gap, info) = wait_before_retry(value).await;
-        assert_eq!(info.slept, STEP, "value #{i}");
-        assert!(
-            gap < STEP + Duration::from_millis(50),
-            "value #{i}: {gap:?}"
-        );
-    }
+    cases::hostile_retry_after_values_fall_back_to_the_schedule::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_longer_than_the_time_left_returns_the_response_at_once() {
-    let server = Server::start(|_, _| status_with(503, &[("retry-after", "10")])).await;
-    let svc = ServiceBuilder::new()
-        .layer(layer_with(
-            HttpPolicy::new(),
-            schedule(Duration::from_secs(60)),
-            3,
-            Some(Duration::from_secs(5)),
-        ))
-        .service(client());
-    let started = Instant::now();
-    let response = svc.oneshot(get(&server)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(server.requests(), 1);
-    assert!(started.elapsed() < STEP, "no sleep at all");
+    cases::retry_after_longer_than_the_time_left_returns_the_response_at_once::<Tower>().await;
 }
 
 // --- errors ------------------------------------------------------------------
@@ -297,18 +181,6 @@ async fn streaming_body_without_a_replay_layer_goes_out_once() {
 }
 
 // --- streaming bodies through ReplayLayer --------------------------------------
-
-/// Four chunks of 1 KiB, each of its own byte, so a reordered or missing
-/// chunk shows.
-fn upload_chunks() -> impl Iterator<Item = Result<Frame<Bytes>, Infallible>> {
-    (0..4u8).map(|i| Ok(Frame::data(Bytes::from(vec![b'a' + i; 1024]))))
-}
-
-fn upload_bytes() -> Bytes {
-    upload_chunks()
-        .flat_map(|frame| frame.unwrap().into_data().unwrap())
-        .collect()
-}
 
 /// `reqwest::Body::wrap_stream` needs reqwest's `stream` feature; `wrap` of a
 /// stream body makes the same streaming (not clonable) body.
@@ -503,136 +375,40 @@ async fn a_url_reqwest_cannot_send_fails_with_its_builder_error_behind_a_replay_
     assert!(error.is_builder(), "{error:?}");
 }
 
-async fn connections_used(policy: HttpPolicy) -> usize {
-    let server = Server::start(|n, _| {
-        if n % 2 == 0 {
-            with_chunked_body(status(503), 8)
-        } else {
-            status(200)
-        }
-    })
-    .await;
-    let svc = ServiceBuilder::new().layer(layer(policy)).service(client());
-    for _ in 0..2 {
-        let response = svc.clone().oneshot(get(&server)).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-    }
-    server.connections()
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained() {
-    // See the test of the same name in tests/http.rs.
-    assert_eq!(connections_used(HttpPolicy::new()).await, 2);
-    assert_eq!(connections_used(HttpPolicy::new().drain_limit(0)).await, 3);
+    cases::a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained::<Tower>()
+        .await;
 }
 
 // --- every server signal ------------------------------------------------------
 
-/// The first answer is `code` with `headers`, then 200: the final status, the
-/// requests seen and what the layer recorded.
-async fn signalled(
-    policy: HttpPolicy,
-    code: u16,
-    headers: &'static [(&'static str, &'static str)],
-) -> (StatusCode, usize, RetryInfo) {
-    let server = Server::start(move |n, _| {
-        if n == 0 {
-            status_with(code, headers)
-        } else {
-            status(200)
-        }
-    })
-    .await;
-    let svc = ServiceBuilder::new()
-        .layer(layer_with(
-            policy,
-            schedule(Duration::from_secs(10)),
-            3,
-            None,
-        ))
-        .service(client());
-    let response = svc.oneshot(get(&server)).await.unwrap();
-    (response.status(), server.requests(), info(&response))
-}
-
-fn exact() -> HttpPolicy {
-    HttpPolicy::new().server_delay_jitter(0, Duration::ZERO)
-}
-
 #[tokio::test(start_paused = true)]
 async fn every_delay_header_is_waited_through_reqwest() {
-    for (headers, wanted) in [
-        (
-            &[("retry-after-ms", "1250")][..],
-            Duration::from_millis(1250),
-        ),
-        (&[("ratelimit-reset", "3")][..], Duration::from_secs(3)),
-        (&[("x-ratelimit-reset", "4")][..], Duration::from_secs(4)),
-        (
-            &[("retry-after-ms", "-1"), ("retry-after", "abc")][..],
-            STEP,
-        ),
-    ] {
-        let (status, requests, info) = signalled(exact(), 429, headers).await;
-        assert_eq!(status, StatusCode::OK, "{headers:?}");
-        assert_eq!(requests, 2);
-        assert_eq!(info.slept, wanted, "{headers:?}");
-    }
+    cases::every_delay_header_is_waited::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_server_delay_past_max_server_delay_is_returned_at_once_through_reqwest() {
-    let (status, requests, info) = signalled(exact(), 503, &[("retry-after", "3600")]).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(requests, 1);
-    assert_eq!(info, RetryInfo::new(1, Duration::ZERO));
+    cases::a_server_delay_past_max_server_delay_is_returned_at_once::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn should_retry_overrides_the_status_through_reqwest() {
-    let (status, requests, _) = signalled(exact(), 503, &[("x-should-retry", "false")]).await;
-    assert_eq!((status, requests), (StatusCode::SERVICE_UNAVAILABLE, 1));
-    let (status, requests, _) = signalled(exact(), 409, &[("x-should-retry", "true")]).await;
-    assert_eq!((status, requests), (StatusCode::OK, 2));
+    cases::should_retry_overrides_the_status::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn server_delays_are_jittered_upward_through_reqwest() {
-    let (_, _, info) = signalled(HttpPolicy::new(), 503, &[("retry-after", "2")]).await;
-    assert!(
-        info.slept >= Duration::from_secs(2) && info.slept <= Duration::from_millis(2200),
-        "{:?}",
-        info.slept
-    );
+    cases::server_delays_are_jittered_upward::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_server_sees_the_attempt_number_through_reqwest() {
-    let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
-    let policy = HttpPolicy::new().attempt_header(http::HeaderName::from_static("amz-sdk-attempt"));
-    let svc = ServiceBuilder::new().layer(layer(policy)).service(client());
-    let response = svc.oneshot(get(&server)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let attempts: Vec<Option<String>> = server
-        .seen()
-        .iter()
-        .map(|s| {
-            s.headers
-                .get("amz-sdk-attempt")
-                .map(|v| v.to_str().unwrap().to_owned())
-        })
-        .collect();
-    assert_eq!(attempts, [None, Some("2".into()), Some("3".into())]);
+    cases::the_server_sees_the_attempt_number::<Tower>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn without_retry_info_responses_carry_none_through_reqwest() {
-    let server = Server::start(busy_once(503)).await;
-    let svc = ServiceBuilder::new()
-        .layer(layer(HttpPolicy::new().without_retry_info()))
-        .service(client());
-    let response = svc.oneshot(get(&server)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert!(response.extensions().get::<RetryInfo>().is_none());
+    cases::without_retry_info_responses_carry_none::<Tower>().await;
 }

@@ -4,40 +4,54 @@
 #![cfg(feature = "reqwest-middleware")]
 
 mod http_server;
+mod reqwest_cases;
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use bytes::Bytes;
 use futures::stream;
 use http::{Extensions, StatusCode};
-use http_body::Frame;
 use http_body_util::StreamBody;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use tokio::time::Instant;
-use tower_backoff::http::{BackoffMiddleware, HttpPolicy, RetryInfo, IDEMPOTENCY_KEY};
+use tower_backoff::http::{BackoffMiddleware, HttpPolicy, RetryInfo};
 use tower_backoff::{
-    AdaptivePacing, BackoffLayer, Budget, Cause, Constant, Exponential, Jitter, RetryLimits,
-    Schedule,
+    AdaptivePacing, BackoffLayer, Budget, Cause, Constant, Jitter, RetryLimits, Schedule,
 };
 
-use http_server::{
-    layer, layer_with, status, status_with, unused_addr, with_chunked_body, Reply, Server, STEP,
-};
+use http_server::{layer, layer_with, status, unused_addr, Reply, Server, STEP};
+use reqwest_cases as cases;
+use reqwest_cases::{busy_once, info, upload_bytes, upload_chunks, Through};
 
-fn reqwest_client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
-
-fn client<S>(layer: BackoffLayer<HttpPolicy, S>) -> ClientWithMiddleware
+fn client<S, T>(layer: BackoffLayer<HttpPolicy, S, T>) -> ClientWithMiddleware
 where
-    S: Schedule + Clone + Send + Sync + 'static,
+    BackoffMiddleware<HttpPolicy, S, T>: Middleware,
 {
-    ClientBuilder::new(reqwest_client())
+    ClientBuilder::new(cases::client())
         .with(BackoffMiddleware::new(layer))
         .build()
+}
+
+/// The layer in a `reqwest_middleware` chain, through `execute` (what
+/// `.send()` calls).
+struct Chain;
+
+impl Through for Chain {
+    async fn send_all<S>(
+        layer: BackoffLayer<HttpPolicy, S>,
+        requests: Vec<reqwest::Request>,
+    ) -> Vec<reqwest::Response>
+    where
+        S: Schedule + Clone + Send + Sync + 'static,
+    {
+        let client = client(layer);
+        let mut responses = Vec::with_capacity(requests.len());
+        for request in requests {
+            responses.push(client.execute(request).await.unwrap());
+        }
+        responses
+    }
 }
 
 /// Counts the attempts that reach it: a middleware added after the retries.
@@ -63,166 +77,53 @@ where
 {
     let count = CountAttempts::default();
     let attempts = count.0.clone();
-    let client = ClientBuilder::new(reqwest_client())
+    let client = ClientBuilder::new(cases::client())
         .with(BackoffMiddleware::new(layer))
         .with(count)
         .build();
     (client, attempts)
 }
 
-fn info(response: &reqwest::Response) -> RetryInfo {
-    *response
-        .extensions()
-        .get::<RetryInfo>()
-        .expect("every response carries RetryInfo")
-}
-
-fn busy_once(code: u16) -> impl Fn(usize, &http_server::Seen) -> Reply {
-    move |n, _| if n == 0 { status(code) } else { status(200) }
-}
-
 #[tokio::test(start_paused = true)]
 async fn get_is_retried_on_503_and_returns_200() {
-    let server = Server::start(busy_once(503)).await;
-    let client = client(layer(HttpPolicy::new()));
-    let response = client.get(server.url("/")).send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(server.requests(), 2);
-    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+    cases::get_is_retried_on_503_and_returns_200::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn get_is_retried_on_429_and_returns_200() {
-    let server = Server::start(busy_once(429)).await;
-    let client = client(layer(HttpPolicy::new()));
-    let response = client.get(server.url("/")).send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(server.requests(), 2);
+    cases::get_is_retried_on_429_and_returns_200::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn post_on_503_is_sent_once_and_its_response_returned() {
-    let server = Server::start(|_, _| status(503)).await;
-    let client = client(layer(HttpPolicy::new()));
-    let response = client
-        .post(server.url("/orders"))
-        .body("buy 1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(server.requests(), 1);
-    assert_eq!(info(&response).attempts, 1);
+    cases::post_on_503_is_sent_once_and_its_response_returned::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn post_with_idempotency_key_is_retried_with_the_same_key_and_body() {
-    let server = Server::start(busy_once(503)).await;
-    let client = client(layer(HttpPolicy::new()));
-    let response = client
-        .post(server.url("/orders"))
-        .header(IDEMPOTENCY_KEY, "order-17")
-        .body("buy 1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let seen = server.seen();
-    assert_eq!(seen.len(), 2);
-    for attempt in &seen {
-        assert_eq!(attempt.headers[&IDEMPOTENCY_KEY], "order-17");
-        assert_eq!(attempt.body, "buy 1");
-    }
+    cases::post_with_idempotency_key_is_retried_with_the_same_key_and_body::<Chain>().await;
 }
 
 // --- Retry-After -----------------------------------------------------------
 
-fn schedule(cap: Duration) -> Exponential {
-    Exponential::new(STEP).max_delay(cap)
-}
-
-async fn wait_before_retry(
-    retry_after: impl Fn() -> String + Send + Sync + 'static,
-) -> (Duration, RetryInfo) {
-    let server = Server::start(move |n, _| {
-        if n == 0 {
-            status_with(503, &[("retry-after", retry_after().as_str())])
-        } else {
-            status(200)
-        }
-    })
-    .await;
-    let client = client(layer_with(
-        HttpPolicy::new().server_delay_jitter(0, Duration::ZERO),
-        schedule(Duration::from_secs(10)),
-        3,
-        None,
-    ));
-    let response = client.get(server.url("/")).send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let seen = server.seen();
-    assert_eq!(seen.len(), 2);
-    (seen[1].at - seen[0].at, info(&response))
-}
-
 #[tokio::test(start_paused = true)]
 async fn retry_after_two_seconds_waits_two_seconds() {
-    let (gap, info) = wait_before_retry(|| "2".into()).await;
-    assert_eq!(info.slept, Duration::from_secs(2));
-    assert!(
-        gap >= Duration::from_secs(2) && gap < Duration::from_millis(2050),
-        "{gap:?}"
-    );
+    cases::retry_after_two_seconds_waits_two_seconds::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds() {
-    let (gap, info) =
-        wait_before_retry(|| httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(2)))
-            .await;
-    assert!(
-        info.slept >= Duration::from_secs(1) && info.slept <= Duration::from_secs(2),
-        "{:?}",
-        info.slept
-    );
-    assert!(
-        gap >= Duration::from_secs(1) && gap < Duration::from_millis(2050),
-        "{gap:?}"
-    );
+    cases::retry_after_an_http_date_two_seconds_ahead_waits_about_two_seconds::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn hostile_retry_after_values_fall_back_to_the_schedule() {
-    let hostile: [fn() -> String; 4] = [
-        || "-5".into(),
-        || "abc".into(),
-        || "9".repeat(10_000),
-        || httpdate::fmt_http_date(SystemTime::now() - Duration::from_secs(60)),
-    ];
-    for (i, value) in hostile.into_iter().enumerate() {
-        let (gap, info) = wait_before_retry(value).await;
-        assert_eq!(info.slept, STEP, "value #{i}");
-        assert!(
-            gap < STEP + Duration::from_millis(50),
-            "value #{i}: {gap:?}"
-        );
-    }
+    cases::hostile_retry_after_values_fall_back_to_the_schedule::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_longer_than_the_time_left_returns_the_response_at_once() {
-    let server = Server::start(|_, _| status_with(503, &[("retry-after", "10")])).await;
-    let client = client(layer_with(
-        HttpPolicy::new(),
-        schedule(Duration::from_secs(60)),
-        3,
-        Some(Duration::from_secs(5)),
-    ));
-    let started = Instant::now();
-    let response = client.get(server.url("/")).send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(server.requests(), 1);
-    assert!(started.elapsed() < STEP, "no sleep at all");
+    cases::retry_after_longer_than_the_time_left_returns_the_response_at_once::<Chain>().await;
 }
 
 // --- errors ------------------------------------------------------------------
@@ -309,9 +210,7 @@ async fn the_layer_attempt_timeout_retries_a_hung_attempt() {
         .attempt_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    let client = ClientBuilder::new(reqwest_client())
-        .with(BackoffMiddleware::new(layer))
-        .build();
+    let client = client(layer);
     let response = client.get(server.url("/")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.requests(), 2);
@@ -329,9 +228,7 @@ async fn the_layer_attempt_timeout_on_the_last_attempt_is_a_middleware_error() {
         .attempt_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    let client = ClientBuilder::new(reqwest_client())
-        .with(BackoffMiddleware::new(layer))
-        .build();
+    let client = client(layer);
     let error = client.get(server.url("/")).send().await.unwrap_err();
     assert!(error.is_middleware(), "{error:?}");
     assert!(error.to_string().contains("timed out"), "{error}");
@@ -339,16 +236,6 @@ async fn the_layer_attempt_timeout_on_the_last_attempt_is_a_middleware_error() {
 }
 
 // --- bodies and connections ---------------------------------------------------
-
-fn upload_chunks() -> impl Iterator<Item = Result<Frame<Bytes>, Infallible>> {
-    (0..4u8).map(|i| Ok(Frame::data(Bytes::from(vec![b'a' + i; 1024]))))
-}
-
-fn upload_bytes() -> Bytes {
-    upload_chunks()
-        .flat_map(|frame| frame.unwrap().into_data().unwrap())
-        .collect()
-}
 
 fn upload() -> reqwest::Body {
     reqwest::Body::wrap(StreamBody::new(stream::iter(upload_chunks())))
@@ -374,7 +261,7 @@ async fn streaming_body_is_retried_byte_identical() {
 #[tokio::test(start_paused = true)]
 async fn streaming_body_over_the_replay_limit_is_sent_once_and_its_response_returned() {
     let server = Server::start(|_, _| status(503)).await;
-    let client = ClientBuilder::new(reqwest_client())
+    let client = ClientBuilder::new(cases::client())
         .with(BackoffMiddleware::new(layer(HttpPolicy::new())).replay_limit(2 * 1024))
         .build();
     let response = client
@@ -390,132 +277,42 @@ async fn streaming_body_over_the_replay_limit_is_sent_once_and_its_response_retu
     assert_eq!(seen[0].body, upload_bytes());
 }
 
-async fn connections_used(policy: HttpPolicy) -> usize {
-    let server = Server::start(|n, _| {
-        if n % 2 == 0 {
-            with_chunked_body(status(503), 8)
-        } else {
-            status(200)
-        }
-    })
-    .await;
-    let client = client(layer(policy));
-    for _ in 0..2 {
-        let response = client.get(server.url("/")).send().await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-    }
-    server.connections()
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained() {
-    // See the test of the same name in tests/http.rs.
-    assert_eq!(connections_used(HttpPolicy::new()).await, 2);
-    assert_eq!(connections_used(HttpPolicy::new().drain_limit(0)).await, 3);
+    cases::a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained::<Chain>()
+        .await;
 }
 
 // --- every server signal ------------------------------------------------------
 
-async fn signalled(
-    policy: HttpPolicy,
-    code: u16,
-    headers: &'static [(&'static str, &'static str)],
-) -> (StatusCode, usize, RetryInfo) {
-    let server = Server::start(move |n, _| {
-        if n == 0 {
-            status_with(code, headers)
-        } else {
-            status(200)
-        }
-    })
-    .await;
-    let client = client(layer_with(
-        policy,
-        schedule(Duration::from_secs(10)),
-        3,
-        None,
-    ));
-    let response = client.get(server.url("/")).send().await.unwrap();
-    (response.status(), server.requests(), info(&response))
-}
-
-fn exact() -> HttpPolicy {
-    HttpPolicy::new().server_delay_jitter(0, Duration::ZERO)
-}
-
 #[tokio::test(start_paused = true)]
 async fn every_delay_header_is_waited() {
-    for (headers, wanted) in [
-        (
-            &[("retry-after-ms", "1250")][..],
-            Duration::from_millis(1250),
-        ),
-        (&[("ratelimit-reset", "3")][..], Duration::from_secs(3)),
-        (&[("x-ratelimit-reset", "4")][..], Duration::from_secs(4)),
-        (
-            &[("retry-after-ms", "-1"), ("retry-after", "abc")][..],
-            STEP,
-        ),
-    ] {
-        let (status, requests, info) = signalled(exact(), 429, headers).await;
-        assert_eq!(status, StatusCode::OK, "{headers:?}");
-        assert_eq!(requests, 2);
-        assert_eq!(info.slept, wanted, "{headers:?}");
-    }
+    cases::every_delay_header_is_waited::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_server_delay_past_max_server_delay_is_returned_at_once() {
-    let (status, requests, info) = signalled(exact(), 503, &[("retry-after", "3600")]).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(requests, 1);
-    assert_eq!(info, RetryInfo::new(1, Duration::ZERO));
+    cases::a_server_delay_past_max_server_delay_is_returned_at_once::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn should_retry_overrides_the_status() {
-    let (status, requests, _) = signalled(exact(), 503, &[("x-should-retry", "false")]).await;
-    assert_eq!((status, requests), (StatusCode::SERVICE_UNAVAILABLE, 1));
-    let (status, requests, _) = signalled(exact(), 409, &[("x-should-retry", "true")]).await;
-    assert_eq!((status, requests), (StatusCode::OK, 2));
+    cases::should_retry_overrides_the_status::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn server_delays_are_jittered_upward() {
-    let (_, _, info) = signalled(HttpPolicy::new(), 503, &[("retry-after", "2")]).await;
-    assert!(
-        info.slept >= Duration::from_secs(2) && info.slept <= Duration::from_millis(2200),
-        "{:?}",
-        info.slept
-    );
+    cases::server_delays_are_jittered_upward::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_server_sees_the_attempt_number() {
-    let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
-    let policy = HttpPolicy::new().attempt_header(http::HeaderName::from_static("amz-sdk-attempt"));
-    let client = client(layer(policy));
-    let response = client.get(server.url("/")).send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let attempts: Vec<Option<String>> = server
-        .seen()
-        .iter()
-        .map(|s| {
-            s.headers
-                .get("amz-sdk-attempt")
-                .map(|v| v.to_str().unwrap().to_owned())
-        })
-        .collect();
-    assert_eq!(attempts, [None, Some("2".into()), Some("3".into())]);
+    cases::the_server_sees_the_attempt_number::<Chain>().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn without_retry_info_responses_carry_none() {
-    let server = Server::start(busy_once(503)).await;
-    let client = client(layer(HttpPolicy::new().without_retry_info()));
-    let response = client.get(server.url("/")).send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert!(response.extensions().get::<RetryInfo>().is_none());
+    cases::without_retry_info_responses_carry_none::<Chain>().await;
 }
 
 // --- what the middleware shares, and what it hands on ---------------------------
@@ -621,7 +418,7 @@ impl Middleware for TallyInExtensions {
 #[tokio::test(start_paused = true)]
 async fn each_attempt_sees_the_extensions_the_last_one_left_and_the_caller_gets_them_back() {
     let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
-    let client = ClientBuilder::new(reqwest_client())
+    let client = ClientBuilder::new(cases::client())
         .with(BackoffMiddleware::new(layer(HttpPolicy::new())))
         .with(TallyInExtensions)
         .build();

@@ -261,12 +261,8 @@ where
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
         let decision = Policy::<Request<ReqBody>, _, _>::classify_outcome(self, result);
-        // Past the replay limit the call is committed (A6): nothing whole
-        // is left to send again.
-        if decision.is_retry() && !request.body().is_replayable() {
-            return Decision::Final;
-        }
-        decision
+        // Past the replay limit the call is committed (A6).
+        crate::http::unless_spent(decision, request.body())
     }
 
     // `needs_request` stays true: a call refused before it left

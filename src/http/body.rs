@@ -1,5 +1,7 @@
 //! [`CloneBody`]: request bodies the HTTP policy can send again.
 
+use crate::policy::Decision;
+
 /// A request body that can be copied for another attempt.
 ///
 /// Every `Clone` body is one: `Full<Bytes>`, `Empty<Bytes>`, `Bytes`,
@@ -44,4 +46,15 @@ pub(crate) fn copy_request<B: CloneBody>(request: &http::Request<B>) -> Option<h
     *copy.headers_mut() = request.headers().clone();
     *copy.extensions_mut() = request.extensions().clone();
     Some(copy)
+}
+
+/// `decision`, unless it retries a request whose body can no longer be sent
+/// whole: the copy shares its recording with the body just sent, and if that
+/// outgrew its limit (for gRPC: the call is committed, gRFC A6) the outcome
+/// stands.
+pub(crate) fn unless_spent<B: CloneBody>(decision: Decision, body: &B) -> Decision {
+    if decision.is_retry() && !body.is_replayable() {
+        return Decision::Final;
+    }
+    decision
 }

@@ -6,8 +6,9 @@ use std::io;
 
 use crate::policy::Cause;
 
-/// How deep [`classify_error`] looks. Real chains are a handful of links; the
-/// bound keeps a cyclic or absurdly deep chain from stalling the client.
+/// How deep [`classify_error`] and [`is_unsent`] look. Real chains are a
+/// handful of links; the bound keeps a cyclic or absurdly deep chain from
+/// stalling the client.
 const MAX_DEPTH: usize = 32;
 
 /// Whether `error`, or any error in its `source()` chain, is worth another
@@ -46,15 +47,7 @@ const MAX_DEPTH: usize = 32;
 /// assert_eq!(classify_error(&denied), None);
 /// ```
 pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
-    let mut next = Some(error);
-    for _ in 0..MAX_DEPTH {
-        let error = next?;
-        if let Some(cause) = classify_one(error) {
-            return Some(cause);
-        }
-        next = next_link(error);
-    }
-    None
+    find_in_chain(error, classify_one)
 }
 
 /// Whether `error`, or any error in its `source()` chain, proves that the
@@ -90,17 +83,24 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
 /// assert!(!is_unsent(&io::Error::from(io::ErrorKind::ConnectionReset)));
 /// ```
 pub fn is_unsent(error: &(dyn Error + 'static)) -> bool {
+    find_in_chain(error, |error| proves_unsent(error).then_some(())).is_some()
+}
+
+/// The first answer `look` gives walking down `error`'s chain, at most
+/// [`MAX_DEPTH`] links deep (a chain may be a cycle).
+fn find_in_chain<T>(
+    error: &(dyn Error + 'static),
+    mut look: impl FnMut(&(dyn Error + 'static)) -> Option<T>,
+) -> Option<T> {
     let mut next = Some(error);
     for _ in 0..MAX_DEPTH {
-        let Some(error) = next else {
-            return false;
-        };
-        if proves_unsent(error) {
-            return true;
+        let error = next?;
+        if let Some(found) = look(error) {
+            return Some(found);
         }
         next = next_link(error);
     }
-    false
+    None
 }
 
 fn proves_unsent(error: &(dyn Error + 'static)) -> bool {

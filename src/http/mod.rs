@@ -140,9 +140,9 @@ mod reqwest_replay;
 mod retry_after;
 mod status;
 
-#[cfg(feature = "grpc")]
-pub(crate) use body::copy_request;
 pub use body::CloneBody;
+#[cfg(feature = "grpc")]
+pub(crate) use body::{copy_request, unless_spent};
 #[cfg(feature = "reqwest")]
 pub use buffer::BufferReqwestFuture;
 pub use buffer::{

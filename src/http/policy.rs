@@ -569,13 +569,7 @@ where
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
         let decision = Policy::<Request<ReqBody>, _, _>::classify_outcome(self, result);
-        let decision = self.allow_retry(decision, request.method(), request.headers());
-        // The copy shares its recording with the body just sent: if that
-        // outgrew the limit, there is nothing whole to send again.
-        if decision.is_retry() && !request.body().is_replayable() {
-            return Decision::Final;
-        }
-        decision
+        self.allow_request_retry(decision, request)
     }
 
     /// Statuses, headers and errors decide; the request only says whether it
@@ -611,11 +605,9 @@ where
 
     fn discard(&self, result: Result<Response<ResBody>, E>) {
         if let Ok(response) = result {
-            // A body buffered whole has already given its connection back.
-            if response.extensions().get::<BufferedBytes>().is_some() {
-                return;
+            if !BufferedBytes::is_in(response.extensions()) {
+                self.discard_body(response.into_body());
             }
-            self.discard_body(response.into_body());
         }
     }
 
@@ -633,13 +625,13 @@ where
 }
 
 impl HttpPolicy {
-    /// Whether a request with this method and these headers is worth a copy:
-    /// it may be repeated, or it may be retried should it never leave.
     /// Whether [`retry_unsent`](Self::retry_unsent) is on.
     pub(crate) fn retry_unsent_on(&self) -> bool {
         self.retry_unsent
     }
 
+    /// Whether a request with this method and these headers is worth a copy:
+    /// it may be repeated, or it may be retried should it never leave.
     pub(crate) fn may_retry(&self, method: &Method, headers: &HeaderMap) -> bool {
         self.retry_unsent || self.may_repeat(method, headers)
     }
@@ -660,6 +652,17 @@ impl HttpPolicy {
             Decision::Retry { .. } if !self.may_repeat(method, headers) => Decision::Final,
             other => other,
         }
+    }
+
+    /// `decision` for an `http::Request`: [`allow_retry`](Self::allow_retry),
+    /// and final when its body can no longer be sent whole.
+    pub(crate) fn allow_request_retry<B: CloneBody>(
+        &self,
+        decision: Decision,
+        request: &Request<B>,
+    ) -> Decision {
+        let decision = self.allow_retry(decision, request.method(), request.headers());
+        super::body::unless_spent(decision, request.body())
     }
 
     /// A copy of `request` for another attempt, if it may have one.

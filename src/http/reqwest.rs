@@ -7,6 +7,7 @@ use std::time::Duration;
 use ::http::Request;
 
 use super::body::CloneBody;
+use super::buffer::BufferedBytes;
 use super::error::AsStdError;
 use super::info::RetryInfo;
 use super::policy::HttpPolicy;
@@ -87,13 +88,7 @@ where
     E: AsStdError,
 {
     fn classify(&self, request: &Request<B>, result: &Result<reqwest::Response, E>) -> Decision {
-        let decision = classify_outcome(self, result);
-        let decision = self.allow_retry(decision, request.method(), request.headers());
-        // As for hyper-util: a body that outgrew its recording is not resent.
-        if decision.is_retry() && !request.body().is_replayable() {
-            return Decision::Final;
-        }
-        decision
+        self.allow_request_retry(classify_outcome(self, result), request)
     }
 
     fn limits(&self, request: &Request<B>) -> Option<RetryLimits> {
@@ -143,8 +138,12 @@ fn classify_outcome<E: AsStdError>(
 }
 
 fn discard<E>(policy: &HttpPolicy, result: Result<reqwest::Response, E>) {
+    // As for hyper-util's responses: one `BufferBody` read whole has
+    // nothing left to drain, and draining it would only spawn a task.
     if let Ok(response) = result {
-        policy.discard_body(reqwest::Body::from(response));
+        if !BufferedBytes::is_in(response.extensions()) {
+            policy.discard_body(reqwest::Body::from(response));
+        }
     }
 }
 

@@ -30,7 +30,6 @@ pin_project! {
     enum State<F, B> {
         /// Waiting for the inner service's response.
         Called { #[pin] future: F, limit: usize },
-        /// Reading the body.
         /// Reading the body; `None` once the response has been returned.
         Reading { reading: Option<(Parts, Collect<B>)> },
     }

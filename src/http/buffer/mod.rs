@@ -187,6 +187,12 @@ impl BufferedBytes {
         }
     }
 
+    /// Whether the response with these extensions was read whole, and so
+    /// has already given its connection back: nothing left to drain.
+    pub(crate) fn is_in(extensions: &Extensions) -> bool {
+        extensions.get::<Self>().is_some()
+    }
+
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.0
     }
