@@ -2,8 +2,8 @@
 //! layer must keep, and an attempt that cannot be retried is sent without
 //! one. Counted, not timed: a regression fails CI.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::future::{ready, Future, Ready};
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
@@ -14,34 +14,15 @@ use http::{Request, Response};
 use tower::Service;
 use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter};
 
-/// Counts allocations per thread, so tests running in parallel don't mix.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use common::{allocations, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
 fn allocations_of(f: impl FnOnce()) -> u64 {
-    let before = ALLOCATIONS.with(Cell::get);
+    let before = allocations();
     f();
-    ALLOCATIONS.with(Cell::get) - before
+    allocations() - before
 }
 
 type Req = Request<Bytes>;
