@@ -108,13 +108,14 @@ where
         id: u64,
         key: &K,
         value: V,
+        polled_at: Instant,
         took: Duration,
         next_poll: Instant,
         recovered_from: u32,
     ) -> bool {
         let rank = self.config.rank.as_deref();
         self.update(id, key, |board, listened| {
-            board.set_healthy(id, next_poll, value, Instant::now(), rank);
+            board.set_healthy(id, next_poll, value, polled_at, rank);
             if !listened {
                 return [None, None];
             }
