@@ -80,17 +80,19 @@ fn assert_happy_path_allocates<S: Service<Req>>(mut svc: S, copies: u64, extra: 
     }
 }
 
-fn assert_happy_path_allocates_only_the_request_copy<S: Service<Req>>(svc: S) {
-    assert_happy_path_allocates(svc, 1, 0);
+/// The same for `layer` over the backend: one request copy and nothing more.
+fn assert_happy_path_allocates_only_the_request_copy<L>(layer: &L)
+where
+    L: tower::Layer<Backend>,
+    L::Service: Service<Req>,
+{
+    assert_happy_path_allocates(layer.layer(Backend::default()), 1, 0);
 }
 
 #[test]
 fn happy_path_with_defaults_allocates_only_the_request_copy() {
     let layer = BackoffLayer::new();
-    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
-        &layer,
-        Backend::default(),
-    ));
+    assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
 /// A time limit is tracked with the retry state, out of the response future,
@@ -121,10 +123,7 @@ fn happy_path_with_a_seed_allocates_only_the_request_copy() {
         .seed(3)
         .build()
         .unwrap();
-    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
-        &layer,
-        Backend::default(),
-    ));
+    assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
 #[test]
@@ -149,10 +148,7 @@ fn max_attempts_one_still_copies_for_a_policy_that_reads_the_request() {
         ))
         .build()
         .unwrap();
-    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
-        &layer,
-        Backend::default(),
-    ));
+    assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
 #[test]
@@ -163,10 +159,7 @@ fn happy_path_with_jitter_budget_and_stats_allocates_only_the_request_copy() {
         .stats(tower_backoff::Stats::new())
         .build()
         .unwrap();
-    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
-        &layer,
-        Backend::default(),
-    ));
+    assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
 /// Fails twice, then succeeds.
