@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -103,19 +104,21 @@ where
         true
     }
 
+    /// Records a successful poll, which ran over `polled` (so its value is
+    /// from `polled.end`).
     pub(super) fn succeeded(
         &self,
         id: u64,
         key: &K,
         value: V,
-        polled_at: Instant,
-        took: Duration,
+        polled: Range<Instant>,
         next_poll: Instant,
         recovered_from: u32,
     ) -> bool {
         let rank = self.config.rank.as_deref();
+        let took = polled.end - polled.start;
         self.update(id, key, |board, listened| {
-            board.set_healthy(id, next_poll, value, polled_at, rank);
+            board.set_healthy(id, next_poll, value, polled.end, rank);
             if !listened {
                 return [None, None];
             }
