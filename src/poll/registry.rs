@@ -104,28 +104,27 @@ where
         true
     }
 
-    /// Records a successful poll, which ran over `polled` (so its value is
-    /// from `polled.end`).
+    /// Records a successful poll, which ran over `span`: its value is stamped
+    /// with the span's end, and its duration is worked out only for an event.
     pub(super) fn succeeded(
         &self,
         id: u64,
         key: &K,
         value: V,
-        polled: Range<Instant>,
+        span: Range<Instant>,
         next_poll: Instant,
         recovered_from: u32,
     ) -> bool {
         let rank = self.config.rank.as_deref();
-        let took = polled.end - polled.start;
         self.update(id, key, |board, listened| {
-            board.set_healthy(id, next_poll, value, polled.end, rank);
+            board.set_healthy(id, next_poll, value, span.end, rank);
             if !listened {
                 return [None, None];
             }
             let polled = Event::Polled {
                 key: key.clone(),
                 outcome: Ok(()),
-                took,
+                took: span.end - span.start,
             };
             let recovered = (recovered_from > 0).then(|| Event::Recovered {
                 key: key.clone(),
