@@ -6,27 +6,7 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Counts every heap allocation made in this process.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use common::{allocations, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -53,9 +33,9 @@ async fn run_budget_column(column: &str, iters: u64) {
 fn budget_table(runtime: &tokio::runtime::Runtime) {
     for column in BUDGET_COLUMNS {
         let count = |iters| {
-            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            let before = allocations();
             runtime.block_on(run_budget_column(column, iters));
-            ALLOCATIONS.load(Ordering::Relaxed) - before
+            allocations() - before
         };
         let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
         let svc = tower::Layer::layer(&budget_layer(column), common::Backend::healthy());
@@ -80,9 +60,9 @@ fn main() {
                 for &column in common::columns(scenario) {
                     // Allocations of 1,000 more requests, so set-up and warm-up cancel out.
                     let count = |iters| {
-                        let before = ALLOCATIONS.load(Ordering::Relaxed);
+                        let before = allocations();
                         runtime.block_on(common::run_column(scenario, column, iters));
-                        ALLOCATIONS.load(Ordering::Relaxed) - before
+                        allocations() - before
                     };
                     let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
                     println!(

@@ -16,7 +16,8 @@
 //! per poll, counted over 200 rounds), and `benches/poller_callgrind.sh`
 //! (instructions per poll, with `-- --run <scenario> <rounds>`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+mod common;
+
 use std::convert::Infallible;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,24 +28,7 @@ use criterion::{Criterion, Throughput};
 use tower::service_fn;
 use tower_backoff::poll::Poller;
 
-/// Counts every heap allocation made in this process.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use common::{allocations, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -200,11 +184,11 @@ fn table() {
         runtime().block_on(async {
             let running = Running::start(scenario).await;
             let polls_before = running.polls();
-            let allocations_before = ALLOCATIONS.load(Ordering::Relaxed);
+            let allocations_before = allocations();
             let started = std::time::Instant::now();
             running.rounds(TABLE_ROUNDS).await;
             let took = started.elapsed();
-            let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations_before;
+            let allocations = allocations() - allocations_before;
             let polls = running.polls() - polls_before;
             println!(
                 "{}\t{polls}\t{:.0}\t{:.3}",

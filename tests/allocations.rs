@@ -2,8 +2,8 @@
 //! layer must keep, and an attempt that cannot be retried is sent without
 //! one. Counted, not timed: a regression fails CI.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::future::{ready, Future, Ready};
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
@@ -14,34 +14,15 @@ use http::{Request, Response};
 use tower::Service;
 use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter};
 
-/// Counts allocations per thread, so tests running in parallel don't mix.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use common::{allocations, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
 fn allocations_of(f: impl FnOnce()) -> u64 {
-    let before = ALLOCATIONS.with(Cell::get);
+    let before = allocations();
     f();
-    ALLOCATIONS.with(Cell::get) - before
+    allocations() - before
 }
 
 type Req = Request<Bytes>;
@@ -99,17 +80,19 @@ fn assert_happy_path_allocates<S: Service<Req>>(mut svc: S, copies: u64, extra: 
     }
 }
 
-fn assert_happy_path_allocates_only_the_request_copy<S: Service<Req>>(svc: S) {
-    assert_happy_path_allocates(svc, 1, 0);
+/// The same for `layer` over the backend: one request copy and nothing more.
+fn assert_happy_path_allocates_only_the_request_copy<L>(layer: &L)
+where
+    L: tower::Layer<Backend>,
+    L::Service: Service<Req>,
+{
+    assert_happy_path_allocates(layer.layer(Backend::default()), 1, 0);
 }
 
 #[test]
 fn happy_path_with_defaults_allocates_only_the_request_copy() {
     let layer = BackoffLayer::new();
-    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
-        &layer,
-        Backend::default(),
-    ));
+    assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
 /// A time limit is tracked with the retry state, out of the response future,
@@ -140,10 +123,7 @@ fn happy_path_with_a_seed_allocates_only_the_request_copy() {
         .seed(3)
         .build()
         .unwrap();
-    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
-        &layer,
-        Backend::default(),
-    ));
+    assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
 #[test]
@@ -168,10 +148,7 @@ fn max_attempts_one_still_copies_for_a_policy_that_reads_the_request() {
         ))
         .build()
         .unwrap();
-    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
-        &layer,
-        Backend::default(),
-    ));
+    assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
 #[test]
@@ -182,10 +159,7 @@ fn happy_path_with_jitter_budget_and_stats_allocates_only_the_request_copy() {
         .stats(tower_backoff::Stats::new())
         .build()
         .unwrap();
-    assert_happy_path_allocates_only_the_request_copy(tower::Layer::layer(
-        &layer,
-        Backend::default(),
-    ));
+    assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
 /// Fails twice, then succeeds.

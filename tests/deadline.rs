@@ -127,6 +127,37 @@ async fn without_attempt_timeouts_the_error_type_is_the_inner_services() {
 mod http_server;
 
 #[cfg(feature = "http")]
+type HangingLayer = BackoffLayer<
+    tower_backoff::http::HttpPolicy,
+    Constant,
+    tower_backoff::deadline::AttemptTimeout,
+>;
+
+/// 500 ms between attempts, 30 s an attempt, 2 s in all: a second attempt
+/// that hangs is cut by the 2 s limit, not by its own.
+#[cfg(feature = "http")]
+fn cut_at_two_seconds() -> HangingLayer {
+    BackoffLayer::builder()
+        .policy(tower_backoff::http::HttpPolicy::new())
+        .schedule(Constant::new(Duration::from_millis(500)))
+        .jitter(Jitter::None)
+        .attempt_timeout(secs(30))
+        .max_elapsed(secs(2))
+        .build()
+        .unwrap()
+}
+
+/// The caller got its answer when the 2 s limit ran out, not later.
+#[cfg(feature = "http")]
+fn assert_waited_two_seconds(started: Instant) {
+    let waited = started.elapsed();
+    assert!(
+        waited >= secs(2) && waited < secs(2) + Duration::from_millis(50),
+        "{waited:?}"
+    );
+}
+
+#[cfg(feature = "http")]
 mod over_http {
     use super::*;
     use ::http::{Request, StatusCode};
@@ -158,24 +189,13 @@ mod over_http {
         // 503, then the server hangs: the retry is cut at the 2 s deadline
         // and the caller learns it timed out.
         let server = Server::start(|n, _| if n == 0 { status(503) } else { Reply::Hang }).await;
-        let layer = BackoffLayer::builder()
-            .policy(HttpPolicy::new())
-            .schedule(Constant::new(Duration::from_millis(500)))
-            .jitter(Jitter::None)
-            .attempt_timeout(secs(30))
-            .max_elapsed(secs(2))
-            .build()
-            .unwrap();
+        let layer = cut_at_two_seconds();
         let svc = tower::Layer::layer(&layer, client());
         let started = Instant::now();
         let error = svc.oneshot(get(&server, None)).await.unwrap_err();
         assert!(error.is_timeout(), "{error}");
         assert_eq!(server.requests(), 2);
-        let waited = started.elapsed();
-        assert!(
-            waited >= secs(2) && waited < secs(2) + Duration::from_millis(50),
-            "{waited:?}"
-        );
+        assert_waited_two_seconds(started);
     }
 
     #[tokio::test(start_paused = true)]
@@ -236,19 +256,11 @@ mod over_http {
 mod over_reqwest {
     use super::http_server::{status, Reply, Server};
     use super::*;
-    use tower_backoff::http::HttpPolicy;
 
     #[tokio::test(start_paused = true)]
     async fn a_hanging_second_attempt_is_cut_short_by_the_deadline_over_reqwest() {
         let server = Server::start(|n, _| if n == 0 { status(503) } else { Reply::Hang }).await;
-        let layer = BackoffLayer::builder()
-            .policy(HttpPolicy::new())
-            .schedule(Constant::new(Duration::from_millis(500)))
-            .jitter(Jitter::None)
-            .attempt_timeout(secs(30))
-            .max_elapsed(secs(2))
-            .build()
-            .unwrap();
+        let layer = cut_at_two_seconds();
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let svc = tower::Layer::layer(&layer, client);
         let request = reqwest::Request::new(reqwest::Method::GET, server.url("/").parse().unwrap());
@@ -256,10 +268,6 @@ mod over_reqwest {
         let error = svc.oneshot(request).await.unwrap_err();
         assert!(error.is_timeout(), "{error}");
         assert_eq!(server.requests(), 2);
-        let waited = started.elapsed();
-        assert!(
-            waited >= secs(2) && waited < secs(2) + Duration::from_millis(50),
-            "{waited:?}"
-        );
+        assert_waited_two_seconds(started);
     }
 }

@@ -1,7 +1,7 @@
 //! `Delays`: a schedule's jittered delays one by one, for loops written by hand.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::time::Duration;
 
 use tower_backoff::{
@@ -229,26 +229,7 @@ fn check_extremes<S: Schedule + Clone>(schedule: S) {
     }
 }
 
-/// Counts allocations per thread, so tests running in parallel don't mix.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use common::{allocations, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -256,7 +237,7 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn delays_allocate_nothing() {
     let table = Table::new([ms(1), ms(5), ms(30)]);
-    let before = ALLOCATIONS.with(Cell::get);
+    let before = allocations();
     let mut delays = Delays::new(Exponential::new(ms(100))).jitter(Jitter::Decorrelated);
     let mut from_table = Delays::new(&table).jitter(Jitter::Full).max_attempts(100);
     let mut total = Duration::ZERO;
@@ -269,7 +250,7 @@ fn delays_allocate_nothing() {
             total = Duration::ZERO;
         }
     }
-    let after = ALLOCATIONS.with(Cell::get);
+    let after = allocations();
     assert_eq!(
         after - before,
         0,

@@ -2,8 +2,8 @@
 //! holds across polls costs one allocation per new value, whatever the number
 //! of providers. Counted, not timed: a regression fails CI.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,28 +13,10 @@ use tokio::time::sleep;
 use tower::service_fn;
 use tower_backoff::poll::{Board, Poller};
 
-/// Counts allocations per thread, so tests running in parallel don't mix. A
-/// current-thread runtime runs every provider task on the test's thread.
-struct Counting;
+use common::{allocations, Counting};
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+// Counted per thread: a current-thread runtime runs every provider task on
+// the test's thread.
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
@@ -72,7 +54,7 @@ async fn count_rounds(
     polls: &AtomicU64,
     mut held: Option<&mut Option<Board<String, u64>>>,
 ) -> (u64, u64) {
-    let allocations_before = ALLOCATIONS.with(Cell::get);
+    let allocations_before = allocations();
     let polls_before = polls.load(Ordering::Relaxed);
     for _ in 0..ROUNDS {
         sleep(INTERVAL).await;
@@ -82,7 +64,7 @@ async fn count_rounds(
             *held = Some(board);
         }
     }
-    let allocations = ALLOCATIONS.with(Cell::get) - allocations_before;
+    let allocations = allocations() - allocations_before;
     (allocations, polls.load(Ordering::Relaxed) - polls_before)
 }
 

@@ -3,6 +3,7 @@
 //! counter run exactly the same code.
 #![allow(dead_code)]
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::{ready, Ready};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -439,4 +440,30 @@ pub fn future_size(column: &str) -> usize {
         "ours, per host" => size_of_val(&ours_per_host(backend, false).call(template)),
         other => panic!("unknown column {other:?}"),
     }
+}
+
+/// Counts every heap allocation made in this process. A bench binary that
+/// counts declares `#[global_allocator] static GLOBAL: Counting = Counting;`
+/// itself: a global allocator belongs to a binary, not to a module.
+pub struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Allocations made in this process so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
 }

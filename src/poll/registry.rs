@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -103,25 +104,27 @@ where
         true
     }
 
+    /// Records a successful poll, which ran over `span`: its value is stamped
+    /// with the span's end, and its duration is worked out only for an event.
     pub(super) fn succeeded(
         &self,
         id: u64,
         key: &K,
         value: V,
-        took: Duration,
+        span: Range<Instant>,
         next_poll: Instant,
         recovered_from: u32,
     ) -> bool {
         let rank = self.config.rank.as_deref();
         self.update(id, key, |board, listened| {
-            board.set_healthy(id, next_poll, value, Instant::now(), rank);
+            board.set_healthy(id, next_poll, value, span.end, rank);
             if !listened {
                 return [None, None];
             }
             let polled = Event::Polled {
                 key: key.clone(),
                 outcome: Ok(()),
-                took,
+                took: span.end - span.start,
             };
             let recovered = (recovered_from > 0).then(|| Event::Recovered {
                 key: key.clone(),

@@ -110,7 +110,7 @@ pub(super) async fn run<K, Req, V, E, S>(
                 }
                 let recovered_from = std::mem::take(&mut streak.failures);
                 let next_poll = later(now, config.interval);
-                if !shared.succeeded(id, &key, value, took, next_poll, recovered_from) {
+                if !shared.succeeded(id, &key, value, started..now, next_poll, recovered_from) {
                     return;
                 }
                 next_poll
