@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::adaptive::AdaptivePacing;
 use crate::budget::{Budget, TokenBucket};
 use crate::deadline::NoTimeout;
+use crate::engine::Rules;
 use crate::jitter::{Jitter, Rng};
 use crate::policy::Cause;
 use crate::stats::{Event, Stats};
@@ -60,6 +61,16 @@ impl<P, S, T> Config<P, S, T> {
     #[inline]
     pub(crate) fn budget(&self) -> Option<&LayerBudget> {
         self.budget.as_deref()
+    }
+
+    /// What the engine reads to decide a retry of any request of this layer.
+    pub(crate) fn rules(&self) -> Rules<'_, S, LayerBudget> {
+        Rules {
+            schedule: &self.schedule,
+            jitter: self.jitter,
+            stop_at_cap: self.stop_at_cap,
+            budget: self.budget(),
+        }
     }
 
     #[inline]

@@ -9,8 +9,12 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::budget::Budget;
+use crate::engine::{Rules, Session};
 use crate::error::ConfigError;
 use crate::jitter::{Jitter, Rng};
+use crate::limits::UNLIMITED_ATTEMPTS;
+use crate::policy::Cause;
 use crate::schedule::{Exponential, Schedule};
 
 /// The jittered delays of a [`Schedule`], one per call: an iterator that
@@ -98,13 +102,9 @@ use crate::schedule::{Exponential, Schedule};
 pub struct Delays<S = Exponential> {
     schedule: S,
     jitter: Jitter,
-    rng: Rng,
-    /// Delays handed out since the last reset.
-    retries: u32,
-    /// The last delay handed out: decorrelated jitter grows from it.
-    previous: Duration,
-    /// At most this many delays; `None` for no limit.
-    max_retries: Option<u32>,
+    /// The retries since the last reset, as the engine counts them: each
+    /// delay handed out is a retry decided and sent at once.
+    session: Session,
 }
 
 impl<S: Schedule> Delays<S> {
@@ -114,10 +114,7 @@ impl<S: Schedule> Delays<S> {
         Self {
             schedule,
             jitter: Jitter::default(),
-            rng: Rng::from_entropy(),
-            retries: 0,
-            previous: Duration::ZERO,
-            max_retries: None,
+            session: Session::new(UNLIMITED_ATTEMPTS, None).with_rng(Rng::from_entropy()),
         }
     }
 
@@ -128,15 +125,14 @@ impl<S: Schedule> Delays<S> {
     }
 
     /// Makes every draw reproducible: the same seed gives the same delays.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.rng = Rng::seeded(seed);
-        self
+    pub fn seed(self, seed: u64) -> Self {
+        self.rng(Rng::seeded(seed))
     }
 
     /// Draws from `rng`, for example one [`Rng::stream`] of a seeded family per
     /// connection.
     pub fn rng(mut self, rng: Rng) -> Self {
-        self.rng = rng;
+        self.session = self.session.with_rng(rng);
         self
     }
 
@@ -144,49 +140,62 @@ impl<S: Schedule> Delays<S> {
     /// for a delay, makes at most `attempts` attempts (the first included).
     /// `0` and `1` both mean a single attempt: no delay at all.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_retries = Some(attempts.saturating_sub(1));
+        self.session = self.session.with_max_attempts(attempts.max(1));
         self
     }
 
     /// No limit on the number of delays (the default): the loop itself decides
     /// when to stop, for example on a done signal.
     pub fn unlimited(mut self) -> Self {
-        self.max_retries = None;
+        self.session = self.session.with_max_attempts(UNLIMITED_ATTEMPTS);
         self
     }
 
     /// The delay before the next retry, or `None` once the attempts set by
     /// [`max_attempts`](Delays::max_attempts) are spent.
     pub fn next_delay(&mut self) -> Option<Duration> {
-        if self.max_retries.is_some_and(|max| self.retries >= max) {
-            return None;
-        }
-        let retry = self.retries.saturating_add(1);
-        let delay = self
-            .jitter
-            .delay(&self.schedule, retry, self.previous, &mut self.rng);
-        self.retries = retry;
-        self.previous = delay;
-        Some(delay)
+        let rules: Rules<'_, S, dyn Budget> = Rules {
+            schedule: &self.schedule,
+            jitter: self.jitter,
+            stop_at_cap: false,
+            budget: None,
+        };
+        let no_deadline = || unreachable!("no deadline, so no clock");
+        let retry = self
+            .session
+            .decide(
+                &rules,
+                None,
+                Cause::Transient,
+                true,
+                no_deadline,
+                Rng::from_entropy,
+            )
+            .ok()?;
+        // Handed out is sent: the loop sleeps and tries again itself.
+        self.session.slept_for(&retry);
+        self.session
+            .send(&retry, rules.budget, no_deadline, |_| Some(()))
+            .ok()?;
+        Some(retry.delay)
     }
 
     /// Starts again from the first delay, with the whole limit of attempts
     /// available; the random stream continues, so jittered delays after a
     /// reset are fresh draws, not a replay.
     pub fn reset(&mut self) {
-        self.retries = 0;
-        self.previous = Duration::ZERO;
+        self.session.reset();
     }
 
     /// How many delays were handed out since the last reset: the number of the
     /// retry the last delay was for.
     pub fn retries(&self) -> u32 {
-        self.retries
+        self.session.attempts() - 1
     }
 
     /// The last delay handed out, or `None` if none since the last reset.
     pub fn previous(&self) -> Option<Duration> {
-        (self.retries > 0).then_some(self.previous)
+        (self.retries() > 0).then(|| self.session.previous_delay())
     }
 
     /// The schedule the delays come from.
@@ -211,12 +220,12 @@ impl<S: Schedule> Iterator for Delays<S> {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        match self.max_retries {
-            Some(max) => {
-                let left = max.saturating_sub(self.retries) as usize;
+        match self.session.max_attempts() {
+            UNLIMITED_ATTEMPTS => (usize::MAX, None),
+            max => {
+                let left = max.saturating_sub(self.session.attempts()) as usize;
                 (left, Some(left))
             }
-            None => (usize::MAX, None),
         }
     }
 }
@@ -226,9 +235,7 @@ impl<S: fmt::Debug> fmt::Debug for Delays<S> {
         f.debug_struct("Delays")
             .field("schedule", &self.schedule)
             .field("jitter", &self.jitter)
-            .field("retries", &self.retries)
-            .field("previous", &self.previous)
-            .field("max_retries", &self.max_retries)
+            .field("session", &self.session)
             .finish_non_exhaustive()
     }
 }

@@ -25,8 +25,7 @@ use crate::adaptive::Gate;
 use crate::budget::Budget;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
-use crate::jitter::Rng;
-use crate::limits::reached_cap;
+use crate::engine::{Ending, Retry, Session};
 use crate::policy::{Cause, Decision, Policy};
 use crate::schedule::Schedule;
 use crate::service::{poll_ready_to_send, retry_sent};
@@ -143,26 +142,12 @@ impl<F, Tm, O> State<F, Tm, O> {
     }
 }
 
-/// The counters and limits of one request.
+/// One request beyond its first attempt: the engine's session, and what
+/// pacing gave it.
 struct Progress {
-    // Attempts sent so far.
-    attempts: u32,
-    // This request's limit: the layer's, or the caller's override.
-    max_attempts: u32,
-    // Whether the one transparent retry (`Cause::NotSent`) was used.
-    transparent_used: bool,
+    session: Session,
     // What the pacing gave the attempt in flight when it went out.
     stamp: u16,
-    previous_delay: Duration,
-    // The count of attempts at which the schedule last restarted: after a
-    // delay the server named, the next delay the schedule picks is its first.
-    restart: u32,
-    slept: Duration,
-    // When the request must end: from `max_elapsed` or the caller.
-    deadline: Option<Instant>,
-    last_retry: Option<Cause>,
-    // Created at the first retry, so the happy path never draws.
-    rng: Option<Rng>,
     // This request's turn under pacing, for its retries.
     gate: Gate,
 }
@@ -170,32 +155,10 @@ struct Progress {
 impl Progress {
     fn new(limits: RequestLimits, stamp: u16) -> Self {
         Self {
-            attempts: 1,
-            max_attempts: limits.max_attempts,
-            transparent_used: false,
+            session: Session::new(limits.max_attempts, limits.deadline),
             stamp,
-            previous_delay: Duration::ZERO,
-            restart: 0,
-            slept: Duration::ZERO,
-            deadline: limits.deadline,
-            last_retry: None,
-            rng: None,
             gate: Gate::default(),
         }
-    }
-
-    /// Attempts that count against `max_attempts`: the transparent retry
-    /// does not.
-    fn counted(&self) -> u32 {
-        self.attempts - u32::from(self.transparent_used)
-    }
-
-    /// Whether the next attempt leaves any retry in `max_attempts`. Only the
-    /// transparent retry could follow one that does not, and it is not
-    /// counted here: the policies that ask for it keep the request for every
-    /// attempt anyway (`Policy::needs_request`).
-    fn retryable_after_next(&self) -> bool {
-        self.counted().saturating_add(1) < self.max_attempts
     }
 }
 
@@ -204,18 +167,6 @@ impl Progress {
 pub(crate) struct RequestLimits {
     pub(crate) max_attempts: u32,
     pub(crate) deadline: Option<Instant>,
-}
-
-/// A retry decided but not yet sent, held by the phase that waits for it. The
-/// outcome it would replace is kept beside it, to be returned if the retry is
-/// stopped.
-#[derive(Clone, Copy)]
-struct Retry {
-    cause: Cause,
-    delay: Duration,
-    transparent: bool,
-    // When its sleep ends, if the request has a deadline.
-    due: Option<Instant>,
 }
 
 /// An attempt that went out: its future, the timer it races and its pacing
@@ -228,7 +179,7 @@ pub(crate) struct Attempt<F, Tm> {
 
 /// What an outcome means for its request.
 enum Verdict {
-    End(Event),
+    End(Ending),
     Retry {
         after: Option<Duration>,
         cause: Cause,
@@ -317,7 +268,7 @@ where
                         deadline: None,
                     };
                     let mut progress = Progress::new(limits, 0);
-                    match machine.retry(&mut progress, after, cause) {
+                    match machine.retry(&mut progress.session, after, cause) {
                         Ok(retry) => state.set(State::tracked(retry, outcome, progress)),
                         Err(ending) => {
                             return Poll::Ready(machine.finish(1, Duration::ZERO, outcome, ending))
@@ -427,16 +378,19 @@ where
         phase: Pin<&mut PhaseOf<S, Req, T>>,
         outcome: Outcome<S, Req, T>,
     ) -> Flow<Outcome<S, Req, T>> {
-        let ending = match self.judge(&outcome, progress.stamp, progress.last_retry) {
+        let last_retry = progress.session.last_retry();
+        let ending = match self.judge(&outcome, progress.stamp, last_retry) {
             Verdict::End(ending) => ending,
-            Verdict::Retry { after, cause } => match self.retry(progress, after, cause) {
-                Ok(retry) => {
-                    *kept = Some(outcome);
-                    wait(phase, retry);
-                    return ControlFlow::Continue(());
+            Verdict::Retry { after, cause } => {
+                match self.retry(&mut progress.session, after, cause) {
+                    Ok(retry) => {
+                        *kept = Some(outcome);
+                        wait(phase, retry);
+                        return ControlFlow::Continue(());
+                    }
+                    Err(ending) => ending,
                 }
-                Err(ending) => ending,
-            },
+            }
         };
         self.end(progress, outcome, ending)
     }
@@ -457,7 +411,7 @@ where
             // Sent without a copy: judged on its own.
             None if !config.policy.needs_request() => config.policy.classify_outcome(outcome),
             // Not copyable: it went out once, its outcome goes back as is.
-            None => return Verdict::End(Event::NotClonable),
+            None => return Verdict::End(Ending::NotReplayable),
         };
         if let Some(pacing) = config.pacing() {
             pacing.observe(&decision, stamp);
@@ -467,9 +421,9 @@ where
                 if let Some(budget) = config.budget() {
                     budget.on_success(last_retry);
                 }
-                Verdict::End(Event::Success)
+                Verdict::End(Ending::Success)
             }
-            Decision::Final => Verdict::End(Event::Final),
+            Decision::Final => Verdict::End(Ending::Final),
             Decision::Retry { after, cause } => Verdict::Retry { after, cause },
         }
     }
@@ -480,78 +434,23 @@ where
     #[inline(never)]
     fn retry(
         &mut self,
-        progress: &mut Progress,
+        session: &mut Session,
         after: Option<Duration>,
         cause: Cause,
-    ) -> Result<Retry, Event> {
-        let (delay, transparent, due) = self.schedule(progress, after, cause)?;
-        progress.previous_delay = delay;
-        if after.is_some() && !transparent {
-            // The server timed this retry: the schedule starts over
-            // after it (as gRPC's clients do after a pushback).
-            progress.restart = progress.counted();
-        }
-        Ok(Retry {
-            cause,
-            delay,
-            transparent,
-            due,
-        })
-    }
-
-    /// The delay before a retry for `cause`, whether it is the transparent
-    /// one and when its sleep ends (if there is a deadline), or how the
-    /// request ends instead. Charges nothing: the budget pays when the retry
-    /// is sent.
-    fn schedule(
-        &mut self,
-        progress: &mut Progress,
-        after: Option<Duration>,
-        cause: Cause,
-    ) -> Result<(Duration, bool, Option<Instant>), Event> {
+    ) -> Result<Retry, Ending> {
         let config = self.config;
-        let transparent = cause == Cause::NotSent && !progress.transparent_used;
-        let counted = progress.counted();
-        if counted >= progress.max_attempts {
-            // `max_attempts(1)` turns every retry off, transparent ones too.
-            if !transparent || progress.max_attempts == 1 {
-                return Err(Event::OutOfAttempts);
-            }
+        let decided = session.decide(
+            &config.rules(),
+            after,
+            cause,
+            self.request.is_some(),
+            Instant::now,
+            || config.new_rng(),
+        );
+        if decided == Err(Ending::BudgetRefused) {
+            budget_refused(session.attempts(), cause);
         }
-        if self.request.is_none() {
-            return Err(Event::NotClonable);
-        }
-        // The schedule's step: retries since it last restarted.
-        let step = counted.saturating_sub(progress.restart);
-        let capped = config.stop_at_cap && reached_cap(&config.schedule, step);
-        if capped && !transparent && after.is_none() {
-            return Err(Event::OutOfAttempts);
-        }
-        let delay = match (transparent, after) {
-            (true, _) => Duration::ZERO,
-            // Never before the server asked: its policy bounds what it accepts.
-            (false, Some(asked)) => asked,
-            // A schedule capped at zero never sleeps, whatever the jitter.
-            (false, None) if config.schedule.cap().is_zero() => Duration::ZERO,
-            (false, None) => {
-                let rng = progress.rng.get_or_insert_with(|| config.new_rng());
-                config
-                    .jitter
-                    .delay(&config.schedule, step, progress.previous_delay, rng)
-            }
-        };
-        let mut due = None;
-        if let Some(deadline) = progress.deadline {
-            match Instant::now().checked_add(delay) {
-                Some(at) if at <= deadline => due = Some(at),
-                _ => return Err(Event::OutOfTime),
-            }
-        }
-        if !transparent && config.budget().is_some_and(|b| !b.would_allow(cause)) {
-            budget_refused(progress.attempts, cause);
-            return Err(Event::BudgetRefused);
-        }
-        Ok((delay, transparent, due))
+        decided
     }
 
     /// The sleep before a retry is over.
@@ -561,10 +460,9 @@ where
         mut phase: Pin<&mut PhaseOf<S, Req, T>>,
         retry: Retry,
     ) -> Flow<Outcome<S, Req, T>> {
-        let delay = retry.delay;
-        progress.slept = progress.slept.saturating_add(delay);
+        progress.session.slept_for(&retry);
         if let Some(stats) = &self.config.stats {
-            stats.record_sleep(delay);
+            stats.record_sleep(retry.delay);
         }
         phase.set(Phase::Readying { retry });
         ControlFlow::Continue(())
@@ -583,31 +481,30 @@ where
         if readiness.is_err() {
             // The readiness error says nothing about the request; the kept
             // outcome does.
-            return self.end(progress, take(kept), Event::Final);
+            return self.end(progress, take(kept), Ending::Final);
         }
         let config = self.config;
-        // No attempt starts once the deadline has passed; but a sleep allowed
-        // to end at the deadline wakes up to one timer tick after it, and
-        // that alone does not make it late. Waiting for readiness does.
-        let late = |deadline: Instant| {
-            let now = Instant::now();
-            let woke_on_time = retry.due.is_some_and(|due| now <= due + TIMER_RESOLUTION);
-            now > deadline && !woke_on_time
+        let request = &mut *self.request;
+        let sent = progress
+            .session
+            .send(&retry, config.budget(), Instant::now, |session| {
+                copy_for(&config.policy, request, session)
+            });
+        let mut copy = match sent {
+            Ok(copy) => copy,
+            Err(ending) => {
+                if ending == Ending::BudgetRefused {
+                    budget_refused(progress.session.attempts(), retry.cause);
+                }
+                return self.end(progress, take(kept), ending);
+            }
         };
-        if progress.deadline.is_some_and(late) {
-            return self.end(progress, take(kept), Event::OutOfTime);
-        }
-        let Some(mut copy) = self.copy_for(progress) else {
-            return self.end(progress, take(kept), Event::NotClonable);
-        };
-        if !retry.transparent && config.budget().is_some_and(|b| !b.try_retry(retry.cause)) {
-            budget_refused(progress.attempts, retry.cause);
-            return self.end(progress, take(kept), Event::BudgetRefused);
-        }
-        // Committed: from here on the retry is sent.
+        // Committed: from here on the retry is sent. `attempt` is the number
+        // of the attempt that failed.
+        let attempt = progress.session.attempts() - 1;
         #[cfg(feature = "tracing")]
         tracing::debug!(
-            attempt = progress.attempts,
+            attempt,
             delay = ?retry.delay,
             reason = ?retry.cause,
             "retrying"
@@ -616,14 +513,12 @@ where
         let outcome = take(kept);
         config
             .policy
-            .on_retry(request, progress.attempts, retry.delay, &outcome);
+            .on_retry(request, attempt, retry.delay, &outcome);
         config.policy.discard(outcome);
-        // Saturating: `unlimited_attempts` may count past u32::MAX.
-        progress.attempts = progress.attempts.saturating_add(1);
-        progress.transparent_used |= retry.transparent;
-        progress.last_retry = Some(retry.cause);
-        config.policy.prepare_retry(&mut copy, progress.attempts);
-        let timer = config.timeouts.timer(progress.deadline);
+        config
+            .policy
+            .prepare_retry(&mut copy, progress.session.attempts());
+        let timer = config.timeouts.timer(progress.session.deadline());
         progress.stamp = retry_sent(config, &mut progress.gate);
         // The attempt's future is built where it will be polled: returned
         // first, it would be copied once more (measured: 36 instructions per
@@ -635,28 +530,15 @@ where
         ControlFlow::Continue(())
     }
 
-    /// The request to send as the retry: a copy of the kept one, or, for an
-    /// attempt that cannot be retried, the kept one itself if the policy can
-    /// judge its outcome without it. Made now, not when the last attempt went
-    /// out: a streaming body may have outgrown its replay limit since.
-    fn copy_for(&mut self, progress: &Progress) -> Option<Req> {
-        let policy = &self.config.policy;
-        let request = self.request.as_ref()?;
-        let last = !progress.retryable_after_next() && !policy.needs_request();
-        if last && policy.can_resend(request) {
-            return self.request.take();
-        }
-        policy.clone_request(request)
-    }
-
     /// Ends a tracked request with `outcome`.
     fn end(
         &mut self,
         progress: &Progress,
         outcome: Outcome<S, Req, T>,
-        ending: Event,
+        ending: Ending,
     ) -> Flow<Outcome<S, Req, T>> {
-        ControlFlow::Break(self.finish(progress.attempts, progress.slept, outcome, ending))
+        let session = &progress.session;
+        ControlFlow::Break(self.finish(session.attempts(), session.slept(), outcome, ending))
     }
 
     /// The outcome to return after `attempts` attempts and `slept` asleep.
@@ -666,18 +548,31 @@ where
         attempts: u32,
         slept: Duration,
         mut outcome: Outcome<S, Req, T>,
-        ending: Event,
+        ending: Ending,
     ) -> Outcome<S, Req, T> {
         let config = self.config;
-        config.record(ending);
+        config.record(Event::Ended(ending));
         config.policy.finish(&mut outcome, attempts, slept);
         outcome
     }
 }
 
-/// How late tokio's timer may wake a sleep: it rounds deadlines up to the
-/// millisecond.
-const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
+/// The request to send as the retry: a copy of the kept one, or, for an
+/// attempt that cannot be retried, the kept one itself if the policy can
+/// judge its outcome without it. Made now, not when the last attempt went
+/// out: a streaming body may have outgrown its replay limit since.
+fn copy_for<Req, Res, E, P: Policy<Req, Res, E>>(
+    policy: &P,
+    request: &mut Option<Req>,
+    session: &Session,
+) -> Option<Req> {
+    let kept = request.as_ref()?;
+    let last = !session.retryable_after_next() && !policy.needs_request();
+    if last && policy.can_resend(kept) {
+        return request.take();
+    }
+    policy.clone_request(kept)
+}
 
 /// Waits `retry`'s delay before readiness for it; a zero delay goes straight
 /// to readiness, with no timer and no clock (tokio's timer would round a zero
@@ -715,8 +610,11 @@ where
             State::Tracked { tracked } => Some(&tracked.progress),
         };
         f.debug_struct("ResponseFuture")
-            .field("attempts", &progress.map_or(1, |p| p.attempts))
-            .field("slept", &progress.map_or(Duration::ZERO, |p| p.slept))
+            .field("attempts", &progress.map_or(1, |p| p.session.attempts()))
+            .field(
+                "slept",
+                &progress.map_or(Duration::ZERO, |p| p.session.slept()),
+            )
             .finish_non_exhaustive()
     }
 }

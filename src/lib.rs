@@ -79,6 +79,7 @@ pub mod budget;
 mod config;
 pub mod deadline;
 mod delays;
+mod engine;
 mod error;
 pub mod future;
 #[cfg(feature = "grpc")]

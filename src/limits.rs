@@ -76,9 +76,3 @@ impl Limits {
         Ok(())
     }
 }
-
-/// Whether the schedule's delay before retry number `retry` has reached its
-/// cap: where "stop at the cap" ends the request.
-pub(crate) fn reached_cap<S: Schedule + ?Sized>(schedule: &S, retry: u32) -> bool {
-    schedule.delay(retry) >= schedule.cap()
-}

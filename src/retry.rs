@@ -12,9 +12,10 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use crate::budget::{self, Budget};
-use crate::error::ConfigError;
+use crate::engine::{self, Rules, Session};
+use crate::error::{ConfigError, MAX_DURATION};
 use crate::jitter::{Jitter, Rng};
-use crate::limits::{reached_cap, Limits, UNLIMITED_ATTEMPTS};
+use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::Cause;
 use crate::schedule::{Exponential, Schedule};
 
@@ -151,7 +152,10 @@ impl<F, S, W, N> Retry<F, S, W, N> {
         }
     }
 
-    /// Calls `notify(&error, delay)` before each sleep, to log or count retries.
+    /// Calls `notify(&error, delay)` as each retry starts, after its sleep
+    /// (`delay`) and once the budget paid for it, to log or count retries: a
+    /// retry that was stopped is never notified. The layer's
+    /// [`on_retry`](crate::BackoffBuilder::on_retry) fires at the same moment.
     pub fn notify<N2, Fut, T, E>(self, notify: N2) -> Retry<F, S, W, N2>
     where
         F: FnMut() -> Fut,
@@ -264,11 +268,15 @@ where
     type IntoFuture = RetryFuture<F, Fut, S, W, N>;
 
     fn into_future(mut self) -> Self::IntoFuture {
-        let started = self.limits.max_elapsed.map(|_| Instant::now());
+        let deadline = self
+            .limits
+            .max_elapsed
+            .map(|limit| Instant::now() + limit.min(MAX_DURATION));
         let rng = match self.limits.seed {
             Some(seed) => Rng::seeded(seed),
             None => Rng::from_entropy(),
         };
+        let session = Session::new(self.limits.max_attempts.max(1), deadline).with_rng(rng);
         let budget = match &self.budget {
             BudgetChoice::Given(budget) => {
                 budget.on_first_attempt();
@@ -281,10 +289,7 @@ where
             state: RetryState::Running { attempt },
             settings: self,
             budget,
-            attempts: 1,
-            previous_delay: Duration::ZERO,
-            started,
-            rng,
+            session,
         }
     }
 }
@@ -292,9 +297,10 @@ where
 pin_project! {
     /// The future of an awaited [`Retry`].
     ///
-    /// A retry is paid for (its budget charged) only when it starts, after
-    /// its sleep; a budget that refuses then returns the error of the attempt
-    /// before, as does anything else that ends the operation early.
+    /// A retry is paid for (its budget charged) and
+    /// [`notify`](Retry::notify)'d only when it starts, after its sleep; a
+    /// budget that refuses then returns the error of the attempt before, as
+    /// does anything else that ends the operation early.
     ///
     /// # Cancel safety
     /// Dropping it drops the attempt in flight or the pending sleep; no further
@@ -308,10 +314,7 @@ pin_project! {
         settings: Retry<F, S, W, N>,
         // Made at the first retry when the default budget applies.
         budget: Option<Arc<dyn Budget>>,
-        attempts: u32,
-        previous_delay: Duration,
-        started: Option<Instant>,
-        rng: Rng,
+        session: Session,
     }
 }
 
@@ -320,9 +323,9 @@ pin_project! {
     enum RetryState<Fut, O> {
         Running { #[pin] attempt: Fut },
         // Sleeping before a retry, keeping the error it would replace.
-        Waiting { #[pin] sleep: Sleep, kept: Option<O> },
+        Waiting { #[pin] sleep: Sleep, retry: engine::Retry, kept: Option<O> },
         // About to start a retry, once the budget pays for it.
-        Starting { kept: Option<O> },
+        Starting { retry: engine::Retry, kept: Option<O> },
     }
 }
 
@@ -344,78 +347,72 @@ where
                     let error = match ready!(attempt.poll(cx)) {
                         Ok(value) => {
                             if let Some(budget) = this.budget {
-                                let last = (*this.attempts > 1).then_some(Cause::Transient);
-                                budget.on_success(last);
+                                budget.on_success(this.session.last_retry());
                             }
                             return Poll::Ready(Ok(value));
                         }
                         Err(error) => error,
                     };
-                    let settings = &mut *this.settings;
-                    if *this.attempts >= settings.limits.max_attempts.max(1)
-                        || !settings.when.should_retry(&error)
-                        || (settings.limits.stop_at_cap
-                            && reached_cap(&settings.schedule, *this.attempts))
-                    {
+                    let settings = &*this.settings;
+                    if !settings.when.should_retry(&error) {
                         return Poll::Ready(Err(error));
-                    }
-                    let delay = settings.limits.jitter.delay(
-                        &settings.schedule,
-                        *this.attempts,
-                        *this.previous_delay,
-                        this.rng,
-                    );
-                    if let (Some(limit), Some(started)) =
-                        (settings.limits.max_elapsed, *this.started)
-                    {
-                        if started.elapsed().saturating_add(delay) > limit {
-                            return Poll::Ready(Err(error));
-                        }
                     }
                     if matches!(settings.budget, BudgetChoice::Default) && this.budget.is_none() {
                         let budget: Arc<dyn Budget> = Arc::new(budget::default_budget());
                         budget.on_first_attempt();
                         *this.budget = Some(budget);
                     }
-                    if this
-                        .budget
-                        .as_ref()
-                        .is_some_and(|b| !b.would_allow(Cause::Transient))
-                    {
+                    let rules = Rules {
+                        schedule: &settings.schedule,
+                        jitter: settings.limits.jitter,
+                        stop_at_cap: settings.limits.stop_at_cap,
+                        budget: this.budget.as_deref(),
+                    };
+                    let decided = this.session.decide(
+                        &rules,
+                        None,
+                        Cause::Transient,
+                        true,
+                        Instant::now,
+                        Rng::from_entropy,
+                    );
+                    let Ok(retry) = decided else {
                         return Poll::Ready(Err(error));
-                    }
-                    settings.notify.notify(&error, delay);
-                    *this.previous_delay = delay;
+                    };
                     let kept = Some(Err(error));
                     // A zero delay skips the timer, which would round it up
                     // to its 1 ms tick.
-                    this.state.set(if delay.is_zero() {
-                        RetryState::Starting { kept }
+                    this.state.set(if retry.delay.is_zero() {
+                        RetryState::Starting { retry, kept }
                     } else {
                         RetryState::Waiting {
-                            sleep: tokio::time::sleep(delay),
+                            sleep: tokio::time::sleep(retry.delay),
+                            retry,
                             kept,
                         }
                     });
                 }
-                RetryStateProj::Waiting { sleep, kept } => {
+                RetryStateProj::Waiting { sleep, retry, kept } => {
                     ready!(sleep.poll(cx));
-                    let kept = kept.take();
-                    this.state.set(RetryState::Starting { kept });
+                    let (retry, kept) = (*retry, kept.take());
+                    this.session.slept_for(&retry);
+                    this.state.set(RetryState::Starting { retry, kept });
                 }
-                RetryStateProj::Starting { kept } => {
+                RetryStateProj::Starting { retry, kept } => {
                     // Back-to-back zero-delay retries must still give way.
                     ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                    let retry = *retry;
                     let kept = kept.take().expect("kept until the retry starts");
-                    if this
-                        .budget
-                        .as_ref()
-                        .is_some_and(|b| !b.try_retry(Cause::Transient))
-                    {
+                    let sent =
+                        this.session
+                            .send(&retry, this.budget.as_deref(), Instant::now, |_| Some(()));
+                    if sent.is_err() {
                         return Poll::Ready(kept);
                     }
+                    if let Err(error) = &kept {
+                        this.settings.notify.notify(error, retry.delay);
+                    }
                     drop(kept);
-                    *this.attempts += 1;
                     let attempt = (this.settings.operation)();
                     this.state.set(RetryState::Running { attempt });
                 }
@@ -428,7 +425,7 @@ impl<F, Fut: Future, S: fmt::Debug, W, N> fmt::Debug for RetryFuture<F, Fut, S, 
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryFuture")
             .field("settings", &self.settings)
-            .field("attempts", &self.attempts)
+            .field("attempts", &self.session.attempts())
             .finish_non_exhaustive()
     }
 }

@@ -32,8 +32,10 @@ pub trait Schedule {
     /// The delay before retry number `retry` (1 for the first retry).
     fn delay(&self, retry: u32) -> Duration;
 
-    /// The longest delay this schedule asks for. Jitter and server-given delays
-    /// (`Retry-After`) are capped by it too.
+    /// The longest delay this schedule asks for, jitter included. A delay
+    /// the server names (`Retry-After`) is not capped by it: no retry goes
+    /// out before the server asked, and the policy decides how long a delay
+    /// it accepts.
     fn cap(&self) -> Duration {
         Duration::MAX
     }

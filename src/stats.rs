@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine::Ending;
+
 /// Counters shared by every service a layer made: requests, attempts, retries
 /// and how each request ended. Cloning the handle is cheap and every clone
 /// reads the same counters.
@@ -119,12 +121,14 @@ impl Stats {
                 }
                 &c.attempts
             }
-            Event::Success => &c.successes,
-            Event::BudgetRefused => &c.budget_refusals,
-            Event::OutOfAttempts => &c.gave_up_attempts,
-            Event::OutOfTime => &c.gave_up_elapsed,
-            Event::Final => &c.gave_up_final,
-            Event::NotClonable => &c.gave_up_not_clonable,
+            Event::Ended(ending) => match ending {
+                Ending::Success => &c.successes,
+                Ending::BudgetRefused => &c.budget_refusals,
+                Ending::OutOfAttempts => &c.gave_up_attempts,
+                Ending::OutOfTime => &c.gave_up_elapsed,
+                Ending::Final => &c.gave_up_final,
+                Ending::NotReplayable => &c.gave_up_not_clonable,
+            },
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -153,12 +157,7 @@ impl std::fmt::Debug for Stats {
 pub(crate) enum Event {
     Request,
     Attempt { retry: bool },
-    Success,
-    BudgetRefused,
-    OutOfAttempts,
-    OutOfTime,
-    Final,
-    NotClonable,
+    Ended(Ending),
 }
 
 #[cfg(test)]

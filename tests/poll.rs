@@ -674,16 +674,20 @@ async fn policy_decides_success_and_a_retry_after_sets_the_next_poll() {
     );
 
     sleep(secs(40)).await;
-    // 7 s as asked; then 418 is a failure on the schedule (the second delay, 2 s).
-    assert_eq!(gaps(&polite.calls())[..2], [secs(7), secs(2)]);
-    // An hour was asked; the schedule's 30 s cap wins.
-    assert_eq!(gaps(&greedy.calls())[0], secs(30));
+    // 7 s as asked; then 418 is a failure on the schedule, which starts over
+    // after a delay the server named (the first delay, 1 s), as the layer's.
+    assert_eq!(gaps(&polite.calls())[..2], [secs(7), SECOND]);
+    // An hour was asked: past the schedule's cap, but never sooner than the
+    // server asked, as the layer (the policy is what bounds such a delay).
+    assert_eq!(greedy.calls().len(), 1);
     assert_eq!(poller.board().value(&"polite"), Some(&200));
     assert!(drain(&mut events).contains(&Event::Polled {
         key: "polite",
         outcome: Err(Failure::Rejected),
         took: Duration::ZERO
     }));
+    sleep(secs(3600)).await;
+    assert_eq!(gaps(&greedy.calls())[0], secs(3600));
     poller.shutdown().await;
 }
 

@@ -102,7 +102,9 @@ impl<K, Req, V, E> PollerBuilder<K, Req, V, E> {
     /// layer: [`Decision::Success`](crate::Decision::Success) on an `Ok` is a
     /// healthy poll, anything else a failure, and a
     /// [`Decision::Retry`](crate::Decision::Retry) with a delay sets the next
-    /// poll (capped by the schedule's [`cap`](Schedule::cap)) instead of the schedule.
+    /// poll instead of the schedule, as asked (never sooner: the policy is
+    /// what bounds a delay it accepts), and the schedule starts over after it,
+    /// as the layer's does.
     ///
     /// An `Err` is always a failure, whatever the policy says: there is no
     /// value to show. Without a policy (or when its `clone_request` declines to

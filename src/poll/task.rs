@@ -10,8 +10,11 @@ use std::time::Duration;
 use tokio::time::{sleep_until, Instant};
 use tower_service::Service;
 
+use crate::budget::Budget;
+use crate::engine::{Retry, Rules, Session};
 use crate::error::MAX_DURATION;
 use crate::jitter::Rng;
+use crate::limits::UNLIMITED_ATTEMPTS;
 use crate::policy::{Cause, Decision};
 
 use super::board::State;
@@ -25,33 +28,6 @@ struct Failed {
     /// A delay the policy asked for instead of the schedule's.
     after: Option<Duration>,
     cause: Cause,
-}
-
-/// Where the provider is in its run of failures.
-struct Streak {
-    failures: u32,
-    /// The last backoff delay, for decorrelated jitter.
-    previous: Duration,
-    cause: Cause,
-    rng: Rng,
-}
-
-impl Streak {
-    fn backoff<K, Req, V, E>(
-        &mut self,
-        config: &Config<K, Req, V, E>,
-        after: Option<Duration>,
-    ) -> Duration {
-        let schedule = &*config.schedule;
-        let delay = match after {
-            Some(asked) => asked.min(schedule.cap()),
-            None => config
-                .jitter
-                .delay(schedule, self.failures, self.previous, &mut self.rng),
-        };
-        self.previous = delay;
-        delay
-    }
 }
 
 /// Polls `service` until the provider is evicted without re-probes or is no
@@ -74,28 +50,45 @@ pub(super) async fn run<K, Req, V, E, S>(
         key: &key,
     };
     let config = &shared.config;
-    let mut streak = Streak {
-        failures: 0,
-        previous: Duration::ZERO,
-        cause: Cause::Transient,
-        rng,
+    let budget = config.budget.as_deref();
+    // The engine decides every delay and pays every retry as for a request
+    // that never ends: a run of failures is one session, started over after
+    // each success.
+    let rules: Rules<'_, _, dyn Budget> = Rules {
+        schedule: &*config.schedule,
+        jitter: config.jitter,
+        stop_at_cap: false,
+        // Checked when the retry goes out, not when it is decided: a poller
+        // refused a retry polls again later instead of giving up.
+        budget: None,
     };
+    let mut session = Session::new(UNLIMITED_ATTEMPTS, None).with_rng(rng);
+    let mut failures = 0u32;
+    // The retry the last failure decided, sent by the next poll.
+    let mut retry: Option<Retry> = None;
     loop {
-        let is_retry = streak.failures > 0;
-        if let Some(budget) = &config.budget {
-            if !is_retry {
-                budget.on_first_attempt();
-            } else if !budget.try_retry(streak.cause) {
-                let delay = match config.reprobe_after {
-                    Some(reprobe) if streak.failures >= config.max_failures => reprobe,
-                    _ => streak.backoff(config, None),
-                };
-                let next_poll = later(Instant::now(), delay);
-                if !shared.deferred(id, &key, next_poll) {
-                    return;
+        match &retry {
+            None => {
+                if let Some(budget) = budget {
+                    budget.on_first_attempt();
                 }
-                sleep_until(next_poll).await;
-                continue;
+            }
+            Some(decided) => {
+                if session
+                    .send(decided, budget, no_clock, |_| Some(()))
+                    .is_err()
+                {
+                    let delay = match config.reprobe_after {
+                        Some(reprobe) if failures >= config.max_failures => reprobe,
+                        _ => session.next_delay(rules.schedule, rules.jitter, no_rng),
+                    };
+                    let next_poll = later(Instant::now(), delay);
+                    if !shared.deferred(id, &key, next_poll) {
+                        return;
+                    }
+                    sleep_until(next_poll).await;
+                    continue;
+                }
             }
         }
 
@@ -105,10 +98,12 @@ pub(super) async fn run<K, Req, V, E, S>(
         let took = now - started;
         let next_poll = match outcome {
             Ok(value) => {
-                if let Some(budget) = &config.budget {
-                    budget.on_success(is_retry.then_some(streak.cause));
+                if let Some(budget) = budget {
+                    budget.on_success(session.last_retry());
                 }
-                let recovered_from = std::mem::take(&mut streak.failures);
+                session.reset();
+                retry = None;
+                let recovered_from = std::mem::take(&mut failures);
                 let next_poll = later(now, config.interval);
                 if !shared.succeeded(id, &key, value, started..now, next_poll, recovered_from) {
                     return;
@@ -116,19 +111,23 @@ pub(super) async fn run<K, Req, V, E, S>(
                 next_poll
             }
             Err(failed) => {
-                streak.failures = streak.failures.saturating_add(1);
-                streak.cause = failed.cause;
-                let (state, next_poll) = if streak.failures >= config.max_failures {
+                failures = failures.saturating_add(1);
+                let (state, next_poll) = if failures >= config.max_failures {
                     let reprobe_at = config.reprobe_after.map(|after| later(now, after));
+                    retry = reprobe_at.map(|_| Retry::planned(failed.cause));
                     let state = State::Evicted {
-                        failures: streak.failures,
+                        failures,
                         reprobe_at,
                     };
                     (state, reprobe_at)
                 } else {
-                    let next_poll = later(now, streak.backoff(config, failed.after));
+                    let decided = session
+                        .decide(&rules, failed.after, failed.cause, true, no_clock, no_rng)
+                        .expect("unlimited, replayable, with no deadline and no budget to refuse");
+                    let next_poll = later(now, decided.delay);
+                    retry = Some(decided);
                     let state = State::Quarantined {
-                        failures: streak.failures,
+                        failures,
                         next_poll,
                     };
                     (state, Some(next_poll))
@@ -145,6 +144,16 @@ pub(super) async fn run<K, Req, V, E, S>(
         };
         sleep_until(next_poll).await;
     }
+}
+
+/// The engine reads a clock only for a deadline, and a poll has none.
+fn no_clock() -> Instant {
+    unreachable!("a poller's session has no deadline")
+}
+
+/// The session draws from the provider's own stream, given at its start.
+fn no_rng() -> Rng {
+    unreachable!("a poller's session has its random stream from the start")
 }
 
 /// Evicts the provider if its task unwinds. Dropped without a panic (the task
