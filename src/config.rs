@@ -16,6 +16,7 @@ use crate::deadline::NoTimeout;
 use crate::engine::Rules;
 use crate::jitter::{Jitter, Rng};
 use crate::policy::Cause;
+use crate::schedule::AnySchedule;
 use crate::stats::{Event, Stats};
 
 /// Everything a [`Backoff`](crate::Backoff) service and its response futures
@@ -23,9 +24,9 @@ use crate::stats::{Event, Stats};
 /// pacing, stats, the seeded jitter streams) are handles of their own, so a
 /// service that changes its policy keeps sharing them.
 #[derive(Clone)]
-pub(crate) struct Config<P, S, T = NoTimeout> {
+pub(crate) struct Config<P, T = NoTimeout> {
     pub(crate) policy: P,
-    pub(crate) schedule: S,
+    pub(crate) schedule: AnySchedule,
     pub(crate) jitter: Jitter,
     pub(crate) max_attempts: u32,
     pub(crate) max_elapsed: Option<Duration>,
@@ -40,9 +41,9 @@ pub(crate) struct Config<P, S, T = NoTimeout> {
     pub(crate) streams: Option<Arc<Streams>>,
 }
 
-impl<P, S, T> Config<P, S, T> {
+impl<P, T> Config<P, T> {
     /// The same settings with the policy `change` makes of this one.
-    pub(crate) fn map_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Config<P2, S, T> {
+    pub(crate) fn map_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Config<P2, T> {
         Config {
             policy: change(self.policy),
             schedule: self.schedule,
@@ -64,7 +65,7 @@ impl<P, S, T> Config<P, S, T> {
     }
 
     /// What the engine reads to decide a retry of any request of this layer.
-    pub(crate) fn rules(&self) -> Rules<'_, S, LayerBudget> {
+    pub(crate) fn rules(&self) -> Rules<'_, AnySchedule, LayerBudget> {
         Rules {
             schedule: &self.schedule,
             jitter: self.jitter,
@@ -108,7 +109,7 @@ impl<P, S, T> Config<P, S, T> {
     }
 }
 
-impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for Config<P, S, T> {
+impl<P, T: fmt::Debug> fmt::Debug for Config<P, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("schedule", &self.schedule)

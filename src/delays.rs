@@ -15,7 +15,7 @@ use crate::error::ConfigError;
 use crate::jitter::{Jitter, Rng};
 use crate::limits::UNLIMITED_ATTEMPTS;
 use crate::policy::Cause;
-use crate::schedule::{Exponential, Schedule};
+use crate::schedule::{AnySchedule, Schedule};
 
 /// The jittered delays of a [`Schedule`], one per call: an iterator that
 /// remembers the retry number and the previous delay, with
@@ -99,20 +99,20 @@ use crate::schedule::{Exponential, Schedule};
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct Delays<S = Exponential> {
-    schedule: S,
+pub struct Delays {
+    schedule: AnySchedule,
     jitter: Jitter,
     /// The retries since the last reset, as the engine counts them: each
     /// delay handed out is a retry decided and sent at once.
     session: Session,
 }
 
-impl<S: Schedule> Delays<S> {
+impl Delays {
     /// The delays of `schedule`, with [`Jitter::Full`] (the layer's default),
     /// a random stream seeded from entropy, and no limit.
-    pub fn new(schedule: S) -> Self {
+    pub fn new(schedule: impl Schedule + Send + Sync + 'static) -> Self {
         Self {
-            schedule,
+            schedule: schedule.into_any(),
             jitter: Jitter::default(),
             session: Session::new(UNLIMITED_ATTEMPTS, None).with_rng(Rng::from_entropy()),
         }
@@ -154,7 +154,7 @@ impl<S: Schedule> Delays<S> {
     /// The delay before the next retry, or `None` once the attempts set by
     /// [`max_attempts`](Delays::max_attempts) are spent.
     pub fn next_delay(&mut self) -> Option<Duration> {
-        let rules: Rules<'_, S, dyn Budget> = Rules {
+        let rules: Rules<'_, AnySchedule, dyn Budget> = Rules {
             schedule: &self.schedule,
             jitter: self.jitter,
             stop_at_cap: false,
@@ -199,7 +199,7 @@ impl<S: Schedule> Delays<S> {
     }
 
     /// The schedule the delays come from.
-    pub fn schedule(&self) -> &S {
+    pub fn schedule(&self) -> &AnySchedule {
         &self.schedule
     }
 
@@ -212,7 +212,7 @@ impl<S: Schedule> Delays<S> {
     }
 }
 
-impl<S: Schedule> Iterator for Delays<S> {
+impl Iterator for Delays {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
@@ -230,7 +230,7 @@ impl<S: Schedule> Iterator for Delays<S> {
     }
 }
 
-impl<S: fmt::Debug> fmt::Debug for Delays<S> {
+impl fmt::Debug for Delays {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Delays")
             .field("schedule", &self.schedule)

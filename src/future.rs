@@ -27,7 +27,6 @@ use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::engine::{Ending, Retry, Session};
 use crate::policy::{Cause, Decision, Policy};
-use crate::schedule::Schedule;
 use crate::service::{poll_ready_to_send, retry_sent};
 use crate::stats::Event;
 
@@ -67,7 +66,7 @@ pin_project! {
     /// dropped with it, a pending sleep is cancelled, and no further attempt is
     /// made. No task is left behind, and since a retry is paid for only when
     /// it is sent, the budget is charged for nothing that did not go out.
-    pub struct ResponseFuture<S, P, Sch, Req, T = NoTimeout>
+    pub struct ResponseFuture<S, P, Req, T = NoTimeout>
     where
         S: Service<Req>,
         T: AttemptTimer<S::Error>,
@@ -80,7 +79,7 @@ pin_project! {
         request: Option<Req>,
         // Sends the retries.
         inner: S,
-        config: Arc<Config<P, Sch, T>>,
+        config: Arc<Config<P, T>>,
     }
 }
 
@@ -190,7 +189,7 @@ enum Verdict {
 /// transition set, or return an outcome.
 type Flow<O> = ControlFlow<O>;
 
-impl<S, P, Sch, Req, T> ResponseFuture<S, P, Sch, Req, T>
+impl<S, P, Req, T> ResponseFuture<S, P, Req, T>
 where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
@@ -201,7 +200,7 @@ where
         request: Option<Req>,
         limits: Option<RequestLimits>,
         inner: S,
-        config: Arc<Config<P, Sch, T>>,
+        config: Arc<Config<P, T>>,
     ) -> Self {
         // Tracked from the start only if the first outcome needs more than
         // the layer's settings to be judged.
@@ -233,12 +232,11 @@ where
     }
 }
 
-impl<S, P, Sch, Req, T> Future for ResponseFuture<S, P, Sch, Req, T>
+impl<S, P, Req, T> Future for ResponseFuture<S, P, Req, T>
 where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
-    Sch: Schedule,
 {
     type Output = Result<S::Response, T::Error>;
 
@@ -311,18 +309,17 @@ type TrackedOf<S, Req, T> = Tracked<
 
 /// What every transition reads: the kept request, the service that sends the
 /// retries and the settings that judge the outcomes.
-struct Transitions<'a, S, P, Sch, Req, T> {
+struct Transitions<'a, S, P, Req, T> {
     request: &'a mut Option<Req>,
     inner: &'a mut S,
-    config: &'a Config<P, Sch, T>,
+    config: &'a Config<P, T>,
 }
 
-impl<S, P, Sch, Req, T> Transitions<'_, S, P, Sch, Req, T>
+impl<S, P, Req, T> Transitions<'_, S, P, Req, T>
 where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
-    Sch: Schedule,
 {
     /// Runs a tracked request until it ends or has to wait.
     // Out of line: the happy path's `poll` stays small.
@@ -599,7 +596,7 @@ fn budget_refused(attempt: u32, cause: Cause) {
     let _ = (attempt, cause);
 }
 
-impl<S, P, Sch, Req, T> fmt::Debug for ResponseFuture<S, P, Sch, Req, T>
+impl<S, P, Req, T> fmt::Debug for ResponseFuture<S, P, Req, T>
 where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,

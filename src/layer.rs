@@ -16,7 +16,7 @@ use crate::error::{check_duration, ConfigError};
 use crate::jitter::Jitter;
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::{OnRetry, RetryOnError};
-use crate::schedule::{Exponential, Schedule};
+use crate::schedule::{AnySchedule, Schedule};
 use crate::service::Backoff;
 use crate::stats::Stats;
 
@@ -55,14 +55,14 @@ pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 /// # Ok(())
 /// # }
 /// ```
-pub struct BackoffLayer<P = RetryOnError, S = Exponential, T = NoTimeout> {
+pub struct BackoffLayer<P = RetryOnError, T = NoTimeout> {
     // Shared, not copied, by every service the layer makes and every
     // response future: one reference count per request instead of a copy of
     // the settings.
-    config: Arc<Config<P, S, T>>,
+    config: Arc<Config<P, T>>,
 }
 
-impl<P, S, T> Clone for BackoffLayer<P, S, T> {
+impl<P, T> Clone for BackoffLayer<P, T> {
     fn clone(&self) -> Self {
         Self {
             config: Arc::clone(&self.config),
@@ -90,15 +90,21 @@ impl Default for BackoffLayer {
     }
 }
 
-impl<P, S, T> BackoffLayer<P, S, T> {
+impl<P, T> BackoffLayer<P, T> {
     /// The policy this layer gives its services.
     pub fn policy(&self) -> &P {
         &self.config.policy
     }
 
     /// The schedule this layer gives its services.
-    pub fn schedule(&self) -> &S {
+    pub fn schedule(&self) -> &AnySchedule {
         &self.config.schedule
+    }
+
+    /// Attempts per request, the first included, unless a request sets its
+    /// own.
+    pub fn max_attempts(&self) -> u32 {
+        self.config.max_attempts
     }
 
     /// The counters this layer's services update, if it was given any.
@@ -112,15 +118,15 @@ impl<P, S, T> BackoffLayer<P, S, T> {
     }
 }
 
-impl<Svc, P, S, T> Layer<Svc> for BackoffLayer<P, S, T> {
-    type Service = Backoff<Svc, P, S, T>;
+impl<Svc, P, T> Layer<Svc> for BackoffLayer<P, T> {
+    type Service = Backoff<Svc, P, T>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
         Backoff::from_config(inner, Arc::clone(&self.config))
     }
 }
 
-impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for BackoffLayer<P, S, T> {
+impl<P, T: fmt::Debug> fmt::Debug for BackoffLayer<P, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackoffLayer")
             .field("config", &self.config)
@@ -130,9 +136,9 @@ impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for BackoffLayer<P, S, T> {
 
 /// Builds a [`BackoffLayer`]; every setting is checked by [`build`](Self::build).
 #[must_use]
-pub struct BackoffBuilder<P = RetryOnError, S = Exponential, T = NoTimeout> {
+pub struct BackoffBuilder<P = RetryOnError, T = NoTimeout> {
     policy: P,
-    schedule: S,
+    schedule: AnySchedule,
     timeouts: T,
     settings: Settings,
 }
@@ -162,16 +168,16 @@ impl Default for BackoffBuilder {
     fn default() -> Self {
         Self {
             policy: RetryOnError,
-            schedule: Exponential::default(),
+            schedule: AnySchedule::default(),
             timeouts: NoTimeout,
             settings: Settings::default(),
         }
     }
 }
 
-impl<P, S, T> BackoffBuilder<P, S, T> {
+impl<P, T> BackoffBuilder<P, T> {
     /// Decides which outcomes are retried (default [`RetryOnError`]).
-    pub fn policy<P2>(self, policy: P2) -> BackoffBuilder<P2, S, T> {
+    pub fn policy<P2>(self, policy: P2) -> BackoffBuilder<P2, T> {
         BackoffBuilder {
             policy,
             schedule: self.schedule,
@@ -182,13 +188,9 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
 
     /// Decides how long to wait before each retry (default [`Exponential`] from
     /// 100 ms, doubling, capped at 20 s).
-    pub fn schedule<S2: Schedule>(self, schedule: S2) -> BackoffBuilder<P, S2, T> {
-        BackoffBuilder {
-            policy: self.policy,
-            schedule,
-            timeouts: self.timeouts,
-            settings: self.settings,
-        }
+    pub fn schedule(mut self, schedule: impl Schedule + Send + Sync + 'static) -> Self {
+        self.schedule = schedule.into_any();
+        self
     }
 
     /// Gives every attempt at most `limit`, and no more than the time left
@@ -224,7 +226,7 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn attempt_timeout(self, limit: Duration) -> BackoffBuilder<P, S, AttemptTimeout> {
+    pub fn attempt_timeout(self, limit: Duration) -> BackoffBuilder<P, AttemptTimeout> {
         let mut settings = self.settings;
         settings.attempt_timeout = Some(limit);
         BackoffBuilder {
@@ -379,7 +381,7 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
     /// # drop(layer);
     /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
-    pub fn on_retry<F>(self, hook: F) -> BackoffBuilder<OnRetry<P, F>, S, T> {
+    pub fn on_retry<F>(self, hook: F) -> BackoffBuilder<OnRetry<P, F>, T> {
         BackoffBuilder {
             policy: OnRetry::new(self.policy, hook),
             schedule: self.schedule,
@@ -395,10 +397,7 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
     /// attempts, a zero or absurd (over a year) time limit, a proportional jitter
     /// outside `[0, 1]`, or whatever the schedule's own
     /// [`validate`](Schedule::validate) rejects.
-    pub fn build(self) -> Result<BackoffLayer<P, S, T>, ConfigError>
-    where
-        S: Schedule,
-    {
+    pub fn build(self) -> Result<BackoffLayer<P, T>, ConfigError> {
         let Settings {
             limits,
             attempt_timeout,
@@ -441,7 +440,7 @@ impl<P, S, T> BackoffBuilder<P, S, T> {
     }
 }
 
-impl<P, S: fmt::Debug, T> fmt::Debug for BackoffBuilder<P, S, T> {
+impl<P, T> fmt::Debug for BackoffBuilder<P, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackoffBuilder")
             .field("schedule", &self.schedule)

@@ -115,7 +115,7 @@ pub use policy::{
 };
 pub use poll::Poller;
 pub use retry::{retry, Retry};
-pub use schedule::{Constant, Exponential, Linear, Schedule, Table};
+pub use schedule::{AnySchedule, Constant, Exponential, Linear, Schedule, Table};
 pub use service::Backoff;
 pub use stats::{Stats, StatsSnapshot};
 

@@ -17,7 +17,7 @@ use crate::error::{ConfigError, MAX_DURATION};
 use crate::jitter::{Jitter, Rng};
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::Cause;
-use crate::schedule::{Exponential, Schedule};
+use crate::schedule::{AnySchedule, Schedule};
 
 /// Calls `operation` until it succeeds, retrying errors after exponential,
 /// jittered sleeps. Awaiting it gives the last attempt's outcome.
@@ -48,7 +48,7 @@ use crate::schedule::{Exponential, Schedule};
 pub fn retry<F>(operation: F) -> Retry<F> {
     Retry {
         operation,
-        schedule: Exponential::default(),
+        schedule: AnySchedule::default(),
         limits: Limits::default(),
         budget: BudgetChoice::Default,
         when: AnyError,
@@ -69,16 +69,16 @@ enum BudgetChoice {
 /// A retried operation, not started yet: `.await` it to run it. Made by
 /// [`retry`](fn@crate::retry).
 #[must_use = "nothing runs until it is awaited"]
-pub struct Retry<F, S = Exponential, W = AnyError, N = NoNotify> {
+pub struct Retry<F, W = AnyError, N = NoNotify> {
     operation: F,
-    schedule: S,
+    schedule: AnySchedule,
     limits: Limits,
     budget: BudgetChoice,
     when: W,
     notify: N,
 }
 
-impl<F, S, W, N> Retry<F, S, W, N> {
+impl<F, W, N> Retry<F, W, N> {
     /// Attempts in all, the first included (default 3). Zero counts as one.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.limits.max_attempts = attempts;
@@ -123,20 +123,14 @@ impl<F, S, W, N> Retry<F, S, W, N> {
     }
 
     /// Waits as `schedule` says before each retry.
-    pub fn schedule<S2: Schedule>(self, schedule: S2) -> Retry<F, S2, W, N> {
-        Retry {
-            operation: self.operation,
-            schedule,
-            limits: self.limits,
-            budget: self.budget,
-            when: self.when,
-            notify: self.notify,
-        }
+    pub fn schedule(mut self, schedule: impl Schedule + Send + Sync + 'static) -> Self {
+        self.schedule = schedule.into_any();
+        self
     }
 
     /// Retries only the errors for which `predicate` is true; others are
     /// returned at once.
-    pub fn when<W2, Fut, T, E>(self, predicate: W2) -> Retry<F, S, W2, N>
+    pub fn when<W2, Fut, T, E>(self, predicate: W2) -> Retry<F, W2, N>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -156,7 +150,7 @@ impl<F, S, W, N> Retry<F, S, W, N> {
     /// (`delay`) and once the budget paid for it, to log or count retries: a
     /// retry that was stopped is never notified. The layer's
     /// [`on_retry`](crate::BackoffBuilder::on_retry) fires at the same moment.
-    pub fn notify<N2, Fut, T, E>(self, notify: N2) -> Retry<F, S, W, N2>
+    pub fn notify<N2, Fut, T, E>(self, notify: N2) -> Retry<F, W, N2>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -192,20 +186,14 @@ impl<F, S, W, N> Retry<F, S, W, N> {
     /// this tells you about a mistake at start-up.
     ///
     /// [`BackoffBuilder::build`]: crate::BackoffBuilder::build
-    pub fn validate(&self) -> Result<(), ConfigError>
-    where
-        S: Schedule,
-    {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.limits.validate(&self.schedule)?;
         self.limits
             .check_bounded(!matches!(self.budget, BudgetChoice::None))
     }
 }
 
-impl<F, S, W, N> fmt::Debug for Retry<F, S, W, N>
-where
-    S: fmt::Debug,
-{
+impl<F, W, N> fmt::Debug for Retry<F, W, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retry")
             .field("schedule", &self.schedule)
@@ -256,16 +244,15 @@ impl<E, F: FnMut(&E, Duration)> Notify<E> for F {
     }
 }
 
-impl<F, Fut, T, E, S, W, N> IntoFuture for Retry<F, S, W, N>
+impl<F, Fut, T, E, W, N> IntoFuture for Retry<F, W, N>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
-    S: Schedule,
     W: RetryWhen<E>,
     N: Notify<E>,
 {
     type Output = Result<T, E>;
-    type IntoFuture = RetryFuture<F, Fut, S, W, N>;
+    type IntoFuture = RetryFuture<F, Fut, W, N>;
 
     fn into_future(mut self) -> Self::IntoFuture {
         let deadline = self
@@ -305,13 +292,13 @@ pin_project! {
     /// # Cancel safety
     /// Dropping it drops the attempt in flight or the pending sleep; no further
     /// attempt is made, and nothing is charged for it.
-    pub struct RetryFuture<F, Fut, S, W, N>
+    pub struct RetryFuture<F, Fut, W, N>
     where
         Fut: Future,
     {
         #[pin]
         state: RetryState<Fut, Fut::Output>,
-        settings: Retry<F, S, W, N>,
+        settings: Retry<F, W, N>,
         // Made at the first retry when the default budget applies.
         budget: Option<Arc<dyn Budget>>,
         session: Session,
@@ -329,11 +316,10 @@ pin_project! {
     }
 }
 
-impl<F, Fut, T, E, S, W, N> Future for RetryFuture<F, Fut, S, W, N>
+impl<F, Fut, T, E, W, N> Future for RetryFuture<F, Fut, W, N>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
-    S: Schedule,
     W: RetryWhen<E>,
     N: Notify<E>,
 {
@@ -421,7 +407,7 @@ where
     }
 }
 
-impl<F, Fut: Future, S: fmt::Debug, W, N> fmt::Debug for RetryFuture<F, Fut, S, W, N> {
+impl<F, Fut: Future, W, N> fmt::Debug for RetryFuture<F, Fut, W, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryFuture")
             .field("settings", &self.settings)

@@ -15,11 +15,10 @@ use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::future::{Attempt, RequestLimits, ResponseFuture};
 use crate::layer::BackoffLayer;
 use crate::policy::{ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError};
-use crate::schedule::{Exponential, Schedule};
 use crate::stats::Event;
 
 /// Retries requests to `S` that policy `P` classifies as transient failures,
-/// sleeping between attempts as schedule `Sch` and its jitter say.
+/// sleeping between attempts as the layer's schedule and jitter say.
 ///
 /// Built by [`BackoffLayer`]. Cloning it clones the inner service and shares
 /// the configuration, with the layer's budget, pacing and stats. Each response
@@ -47,13 +46,13 @@ use crate::stats::Event;
 /// error is the inner service's) or, with
 /// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout), a limit per
 /// attempt (the error is [`deadline::Error`](crate::deadline::Error)).
-pub struct Backoff<S, P = RetryOnError, Sch = Exponential, T = NoTimeout> {
+pub struct Backoff<S, P = RetryOnError, T = NoTimeout> {
     inner: S,
-    config: Arc<Config<P, Sch, T>>,
+    config: Arc<Config<P, T>>,
     gate: Gate,
 }
 
-impl<S: Clone, P, Sch, T> Clone for Backoff<S, P, Sch, T> {
+impl<S: Clone, P, T> Clone for Backoff<S, P, T> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -63,13 +62,13 @@ impl<S: Clone, P, Sch, T> Clone for Backoff<S, P, Sch, T> {
     }
 }
 
-impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
+impl<S, P, T> Backoff<S, P, T> {
     /// Wraps `inner` with `layer`'s configuration.
-    pub fn new(inner: S, layer: &BackoffLayer<P, Sch, T>) -> Self {
+    pub fn new(inner: S, layer: &BackoffLayer<P, T>) -> Self {
         tower_layer::Layer::layer(layer, inner)
     }
 
-    pub(crate) fn from_config(inner: S, config: Arc<Config<P, Sch, T>>) -> Self {
+    pub(crate) fn from_config(inner: S, config: Arc<Config<P, T>>) -> Self {
         Self {
             inner,
             config,
@@ -95,10 +94,9 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
     /// assert!(svc.oneshot("/status").await.is_err());
     /// # }
     /// ```
-    pub fn retry_if<Req, F>(self, predicate: F) -> Backoff<S, RetryIf<F>, Sch, T>
+    pub fn retry_if<Req, F>(self, predicate: F) -> Backoff<S, RetryIf<F>, T>
     where
         P: Clone,
-        Sch: Clone,
         S: Service<Req>,
         T: AttemptTimer<S::Error>,
         F: Fn(&Result<S::Response, T::Error>) -> bool,
@@ -129,10 +127,9 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
     /// assert_eq!(svc.oneshot(1).await.unwrap(), 201);
     /// # }
     /// ```
-    pub fn classify<Req, F>(self, classify: F) -> Backoff<S, ClassifyFn<F>, Sch, T>
+    pub fn classify<Req, F>(self, classify: F) -> Backoff<S, ClassifyFn<F>, T>
     where
         P: Clone,
-        Sch: Clone,
         S: Service<Req>,
         T: AttemptTimer<S::Error>,
         F: Fn(&Req, &Result<S::Response, T::Error>) -> Decision,
@@ -159,10 +156,9 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
     /// assert!(svc.oneshot("db".to_string()).await.is_err());
     /// # }
     /// ```
-    pub fn on_retry<Req, F>(self, hook: F) -> Backoff<S, OnRetry<P, F>, Sch, T>
+    pub fn on_retry<Req, F>(self, hook: F) -> Backoff<S, OnRetry<P, F>, T>
     where
         P: Clone,
-        Sch: Clone,
         S: Service<Req>,
         T: AttemptTimer<S::Error>,
         F: Fn(&Req, u32, Duration, &Result<S::Response, T::Error>),
@@ -170,10 +166,9 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
         self.with_policy(|policy| OnRetry::new(policy, hook))
     }
 
-    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, Sch, T>
+    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, T>
     where
         P: Clone,
-        Sch: Clone,
         T: Clone,
     {
         // The settings are shared with the layer's other services: this one
@@ -202,16 +197,15 @@ impl<S, P, Sch, T> Backoff<S, P, Sch, T> {
     }
 }
 
-impl<S, P, Sch, T, Req> Service<Req> for Backoff<S, P, Sch, T>
+impl<S, P, T, Req> Service<Req> for Backoff<S, P, T>
 where
     S: Service<Req> + Clone,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
-    Sch: Schedule,
 {
     type Response = S::Response;
     type Error = T::Error;
-    type Future = ResponseFuture<S, P, Sch, Req, T>;
+    type Future = ResponseFuture<S, P, Req, T>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -256,10 +250,10 @@ where
 /// Readiness to send an attempt, first or retry, through `inner`: the turn of
 /// the clone owning `gate` under pacing, then the inner service's readiness.
 #[inline]
-pub(crate) fn poll_ready_to_send<S, Req, P, Sch, T>(
+pub(crate) fn poll_ready_to_send<S, Req, P, T>(
     inner: &mut S,
     gate: &mut Gate,
-    config: &Config<P, Sch, T>,
+    config: &Config<P, T>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<(), S::Error>>
 where
@@ -277,7 +271,7 @@ where
 /// through the service [`poll_ready_to_send`] readied): counts it and returns
 /// its pacing stamp.
 #[inline]
-pub(crate) fn retry_sent<P, Sch, T>(config: &Config<P, Sch, T>, gate: &mut Gate) -> u16 {
+pub(crate) fn retry_sent<P, T>(config: &Config<P, T>, gate: &mut Gate) -> u16 {
     config.record(Event::Attempt { retry: true });
     pacing_stamp(config, gate)
 }
@@ -285,7 +279,7 @@ pub(crate) fn retry_sent<P, Sch, T>(config: &Config<P, Sch, T>, gate: &mut Gate)
 /// An attempt goes out through the clone owning `gate`: the stamp its outcome
 /// is reported to the pacing with (0 without pacing).
 #[inline]
-fn pacing_stamp<P, Sch, T>(config: &Config<P, Sch, T>, gate: &mut Gate) -> u16 {
+fn pacing_stamp<P, T>(config: &Config<P, T>, gate: &mut Gate) -> u16 {
     config.pacing().map_or(0, |pacing| pacing.sent(gate))
 }
 
@@ -301,7 +295,7 @@ fn deadline(max_elapsed: Option<Duration>, requested: Option<Instant>) -> Option
     }
 }
 
-impl<S: fmt::Debug, P, Sch: fmt::Debug, T: fmt::Debug> fmt::Debug for Backoff<S, P, Sch, T> {
+impl<S: fmt::Debug, P, T: fmt::Debug> fmt::Debug for Backoff<S, P, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Backoff")
             .field("inner", &self.inner)

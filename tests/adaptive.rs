@@ -260,7 +260,7 @@ where
     assert_eq!(done.len(), 16);
 }
 
-fn paced_layer(pacing: &AdaptivePacing) -> BackoffLayer<Status429, Constant> {
+fn paced_layer(pacing: &AdaptivePacing) -> BackoffLayer<Status429> {
     BackoffLayer::builder()
         .policy(status_policy())
         .max_attempts(3)

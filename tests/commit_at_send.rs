@@ -23,10 +23,7 @@ fn secs(n: u64) -> Duration {
 }
 
 /// Retries every error after a constant `delay`, up to `attempts`.
-fn constant(
-    delay: Duration,
-    attempts: u32,
-) -> tower_backoff::BackoffBuilder<RetryOnError, Constant> {
+fn constant(delay: Duration, attempts: u32) -> tower_backoff::BackoffBuilder<RetryOnError> {
     BackoffLayer::builder()
         .schedule(Constant::new(delay))
         .jitter(Jitter::None)

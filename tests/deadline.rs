@@ -127,11 +127,8 @@ async fn without_attempt_timeouts_the_error_type_is_the_inner_services() {
 mod http_server;
 
 #[cfg(feature = "http")]
-type HangingLayer = BackoffLayer<
-    tower_backoff::http::HttpPolicy,
-    Constant,
-    tower_backoff::deadline::AttemptTimeout,
->;
+type HangingLayer =
+    BackoffLayer<tower_backoff::http::HttpPolicy, tower_backoff::deadline::AttemptTimeout>;
 
 /// 500 ms between attempts, 30 s an attempt, 2 s in all: a second attempt
 /// that hangs is cut by the 2 s limit, not by its own.

@@ -217,7 +217,7 @@ fn extreme_settings_do_not_panic() {
     check_extremes(schedule::from_fn(Duration::MAX, |_| Duration::MAX));
 }
 
-fn check_extremes<S: Schedule + Clone>(schedule: S) {
+fn check_extremes<S: Schedule + Clone + Send + Sync + 'static>(schedule: S) {
     for jitter in ALL_JITTERS {
         let mut delays = Delays::new(schedule.clone()).jitter(jitter).seed(1);
         for _ in 0..200 {
@@ -239,7 +239,10 @@ fn delays_allocate_nothing() {
     let table = Table::new([ms(1), ms(5), ms(30)]);
     let before = allocations();
     let mut delays = Delays::new(Exponential::new(ms(100))).jitter(Jitter::Decorrelated);
-    let mut from_table = Delays::new(&table).jitter(Jitter::Full).max_attempts(100);
+    // A table shares its delays: a clone is a reference count, not a copy.
+    let mut from_table = Delays::new(table.clone())
+        .jitter(Jitter::Full)
+        .max_attempts(100);
     let mut total = Duration::ZERO;
     for _ in 0..1_000 {
         total += delays.next_delay().unwrap();

@@ -34,7 +34,7 @@ use http_server::{layer, STEP};
 fn buffered<S>(
     policy: HttpPolicy,
     client: S,
-) -> tower_backoff::Backoff<tower_backoff::http::BufferBody<S>, HttpPolicy, Constant> {
+) -> tower_backoff::Backoff<tower_backoff::http::BufferBody<S>, HttpPolicy> {
     layer(policy).layer(BufferBodyLayer::new().layer(client))
 }
 

@@ -27,7 +27,7 @@ fn small_bucket() -> Arc<TokenBucket> {
     Arc::new(TokenBucket::builder().capacity(20).build().unwrap())
 }
 
-fn retry_layer(budget: Arc<TokenBucket>) -> BackoffLayer<HttpPolicy, Constant> {
+fn retry_layer(budget: Arc<TokenBucket>) -> BackoffLayer<HttpPolicy> {
     BackoffLayer::builder()
         .policy(HttpPolicy::new())
         .schedule(Constant::new(STEP))

@@ -29,7 +29,7 @@ use http_server::{counting, layer_with, status, unused_addr, Server};
 /// The sleep between ordinary retries.
 const SLEEP: Duration = Duration::from_secs(1);
 
-fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
+fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy> {
     layer_with(policy, Constant::new(SLEEP), 3, None)
 }
 

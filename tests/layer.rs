@@ -54,7 +54,7 @@ impl Service<&'static str> for Flaky {
     }
 }
 
-fn constant(delay: Duration, attempts: u32) -> BackoffLayer<tower_backoff::RetryOnError, Constant> {
+fn constant(delay: Duration, attempts: u32) -> BackoffLayer<tower_backoff::RetryOnError> {
     BackoffLayer::builder()
         .schedule(Constant::new(delay))
         .jitter(Jitter::None)
@@ -115,7 +115,7 @@ trait LayerExt {
         Self: tower::Layer<S>;
 }
 
-impl<P, Sch> LayerExt for BackoffLayer<P, Sch> {
+impl<P> LayerExt for BackoffLayer<P> {
     fn layer_service<S>(&self, s: S) -> <Self as tower::Layer<S>>::Service
     where
         Self: tower::Layer<S>,

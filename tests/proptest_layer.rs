@@ -225,8 +225,7 @@ struct Run {
 fn build(
     case: &Case,
     stats: Stats,
-) -> Result<BackoffLayer<impl tower_backoff::Policy<u32, (), u32> + Clone, AnySchedule>, ConfigError>
-{
+) -> Result<BackoffLayer<impl tower_backoff::Policy<u32, (), u32> + Clone>, ConfigError> {
     let server_delay = case.server_delay;
     let policy = classify_fn(move |_: &u32, _: &Result<(), u32>| match server_delay {
         Some(d) => Decision::retry_after(d).because(Cause::Throttled),

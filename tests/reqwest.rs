@@ -17,7 +17,7 @@ use http_body_util::StreamBody;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::http::{HttpPolicy, IntoReqwestLayer, ReplayBody, ReplayLayer, RetryInfo};
-use tower_backoff::{BackoffLayer, Constant, Schedule};
+use tower_backoff::{BackoffLayer, Constant};
 
 use http_server::{counting, layer, layer_with, status, unused_addr, Reply, Server, STEP};
 use reqwest_cases as cases;
@@ -27,13 +27,10 @@ use reqwest_cases::{busy_once, client, get, info, request, upload_bytes, upload_
 struct Tower;
 
 impl Through for Tower {
-    async fn send_all<S>(
-        layer: BackoffLayer<HttpPolicy, S>,
+    async fn send_all(
+        layer: BackoffLayer<HttpPolicy>,
         requests: Vec<reqwest::Request>,
-    ) -> Vec<reqwest::Response>
-    where
-        S: Schedule + Clone + Send + Sync + 'static,
-    {
+    ) -> Vec<reqwest::Response> {
         let svc = ServiceBuilder::new().layer(layer).service(client());
         let mut responses = Vec::with_capacity(requests.len());
         for request in requests {

@@ -16,17 +16,15 @@ use http_body_util::StreamBody;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use tokio::time::Instant;
 use tower_backoff::http::{BackoffMiddleware, HttpPolicy, RetryInfo};
-use tower_backoff::{
-    AdaptivePacing, BackoffLayer, Budget, Cause, Constant, Jitter, RetryLimits, Schedule,
-};
+use tower_backoff::{AdaptivePacing, BackoffLayer, Budget, Cause, Constant, Jitter, RetryLimits};
 
 use http_server::{layer, layer_with, status, unused_addr, Reply, Server, STEP};
 use reqwest_cases as cases;
 use reqwest_cases::{busy_once, info, upload_bytes, upload_chunks, Through};
 
-fn client<S, T>(layer: BackoffLayer<HttpPolicy, S, T>) -> ClientWithMiddleware
+fn client<T>(layer: BackoffLayer<HttpPolicy, T>) -> ClientWithMiddleware
 where
-    BackoffMiddleware<HttpPolicy, S, T>: Middleware,
+    BackoffMiddleware<HttpPolicy, T>: Middleware,
 {
     ClientBuilder::new(cases::client())
         .with(BackoffMiddleware::new(layer))
@@ -38,13 +36,10 @@ where
 struct Chain;
 
 impl Through for Chain {
-    async fn send_all<S>(
-        layer: BackoffLayer<HttpPolicy, S>,
+    async fn send_all(
+        layer: BackoffLayer<HttpPolicy>,
         requests: Vec<reqwest::Request>,
-    ) -> Vec<reqwest::Response>
-    where
-        S: Schedule + Clone + Send + Sync + 'static,
-    {
+    ) -> Vec<reqwest::Response> {
         let client = client(layer);
         let mut responses = Vec::with_capacity(requests.len());
         for request in requests {
@@ -71,10 +66,7 @@ impl Middleware for CountAttempts {
     }
 }
 
-fn counted<S>(layer: BackoffLayer<HttpPolicy, S>) -> (ClientWithMiddleware, Arc<AtomicUsize>)
-where
-    S: Schedule + Clone + Send + Sync + 'static,
-{
+fn counted(layer: BackoffLayer<HttpPolicy>) -> (ClientWithMiddleware, Arc<AtomicUsize>) {
     let count = CountAttempts::default();
     let attempts = count.0.clone();
     let client = ClientBuilder::new(cases::client())

@@ -74,10 +74,10 @@ pub struct GrpcRetryLayer {
 struct Routes {
     config: ServiceConfig,
     /// One per `methodConfig`, in document order.
-    methods: Vec<BackoffLayer<GrpcPolicy, RetryPolicy>>,
+    methods: Vec<BackoffLayer<GrpcPolicy>>,
     /// For methods no `methodConfig` matches, or matches without a retry
     /// policy: the transparent retry only.
-    unconfigured: BackoffLayer<GrpcPolicy, RetryPolicy>,
+    unconfigured: BackoffLayer<GrpcPolicy>,
     throttle: Option<Arc<RetryThrottle>>,
 }
 
@@ -110,12 +110,12 @@ impl GrpcRetryLayer {
     }
 
     /// The layer calls to `path` get.
-    fn route(&self, path: &str) -> &BackoffLayer<GrpcPolicy, RetryPolicy> {
+    fn route(&self, path: &str) -> &BackoffLayer<GrpcPolicy> {
         route(&self.routes, path)
     }
 }
 
-fn route<'a>(routes: &'a Routes, path: &str) -> &'a BackoffLayer<GrpcPolicy, RetryPolicy> {
+fn route<'a>(routes: &'a Routes, path: &str) -> &'a BackoffLayer<GrpcPolicy> {
     match routes.config.entry(path) {
         Some(index) if routes.config.policies()[index].is_some() => &routes.methods[index],
         _ => &routes.unconfigured,
@@ -256,7 +256,7 @@ pub struct GrpcRetry<S> {
 
 /// The response future of [`GrpcRetry`]: its method's [`Backoff`] future.
 pub type GrpcResponseFuture<S, B> =
-    ResponseFuture<TonicBody<S>, GrpcPolicy, RetryPolicy, Request<ReplayBody<B>>>;
+    ResponseFuture<TonicBody<S>, GrpcPolicy, Request<ReplayBody<B>>>;
 
 impl<S> GrpcRetry<S> {
     /// The wrapped service.
@@ -329,7 +329,7 @@ mod tests {
         .parse()
         .unwrap();
         let layer = GrpcRetryLayer::new(&config).unwrap();
-        let attempts = |path: &str| layer.route(path).schedule().max_attempts();
+        let attempts = |path: &str| layer.route(path).max_attempts();
         assert_eq!(attempts("/a.S/M"), 2);
         assert_eq!(attempts("/a.S/Other"), 3);
         assert_eq!(attempts("/c.S/Any"), 4);

@@ -153,7 +153,7 @@ impl RetryPolicy {
     /// its backoff as the schedule, A6's jitter, its attempts. Add a budget
     /// (a shared [`RetryThrottle`](super::RetryThrottle) for A6's
     /// throttling) and build.
-    pub fn layer(&self) -> BackoffBuilder<GrpcPolicy, RetryPolicy> {
+    pub fn layer(&self) -> BackoffBuilder<GrpcPolicy> {
         BackoffLayer::builder()
             .policy(self.policy())
             .schedule(*self)

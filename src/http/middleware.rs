@@ -21,7 +21,6 @@ use super::reqwest_replay::record;
 use crate::deadline::{self, AttemptTimer, NoTimeout};
 use crate::layer::BackoffLayer;
 use crate::policy::{Policy, RetryLimits};
-use crate::schedule::{Exponential, Schedule};
 
 /// What the middleware's retry layer sees: the request as an `http::Request`
 /// whose body records what it sends, so streaming bodies are retried too.
@@ -61,14 +60,14 @@ type Recorded = Request<ReplayBody<reqwest::Body>>;
 /// # drop(client);
 /// ```
 #[derive(Clone)]
-pub struct BackoffMiddleware<P = HttpPolicy, S = Exponential, T = NoTimeout> {
-    layer: BackoffLayer<P, S, T>,
+pub struct BackoffMiddleware<P = HttpPolicy, T = NoTimeout> {
+    layer: BackoffLayer<P, T>,
     replay_limit: usize,
 }
 
-impl<P, S, T> BackoffMiddleware<P, S, T> {
+impl<P, T> BackoffMiddleware<P, T> {
     /// Retries as `layer` does, sharing its budget and pacing.
-    pub fn new(layer: BackoffLayer<P, S, T>) -> Self {
+    pub fn new(layer: BackoffLayer<P, T>) -> Self {
         Self {
             layer,
             replay_limit: DEFAULT_REPLAY_LIMIT,
@@ -84,18 +83,18 @@ impl<P, S, T> BackoffMiddleware<P, S, T> {
     }
 
     /// The layer whose settings it applies.
-    pub fn layer(&self) -> &BackoffLayer<P, S, T> {
+    pub fn layer(&self) -> &BackoffLayer<P, T> {
         &self.layer
     }
 }
 
-impl<P, S, T> From<BackoffLayer<P, S, T>> for BackoffMiddleware<P, S, T> {
-    fn from(layer: BackoffLayer<P, S, T>) -> Self {
+impl<P, T> From<BackoffLayer<P, T>> for BackoffMiddleware<P, T> {
+    fn from(layer: BackoffLayer<P, T>) -> Self {
         Self::new(layer)
     }
 }
 
-impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for BackoffMiddleware<P, S, T> {
+impl<P, T: fmt::Debug> fmt::Debug for BackoffMiddleware<P, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackoffMiddleware")
             .field("layer", &self.layer)
@@ -105,10 +104,9 @@ impl<P, S: fmt::Debug, T: fmt::Debug> fmt::Debug for BackoffMiddleware<P, S, T> 
 }
 
 #[async_trait::async_trait]
-impl<P, S, T> Middleware for BackoffMiddleware<P, S, T>
+impl<P, T> Middleware for BackoffMiddleware<P, T>
 where
     P: Policy<Recorded, reqwest::Response, T::Error> + Clone + Send + Sync + 'static,
-    S: Schedule + Clone + Send + Sync + 'static,
     T: AttemptTimer<reqwest_middleware::Error> + Send + Sync + 'static,
     T::Timer: Send,
     T::Error: Into<reqwest_middleware::Error> + Send,

@@ -9,7 +9,7 @@ use crate::budget::Budget;
 use crate::error::{check_duration, ConfigError};
 use crate::jitter::Jitter;
 use crate::policy::Policy;
-use crate::schedule::{Exponential, Schedule};
+use crate::schedule::{AnySchedule, Exponential, Schedule};
 
 use super::registry::Shared;
 use super::Poller;
@@ -41,7 +41,7 @@ pub struct PollerBuilder<K, Req, V, E> {
 pub(super) struct Config<K, Req, V, E> {
     pub(super) make_request: Box<MakeRequest<K, Req>>,
     pub(super) policy: Option<Box<dyn Policy<Req, V, E> + Send + Sync>>,
-    pub(super) schedule: Box<dyn Schedule + Send + Sync>,
+    pub(super) schedule: AnySchedule,
     pub(super) jitter: Jitter,
     pub(super) interval: Duration,
     pub(super) timeout: Option<Duration>,
@@ -58,9 +58,9 @@ impl<K, Req, V, E> PollerBuilder<K, Req, V, E> {
             config: Config {
                 make_request: Box::new(make_request),
                 policy: None,
-                schedule: Box::new(
-                    Exponential::new(DEFAULT_INTERVAL).max_delay(Duration::from_secs(300)),
-                ),
+                schedule: Exponential::new(DEFAULT_INTERVAL)
+                    .max_delay(Duration::from_secs(300))
+                    .into(),
                 jitter: Jitter::Full,
                 interval: DEFAULT_INTERVAL,
                 timeout: Some(DEFAULT_TIMEOUT),
@@ -117,7 +117,7 @@ impl<K, Req, V, E> PollerBuilder<K, Req, V, E> {
     /// Delays before re-polling a quarantined provider: the `n`-th failure in
     /// a row waits `schedule.delay(n)`, jittered.
     pub fn schedule(mut self, schedule: impl Schedule + Send + Sync + 'static) -> Self {
-        self.config.schedule = Box::new(schedule);
+        self.config.schedule = schedule.into_any();
         self
     }
 

@@ -55,7 +55,7 @@ pub(super) async fn run<K, Req, V, E, S>(
     // that never ends: a run of failures is one session, started over after
     // each success.
     let rules: Rules<'_, _, dyn Budget> = Rules {
-        schedule: &*config.schedule,
+        schedule: &config.schedule,
         jitter: config.jitter,
         stop_at_cap: false,
         // Checked when the retry goes out, not when it is decided: a poller

@@ -55,10 +55,7 @@ impl BudgetKind {
     ///
     /// # Errors
     /// Never for the built-in settings.
-    pub fn apply<P, S>(
-        self,
-        builder: BackoffBuilder<P, S>,
-    ) -> Result<BackoffBuilder<P, S>, ConfigError> {
+    pub fn apply<P>(self, builder: BackoffBuilder<P>) -> Result<BackoffBuilder<P>, ConfigError> {
         Ok(match self {
             BudgetKind::None => builder.no_budget(),
             BudgetKind::Default => builder,

@@ -69,8 +69,8 @@ pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECO
 pub use server::{Server, ServerGone, ServerModel, ServerSample, Submission};
 pub use storm::Storm;
 pub use strategy::{
-    storm_budget, AnySchedule, RetryErrors, Strategy, BUDGET_RATIO, FIRST_DELAY, FIXED_INTERVAL,
-    MAX_ATTEMPTS, MAX_DELAY, UNTIL_SUCCESS_FACTOR, UNTIL_SUCCESS_MAX_DELAY,
+    storm_budget, RetryErrors, Strategy, BUDGET_RATIO, FIRST_DELAY, FIXED_INTERVAL, MAX_ATTEMPTS,
+    MAX_DELAY, UNTIL_SUCCESS_FACTOR, UNTIL_SUCCESS_MAX_DELAY,
 };
 pub use workload::ClientSample;
 

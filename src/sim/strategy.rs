@@ -1,7 +1,6 @@
 //! The retry strategies the storm compares, as ready-made layers.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::adaptive::AdaptivePacing;
@@ -10,12 +9,9 @@ use crate::error::ConfigError;
 use crate::jitter::Jitter;
 use crate::layer::BackoffLayer;
 use crate::policy::{Cause, Decision, Policy};
-use crate::schedule::{Constant, Exponential, Schedule};
+use crate::schedule::{Constant, Exponential};
 
 use super::budgets::BudgetKind;
-
-/// A schedule of any type, so that every strategy builds the same layer type.
-pub type AnySchedule = Arc<dyn Schedule + Send + Sync>;
 
 /// Attempts per logical request, the first included, for every strategy that
 /// retries: the crate's default (and Spring Retry's), the same for all so that
@@ -154,9 +150,9 @@ impl Strategy {
     /// # Errors
     /// Never for the built-in settings; a [`ConfigError`] would name the
     /// setting.
-    pub fn layer(self, seed: u64) -> Result<BackoffLayer<RetryErrors, AnySchedule>, ConfigError> {
-        let fixed: AnySchedule = Arc::new(Constant::new(FIXED_INTERVAL));
-        let exponential: AnySchedule = Arc::new(Exponential::new(FIRST_DELAY).max_delay(MAX_DELAY));
+    pub fn layer(self, seed: u64) -> Result<BackoffLayer<RetryErrors>, ConfigError> {
+        let fixed = Constant::new(FIXED_INTERVAL);
+        let exponential = Exponential::new(FIRST_DELAY).max_delay(MAX_DELAY);
         let builder = BackoffLayer::builder()
             .policy(RetryErrors::new(Cause::Timeout))
             .max_attempts(MAX_ATTEMPTS)
@@ -207,11 +203,9 @@ impl Strategy {
                 until_success(builder, budget).build()
             }
             Strategy::ExponentialUntilSuccess { budget } => {
-                let schedule: AnySchedule = Arc::new(
-                    Exponential::new(FIXED_INTERVAL)
-                        .factor(UNTIL_SUCCESS_FACTOR)
-                        .max_delay(UNTIL_SUCCESS_MAX_DELAY),
-                );
+                let schedule = Exponential::new(FIXED_INTERVAL)
+                    .factor(UNTIL_SUCCESS_FACTOR)
+                    .max_delay(UNTIL_SUCCESS_MAX_DELAY);
                 let builder = builder.schedule(schedule).jitter(Jitter::Proportional(0.1));
                 until_success(builder, budget).build()
             }
@@ -246,10 +240,10 @@ impl Strategy {
 /// "Until success": no attempt limit, and without the budget a time limit of
 /// a day, longer than any simulated run, since the layer refuses retries that
 /// nothing at all would end.
-fn until_success<P, S>(
-    builder: crate::layer::BackoffBuilder<P, S>,
+fn until_success<P>(
+    builder: crate::layer::BackoffBuilder<P>,
     budget: bool,
-) -> crate::layer::BackoffBuilder<P, S> {
+) -> crate::layer::BackoffBuilder<P> {
     let builder = builder.unlimited_attempts();
     if budget {
         builder

@@ -216,17 +216,17 @@ pub fn counting<R>() -> (impl Fn(R) -> R + Clone, Arc<AtomicUsize>) {
 pub const STEP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A layer that sleeps a fixed [`STEP`] between attempts, up to 3 attempts.
-pub fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy, Constant> {
+pub fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy> {
     layer_with(policy, Constant::new(STEP), 3, None)
 }
 
 /// A layer with no jitter, so the tests can assert exact delays.
-pub fn layer_with<S: Schedule>(
+pub fn layer_with<S: Schedule + Send + Sync + 'static>(
     policy: HttpPolicy,
     schedule: S,
     max_attempts: u32,
     max_elapsed: Option<std::time::Duration>,
-) -> BackoffLayer<HttpPolicy, S> {
+) -> BackoffLayer<HttpPolicy> {
     let builder = BackoffLayer::builder()
         .policy(policy)
         .schedule(schedule)

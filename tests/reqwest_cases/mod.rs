@@ -13,7 +13,7 @@ use http::{Method, StatusCode};
 use http_body::Frame;
 use tokio::time::Instant;
 use tower_backoff::http::{HttpPolicy, RetryInfo, IDEMPOTENCY_KEY};
-use tower_backoff::{BackoffLayer, Exponential, Schedule};
+use tower_backoff::{BackoffLayer, Exponential};
 
 use super::http_server::{
     layer, layer_with, status, status_with, with_chunked_body, Reply, Seen, Server, STEP,
@@ -23,22 +23,17 @@ use super::http_server::{
 pub trait Through {
     /// Sends `requests` one after another through one client built on
     /// `layer`, so that they share its connections; each must succeed.
-    fn send_all<S>(
-        layer: BackoffLayer<HttpPolicy, S>,
+    fn send_all(
+        layer: BackoffLayer<HttpPolicy>,
         requests: Vec<reqwest::Request>,
-    ) -> impl Future<Output = Vec<reqwest::Response>>
-    where
-        S: Schedule + Clone + Send + Sync + 'static;
+    ) -> impl Future<Output = Vec<reqwest::Response>>;
 }
 
 /// Sends `request` through a client built on `layer`.
-pub async fn send<T: Through, S>(
-    layer: BackoffLayer<HttpPolicy, S>,
+pub async fn send<T: Through>(
+    layer: BackoffLayer<HttpPolicy>,
     request: reqwest::Request,
-) -> reqwest::Response
-where
-    S: Schedule + Clone + Send + Sync + 'static,
-{
+) -> reqwest::Response {
     T::send_all(layer, vec![request])
         .await
         .pop()
@@ -92,7 +87,7 @@ fn post_order(server: &Server) -> reqwest::Request {
 
 pub async fn get_is_retried_on_503_and_returns_200<T: Through>() {
     let server = Server::start(busy_once(503)).await;
-    let response = send::<T, _>(layer(HttpPolicy::new()), get(&server)).await;
+    let response = send::<T>(layer(HttpPolicy::new()), get(&server)).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.requests(), 2);
     assert_eq!(info(&response), RetryInfo::new(2, STEP));
@@ -100,14 +95,14 @@ pub async fn get_is_retried_on_503_and_returns_200<T: Through>() {
 
 pub async fn get_is_retried_on_429_and_returns_200<T: Through>() {
     let server = Server::start(busy_once(429)).await;
-    let response = send::<T, _>(layer(HttpPolicy::new()), get(&server)).await;
+    let response = send::<T>(layer(HttpPolicy::new()), get(&server)).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.requests(), 2);
 }
 
 pub async fn post_on_503_is_sent_once_and_its_response_returned<T: Through>() {
     let server = Server::start(|_, _| status(503)).await;
-    let response = send::<T, _>(layer(HttpPolicy::new()), post_order(&server)).await;
+    let response = send::<T>(layer(HttpPolicy::new()), post_order(&server)).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(server.requests(), 1);
     assert_eq!(info(&response).attempts, 1);
@@ -118,7 +113,7 @@ pub async fn post_with_idempotency_key_is_retried_with_the_same_key_and_body<T: 
     let mut post = post_order(&server);
     post.headers_mut()
         .insert(IDEMPOTENCY_KEY, "order-17".parse().unwrap());
-    let response = send::<T, _>(layer(HttpPolicy::new()), post).await;
+    let response = send::<T>(layer(HttpPolicy::new()), post).await;
     assert_eq!(response.status(), StatusCode::OK);
     let seen = server.seen();
     assert_eq!(seen.len(), 2);
@@ -148,7 +143,7 @@ async fn wait_before_retry<T: Through>(
         3,
         None,
     );
-    let response = send::<T, _>(layer, get(&server)).await;
+    let response = send::<T>(layer, get(&server)).await;
     assert_eq!(response.status(), StatusCode::OK);
     let seen = server.seen();
     assert_eq!(seen.len(), 2);
@@ -207,7 +202,7 @@ pub async fn retry_after_longer_than_the_time_left_returns_the_response_at_once<
         Some(Duration::from_secs(5)),
     );
     let started = Instant::now();
-    let response = send::<T, _>(layer, get(&server)).await;
+    let response = send::<T>(layer, get(&server)).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(server.requests(), 1);
     assert!(started.elapsed() < STEP, "no sleep at all");
@@ -260,7 +255,7 @@ async fn signalled<T: Through>(
     })
     .await;
     let layer = layer_with(policy, schedule(Duration::from_secs(10)), 3, None);
-    let response = send::<T, _>(layer, get(&server)).await;
+    let response = send::<T>(layer, get(&server)).await;
     (response.status(), server.requests(), info(&response))
 }
 
@@ -314,7 +309,7 @@ pub async fn server_delays_are_jittered_upward<T: Through>() {
 pub async fn the_server_sees_the_attempt_number<T: Through>() {
     let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
     let policy = HttpPolicy::new().attempt_header(http::HeaderName::from_static("amz-sdk-attempt"));
-    let response = send::<T, _>(layer(policy), get(&server)).await;
+    let response = send::<T>(layer(policy), get(&server)).await;
     assert_eq!(response.status(), StatusCode::OK);
     let attempts: Vec<Option<String>> = server
         .seen()
@@ -330,7 +325,7 @@ pub async fn the_server_sees_the_attempt_number<T: Through>() {
 
 pub async fn without_retry_info_responses_carry_none<T: Through>() {
     let server = Server::start(busy_once(503)).await;
-    let response = send::<T, _>(layer(HttpPolicy::new().without_retry_info()), get(&server)).await;
+    let response = send::<T>(layer(HttpPolicy::new().without_retry_info()), get(&server)).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(response.extensions().get::<RetryInfo>().is_none());
 }

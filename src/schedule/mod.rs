@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use crate::error::{check_duration, ConfigError};
 
+mod any;
+
+pub use any::AnySchedule;
+
 /// The delay before each retry, before jitter.
 ///
 /// `retry` counts retries from 1: `delay(1)` is the wait after the first attempt
@@ -44,6 +48,16 @@ pub trait Schedule {
     /// fails at start-up with the field's name.
     fn validate(&self) -> Result<(), ConfigError> {
         Ok(())
+    }
+
+    /// This schedule as an [`AnySchedule`], the value the layer and the other
+    /// front-ends store. The default shares it behind an `Arc`; the built-ins
+    /// are kept as themselves.
+    fn into_any(self) -> AnySchedule
+    where
+        Self: Sized + Send + Sync + 'static,
+    {
+        AnySchedule::custom(self)
     }
 }
 
@@ -122,6 +136,10 @@ impl Default for Exponential {
 }
 
 impl Schedule for Exponential {
+    fn into_any(self) -> AnySchedule {
+        self.into()
+    }
+
     fn delay(&self, retry: u32) -> Duration {
         if self.initial.is_zero() {
             // 0 × ∞ is NaN in floating point; zero times anything is zero here.
@@ -174,6 +192,10 @@ impl Linear {
 }
 
 impl Schedule for Linear {
+    fn into_any(self) -> AnySchedule {
+        self.into()
+    }
+
     fn delay(&self, retry: u32) -> Duration {
         self.step
             .saturating_mul(retry.saturating_sub(1))
@@ -208,6 +230,10 @@ impl Constant {
 }
 
 impl Schedule for Constant {
+    fn into_any(self) -> AnySchedule {
+        self.into()
+    }
+
     fn delay(&self, _retry: u32) -> Duration {
         self.delay
     }
@@ -248,6 +274,10 @@ impl Table {
 }
 
 impl Schedule for Table {
+    fn into_any(self) -> AnySchedule {
+        self.into()
+    }
+
     fn delay(&self, retry: u32) -> Duration {
         let index = (retry.max(1) as usize - 1).min(self.delays.len().saturating_sub(1));
         self.delays.get(index).copied().unwrap_or_default()

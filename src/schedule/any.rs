@@ -1,0 +1,125 @@
+//! [`AnySchedule`]: any schedule as one value, so that the layer, its services
+//! and their futures need no type parameter for it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Constant, Exponential, Linear, Schedule, Table};
+use crate::error::ConfigError;
+
+/// A [`Schedule`] held as a value: one of the built-ins, or any other behind
+/// an `Arc`.
+///
+/// The schedule is read only after a retry was decided, so it needs no place
+/// in the types of the layer, the service or its future: every setter that
+/// takes a schedule (the layer's builder, [`retry`](fn@crate::retry),
+/// [`Delays`](crate::Delays), the poller) stores it as this. A built-in is
+/// kept as itself, with no allocation and no dynamic call; a schedule of your
+/// own is shared behind one `Arc`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backoff::{AnySchedule, Exponential, Schedule};
+///
+/// let schedule = AnySchedule::new(Exponential::new(Duration::from_millis(100)));
+/// assert_eq!(schedule.delay(3), Duration::from_millis(400));
+/// let custom = AnySchedule::new(tower_backoff::schedule::from_fn(Duration::from_secs(1), |n| {
+///     Duration::from_millis(10 * u64::from(n))
+/// }));
+/// assert_eq!(custom.delay(2), Duration::from_millis(20));
+/// ```
+#[derive(Clone)]
+pub struct AnySchedule(Kind);
+
+#[derive(Clone)]
+enum Kind {
+    Exponential(Exponential),
+    Linear(Linear),
+    Constant(Constant),
+    Table(Table),
+    Custom(Arc<dyn Schedule + Send + Sync>),
+}
+
+impl AnySchedule {
+    /// Holds `schedule`: a built-in as itself, anything else behind an `Arc`.
+    pub fn new<S: Schedule + Send + Sync + 'static>(schedule: S) -> Self {
+        schedule.into_any()
+    }
+
+    /// Holds a schedule of your own behind an `Arc`; [`new`](Self::new) calls
+    /// this for every schedule but the built-ins.
+    pub fn custom(schedule: impl Schedule + Send + Sync + 'static) -> Self {
+        Self(Kind::Custom(Arc::new(schedule)))
+    }
+}
+
+impl Schedule for AnySchedule {
+    fn delay(&self, retry: u32) -> Duration {
+        match &self.0 {
+            Kind::Exponential(s) => s.delay(retry),
+            Kind::Linear(s) => s.delay(retry),
+            Kind::Constant(s) => s.delay(retry),
+            Kind::Table(s) => s.delay(retry),
+            Kind::Custom(s) => s.delay(retry),
+        }
+    }
+
+    fn cap(&self) -> Duration {
+        match &self.0 {
+            Kind::Exponential(s) => s.cap(),
+            Kind::Linear(s) => s.cap(),
+            Kind::Constant(s) => s.cap(),
+            Kind::Table(s) => s.cap(),
+            Kind::Custom(s) => s.cap(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        match &self.0 {
+            Kind::Exponential(s) => s.validate(),
+            Kind::Linear(s) => s.validate(),
+            Kind::Constant(s) => s.validate(),
+            Kind::Table(s) => s.validate(),
+            Kind::Custom(s) => s.validate(),
+        }
+    }
+
+    fn into_any(self) -> AnySchedule {
+        self
+    }
+}
+
+impl Default for AnySchedule {
+    /// [`Exponential::default`]: 100 ms, doubling, capped at 20 s.
+    fn default() -> Self {
+        Self(Kind::Exponential(Exponential::default()))
+    }
+}
+
+impl fmt::Debug for AnySchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Kind::Exponential(s) => s.fmt(f),
+            Kind::Linear(s) => s.fmt(f),
+            Kind::Constant(s) => s.fmt(f),
+            Kind::Table(s) => s.fmt(f),
+            Kind::Custom(s) => f
+                .debug_struct("Custom")
+                .field("cap", &s.cap())
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+macro_rules! builtin {
+    ($($name:ident),*) => {$(
+        impl From<$name> for AnySchedule {
+            fn from(schedule: $name) -> Self {
+                Self(Kind::$name(schedule))
+            }
+        }
+    )*};
+}
+
+builtin!(Exponential, Linear, Constant, Table);
