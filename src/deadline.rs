@@ -216,15 +216,3 @@ impl fmt::Display for TimedOut {
 }
 
 impl StdError for TimedOut {}
-
-/// The HTTP policy classifies what ended the attempt: the inner error as it
-/// would without timeouts, or the time-out.
-#[cfg(feature = "http")]
-impl<E: crate::http::AsStdError> crate::http::AsStdError for Error<E> {
-    fn as_std_error(&self) -> &(dyn StdError + 'static) {
-        match self {
-            Error::Inner(error) => error.as_std_error(),
-            Error::TimedOut(timed_out) => timed_out,
-        }
-    }
-}

@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::engine::{Ending, Retry, Session};
 use crate::policy::{Cause, Decision, Policy};
-use crate::service::{poll_ready_to_send, retry_sent};
+use crate::send::{poll_ready_to_send, retry_sent};
 use crate::stats::Event;
 
 pin_project! {

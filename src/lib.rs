@@ -95,6 +95,7 @@ pub mod policy;
 pub mod poll;
 pub mod retry;
 pub mod schedule;
+mod send;
 mod service;
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]

@@ -2,25 +2,25 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::adaptive::Gate;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::future::{Attempt, RequestLimits, ResponseFuture};
-use crate::layer::BackoffLayer;
 use crate::policy::{ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError};
-use crate::stats::Event;
+use crate::send::{pacing_stamp, poll_ready_to_send};
 
 /// Retries requests to `S` that policy `P` classifies as transient failures,
 /// sleeping between attempts as the layer's schedule and jitter say.
 ///
-/// Built by [`BackoffLayer`]. Cloning it clones the inner service and shares
+/// Built by [`BackoffLayer`](crate::BackoffLayer). Cloning it clones the inner service and shares
 /// the configuration, with the layer's budget, pacing and stats. Each response
 /// future holds its own clone of the inner service, which it readies (after
 /// its turn under pacing) before every retry.
@@ -63,9 +63,11 @@ impl<S: Clone, P, T> Clone for Backoff<S, P, T> {
 }
 
 impl<S, P, T> Backoff<S, P, T> {
-    /// Wraps `inner` with `layer`'s configuration.
-    pub fn new(inner: S, layer: &BackoffLayer<P, T>) -> Self {
-        tower_layer::Layer::layer(layer, inner)
+    /// Wraps `inner` with `layer`'s configuration: a
+    /// [`BackoffLayer`](crate::BackoffLayer)'s, or that of any layer that makes
+    /// this service.
+    pub fn new<L: Layer<S, Service = Self>>(inner: S, layer: &L) -> Self {
+        layer.layer(inner)
     }
 
     pub(crate) fn from_config(inner: S, config: Arc<Config<P, T>>) -> Self {
@@ -245,42 +247,6 @@ where
         let inner = self.inner.clone();
         ResponseFuture::new(attempt, spare, limits, inner, Arc::clone(&self.config))
     }
-}
-
-/// Readiness to send an attempt, first or retry, through `inner`: the turn of
-/// the clone owning `gate` under pacing, then the inner service's readiness.
-#[inline]
-pub(crate) fn poll_ready_to_send<S, Req, P, T>(
-    inner: &mut S,
-    gate: &mut Gate,
-    config: &Config<P, T>,
-    cx: &mut Context<'_>,
-) -> Poll<Result<(), S::Error>>
-where
-    S: Service<Req>,
-{
-    // Pacing first: waiting for a send slot while holding whatever the
-    // inner service reserved (a concurrency permit) could starve it.
-    if let Some(pacing) = config.pacing() {
-        ready!(pacing.poll_send(gate, cx, || config.new_rng()));
-    }
-    inner.poll_ready(cx)
-}
-
-/// A retry goes out through the clone owning `gate` (the caller sends it
-/// through the service [`poll_ready_to_send`] readied): counts it and returns
-/// its pacing stamp.
-#[inline]
-pub(crate) fn retry_sent<P, T>(config: &Config<P, T>, gate: &mut Gate) -> u16 {
-    config.record(Event::Attempt { retry: true });
-    pacing_stamp(config, gate)
-}
-
-/// An attempt goes out through the clone owning `gate`: the stamp its outcome
-/// is reported to the pacing with (0 without pacing).
-#[inline]
-fn pacing_stamp<P, T>(config: &Config<P, T>, gate: &mut Gate) -> u16 {
-    config.pacing().map_or(0, |pacing| pacing.sent(gate))
 }
 
 /// When a request called now must end: `max_elapsed` from now, or the

@@ -37,8 +37,15 @@ impl<B: Clone> CloneBody for B {
 }
 
 /// Another attempt's request: the same method, URI, version, headers and
-/// extensions, with a copy of the body; `None` when the body has none.
-pub(crate) fn copy_request<B: CloneBody>(request: &http::Request<B>) -> Option<http::Request<B>> {
+/// extensions, with a copy of the body; `None` when the body has none. What
+/// the HTTP and gRPC policies' `clone_request` do, for a policy of your own.
+///
+/// ```
+/// let request = http::Request::put("http://example.test/item").body(String::from("x")).unwrap();
+/// let copy = tower_backoff::http::copy_request(&request).unwrap();
+/// assert_eq!((copy.method(), copy.body()), (request.method(), request.body()));
+/// ```
+pub fn copy_request<B: CloneBody>(request: &http::Request<B>) -> Option<http::Request<B>> {
     let mut copy = http::Request::new(request.body().clone_body()?);
     *copy.method_mut() = request.method().clone();
     *copy.uri_mut() = request.uri().clone();
@@ -51,8 +58,9 @@ pub(crate) fn copy_request<B: CloneBody>(request: &http::Request<B>) -> Option<h
 /// `decision`, unless it retries a request whose body can no longer be sent
 /// whole: the copy shares its recording with the body just sent, and if that
 /// outgrew its limit (for gRPC: the call is committed, gRFC A6) the outcome
-/// stands.
-pub(crate) fn unless_spent<B: CloneBody>(decision: Decision, body: &B) -> Decision {
+/// stands. What the HTTP and gRPC policies do after classifying, for a
+/// policy of your own.
+pub fn unless_spent<B: CloneBody>(decision: Decision, body: &B) -> Decision {
     if decision.is_retry() && !body.is_replayable() {
         return Decision::Final;
     }

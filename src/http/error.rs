@@ -230,6 +230,17 @@ impl AsStdError for Box<dyn Error> {
     }
 }
 
+/// The HTTP policy classifies what ended the attempt: the inner error as it
+/// would without attempt timeouts, or the time-out.
+impl<E: AsStdError> AsStdError for crate::deadline::Error<E> {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        match self {
+            crate::deadline::Error::Inner(error) => error.as_std_error(),
+            crate::deadline::Error::TimedOut(timed_out) => timed_out,
+        }
+    }
+}
+
 macro_rules! as_itself {
     ($($ty:ty),* $(,)?) => {$(
         impl AsStdError for $ty {

@@ -140,9 +140,8 @@ mod reqwest_replay;
 mod retry_after;
 mod status;
 
-pub use body::CloneBody;
+pub use body::{copy_request, unless_spent, CloneBody};
 #[cfg(feature = "grpc")]
-pub(crate) use body::{copy_request, unless_spent};
 #[cfg(feature = "reqwest")]
 pub use buffer::BufferReqwestFuture;
 pub use buffer::{

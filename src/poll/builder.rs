@@ -1,6 +1,5 @@
 //! [`PollerBuilder`]: the poller's settings, checked when it is built.
 
-use std::cmp::Ordering;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +8,9 @@ use crate::budget::Budget;
 use crate::error::{check_duration, ConfigError};
 use crate::jitter::Jitter;
 use crate::policy::Policy;
-use crate::schedule::{AnySchedule, Exponential, Schedule};
+use crate::schedule::{Exponential, Schedule};
 
+use super::config::Config;
 use super::registry::Shared;
 use super::Poller;
 
@@ -22,9 +22,6 @@ pub const DEFAULT_MAX_FAILURES: u32 = 3;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_EVENTS_CAPACITY: usize = 1024;
 
-pub(super) type MakeRequest<K, Req> = dyn Fn(&K) -> Req + Send + Sync;
-pub(super) type Rank<V> = dyn Fn(&V, &V) -> Ordering + Send + Sync;
-
 /// Builds a [`Poller`]; every setting is checked by [`build`](Self::build).
 ///
 /// Defaults: polls every 5 s, a 5 s timeout per poll, every error a failure,
@@ -35,21 +32,6 @@ pub(super) type Rank<V> = dyn Fn(&V, &V) -> Ordering + Send + Sync;
 pub struct PollerBuilder<K, Req, V, E> {
     config: Config<K, Req, V, E>,
     events_capacity: usize,
-}
-
-/// Everything the provider tasks read; fixed once built.
-pub(super) struct Config<K, Req, V, E> {
-    pub(super) make_request: Box<MakeRequest<K, Req>>,
-    pub(super) policy: Option<Box<dyn Policy<Req, V, E> + Send + Sync>>,
-    pub(super) schedule: AnySchedule,
-    pub(super) jitter: Jitter,
-    pub(super) interval: Duration,
-    pub(super) timeout: Option<Duration>,
-    pub(super) max_failures: u32,
-    pub(super) reprobe_after: Option<Duration>,
-    pub(super) seed: Option<u64>,
-    pub(super) budget: Option<Box<dyn Budget>>,
-    pub(super) rank: Option<Box<Rank<V>>>,
 }
 
 impl<K, Req, V, E> PollerBuilder<K, Req, V, E> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::board::{Board, Entry, Leader, Snapshot, State};
-use super::builder::Rank;
+use super::config::Rank;
 
 /// The current board, and the one published before it.
 ///

@@ -17,6 +17,7 @@
 
 mod board;
 mod builder;
+mod config;
 mod event;
 mod live_board;
 mod registry;

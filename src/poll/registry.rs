@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::board::{Board, State};
-use super::builder::Config;
+use super::config::Config;
 use super::event::{Event, Failure};
 use super::live_board::LiveBoard;
 

@@ -18,7 +18,7 @@ use crate::limits::UNLIMITED_ATTEMPTS;
 use crate::policy::{Cause, Decision};
 
 use super::board::State;
-use super::builder::Config;
+use super::config::Config;
 use super::event::Failure;
 use super::registry::Shared;
 

@@ -1,0 +1,47 @@
+//! The send step of every attempt, first or retry, in one place: the
+//! sender's turn under pacing, the inner service's readiness, and what the
+//! attempt is stamped and counted as when it goes out.
+
+use std::task::{ready, Context, Poll};
+
+use tower_service::Service;
+
+use crate::adaptive::Gate;
+use crate::config::Config;
+use crate::stats::Event;
+
+/// Readiness to send an attempt, first or retry, through `inner`: the turn of
+/// the clone owning `gate` under pacing, then the inner service's readiness.
+#[inline]
+pub(crate) fn poll_ready_to_send<S, Req, P, T>(
+    inner: &mut S,
+    gate: &mut Gate,
+    config: &Config<P, T>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), S::Error>>
+where
+    S: Service<Req>,
+{
+    // Pacing first: waiting for a send slot while holding whatever the
+    // inner service reserved (a concurrency permit) could starve it.
+    if let Some(pacing) = config.pacing() {
+        ready!(pacing.poll_send(gate, cx, || config.new_rng()));
+    }
+    inner.poll_ready(cx)
+}
+
+/// A retry goes out through the clone owning `gate` (the caller sends it
+/// through the service [`poll_ready_to_send`] readied): counts it and returns
+/// its pacing stamp.
+#[inline]
+pub(crate) fn retry_sent<P, T>(config: &Config<P, T>, gate: &mut Gate) -> u16 {
+    config.record(Event::Attempt { retry: true });
+    pacing_stamp(config, gate)
+}
+
+/// An attempt goes out through the clone owning `gate`: the stamp its outcome
+/// is reported to the pacing with (0 without pacing).
+#[inline]
+pub(crate) fn pacing_stamp<P, T>(config: &Config<P, T>, gate: &mut Gate) -> u16 {
+    config.pacing().map_or(0, |pacing| pacing.sent(gate))
+}
