@@ -124,9 +124,11 @@ impl Delays {
         self
     }
 
-    /// Makes every draw reproducible: the same seed gives the same delays.
+    /// Makes every draw reproducible: the same seed gives the same delays,
+    /// and the same as the first request of a layer
+    /// [seeded](crate::BackoffBuilder::seed) alike.
     pub fn seed(self, seed: u64) -> Self {
-        self.rng(Rng::seeded(seed))
+        self.rng(Rng::stream(seed, 0))
     }
 
     /// Draws from `rng`, for example one [`Rng::stream`] of a seeded family per

@@ -116,7 +116,8 @@ impl<F, W, N> Retry<F, W, N> {
         self
     }
 
-    /// Makes the jitter draws reproducible.
+    /// Makes the jitter draws reproducible: the same as those of the first
+    /// request of a layer [seeded](crate::BackoffBuilder::seed) alike.
     pub fn seed(mut self, seed: u64) -> Self {
         self.limits.seed = Some(seed);
         self
@@ -260,7 +261,7 @@ where
             .max_elapsed
             .map(|limit| Instant::now() + limit.min(MAX_DURATION));
         let rng = match self.limits.seed {
-            Some(seed) => Rng::seeded(seed),
+            Some(seed) => Rng::stream(seed, 0),
             None => Rng::from_entropy(),
         };
         let session = Session::new(self.limits.max_attempts.max(1), deadline).with_rng(rng);
