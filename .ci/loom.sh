@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks the retry budgets with loom: every interleaving of a few threads
-# (src/budget/loom.rs, and gRPC's retry throttling in src/grpc/loom.rs). About 2 CPU-minutes from cold, most of it compiling the
+# (crates/core/src/budget/loom.rs, and gRPC's retry throttling in
+# crates/grpc/src/loom.rs). About 2 CPU-minutes from cold, most of it compiling the
 # dependency tree once; the checks themselves take seconds.
 #
 # A crate-specific cfg, because `--cfg loom` would also switch tokio into its own
@@ -13,4 +14,4 @@ cd "$(dirname "$0")/.."
 RUSTFLAGS="--cfg tower_backoff_loom" \
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR_LOOM:-target/loom}" \
 LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
-    cargo test --features grpc --lib loom -- --test-threads=2
+    cargo test -p tower-backoff-core -p tower-backoff-grpc --lib loom -- --test-threads=2

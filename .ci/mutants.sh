@@ -4,7 +4,7 @@
 # and reruns its tests), so .ci/run does not call it.
 #
 #   .ci/mutants.sh                                # every core file
-#   .ci/mutants.sh src/jitter.rs src/schedule.rs  # a subset
+#   .ci/mutants.sh crates/core/src/jitter.rs      # a subset
 #
 # Each file is mutated on its own, running only the test binaries that
 # exercise it (doc tests are left out: they are examples and the slowest to
@@ -14,7 +14,7 @@
 # It mutates the working tree in place, reusing the warm target/ instead of
 # copying the tree and building every dependency again; cargo-mutants puts
 # each file back after each mutant. So it insists on a clean git tree, where
-# `git checkout -- src` undoes anything an interrupted run left behind.
+# `git checkout -- crates` undoes anything an interrupted run left behind.
 #
 # Environment: MUTANTS_TIMEOUT (seconds per mutant's tests, default 120),
 # MUTANTS_BUILD_TIMEOUT (seconds per build, default 900), MUTANTS_ARGS (extra
@@ -33,35 +33,36 @@ if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
 fi
 
 CORE=(
-    src/future.rs
-    src/budget/
-    src/jitter.rs
-    src/schedule.rs
-    src/http/retry_after.rs
-    src/http/policy.rs
-    src/http/replay.rs
+    crates/core/src/engine.rs
+    crates/core/src/future.rs
+    crates/core/src/budget/
+    crates/core/src/jitter.rs
+    crates/core/src/schedule/
+    crates/http/src/retry_after.rs
+    crates/http/src/policy.rs
+    crates/http/src/replay.rs
 )
 
 # The test binaries that exercise each file (`cargo test` target options).
 tests_for() {
     case "$1" in
-        src/jitter.rs | src/schedule.rs)
+        crates/core/src/jitter.rs | crates/core/src/schedule/)
             echo "--test schedule --test proptest_schedule --test layer --test proptest_layer"
             ;;
-        src/budget/*)
+        crates/core/src/budget/)
             echo "--lib --test budget --test layer --test sim"
             ;;
-        src/http/retry_after.rs)
+        crates/http/src/retry_after.rs)
             echo "--lib --test http"
             ;;
-        src/http/policy.rs)
+        crates/http/src/policy.rs)
             echo "--lib --test http --test hyper_client --test reqwest"
             ;;
-        src/http/replay.rs)
+        crates/http/src/replay.rs)
             echo "--lib --test replay --test http"
             ;;
         *)
-            # src/future.rs and anything else: every test binary.
+            # the engine, the future and anything else: every test binary.
             echo "--lib --tests"
             ;;
     esac
@@ -82,7 +83,9 @@ for file in "${files[@]}"; do
     for arg in $(tests_for "$file"); do targets+=("--cargo-arg=$arg"); done
     echo "== cargo mutants: $file (${targets[*]})"
     # shellcheck disable=SC2086  # MUTANTS_ARGS is split into arguments on purpose
-    cargo mutants --all-features --in-place --baseline skip \
+    # The integration tests live in the root package, the unit tests beside
+    # the code: test the whole workspace, whichever crate the file is in.
+    cargo mutants --all-features --in-place --baseline skip --test-workspace=true \
         --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout "${MUTANTS_BUILD_TIMEOUT:-900}" \
         --file "$glob" --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} ||
         true # a missed mutant is a finding to report, not a script failure

@@ -74,51 +74,24 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
-pub mod adaptive;
-pub mod budget;
-mod config;
-pub mod deadline;
-mod delays;
-mod engine;
-mod error;
-pub mod future;
-#[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-pub mod grpc;
+// The engine and the layer: everything above is theirs, at the top level.
+pub use tower_backoff_core::*;
+
+/// A poller of many providers on the same engine: per-provider backoff,
+/// quarantine and eviction, and a live board of their values.
+pub use tower_backoff_poll as poll;
+pub use tower_backoff_poll::Poller;
+
+/// HTTP retries: the HTTP policy, the server's signals (`Retry-After` and
+/// friends), replayable request bodies, reqwest and reqwest-middleware.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub mod http;
-mod jitter;
-mod layer;
-mod limits;
-pub mod policy;
-pub mod poll;
-pub mod retry;
-pub mod schedule;
-mod send;
-mod service;
-#[cfg(feature = "sim")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
-pub mod sim;
-mod stats;
-mod sync;
+pub use tower_backoff_http as http;
 
-pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
-pub use budget::{Budget, RatioBudget, TokenBucket};
-pub use delays::Delays;
-pub use error::ConfigError;
-pub use future::ResponseFuture;
-pub use jitter::{Jitter, Rng};
-pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};
-pub use policy::{
-    classify_fn, retry_if, Cause, ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryLimits,
-    RetryOnError,
-};
-pub use poll::Poller;
-pub use retry::{retry, Retry};
-pub use schedule::{AnySchedule, Constant, Exponential, Linear, Schedule, Table};
-pub use service::Backoff;
-pub use stats::{Stats, StatsSnapshot};
+/// gRPC retries for tonic, as gRFC A6 specifies them.
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub use tower_backoff_grpc as grpc;
 
 // Every Rust snippet in the README is compiled and run by `cargo test`, so the
 // README cannot drift from the API. Not part of the public docs.

@@ -1,19 +1,19 @@
 //! gRFC A6's retry throttling against the layer's default budget in the
 //! retry-storm simulation: the same clients, schedule and attempts, only the
 //! budget differs. Run with `--nocapture` to see the tables.
-#![cfg(all(feature = "grpc", feature = "sim"))]
+#![cfg(feature = "grpc")]
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tower_backoff::budget::{Budget, TokenBucket};
 use tower_backoff::grpc::RetryThrottle;
-use tower_backoff::sim::{
+use tower_backoff::BackoffBuilder;
+use tower_backoff::{Cause, Decision, Exponential, Jitter, Policy};
+use tower_backoff_sim::{
     storm_table, AttemptError, Request, RetryErrors, Storm, Summary, FIRST_DELAY, MAX_ATTEMPTS,
     MAX_DELAY,
 };
-use tower_backoff::BackoffBuilder;
-use tower_backoff::{Cause, Decision, Exponential, Jitter, Policy};
 
 fn run<P>(storm: &Storm, policy: P, budget: Option<Arc<dyn Budget>>) -> Summary
 where

@@ -1,18 +1,17 @@
 //! Behaviour of the retry-storm simulator: the server model, the scenarios'
 //! determinism, and the results the README quotes, asserted on the
 //! simulation's own output.
-#![cfg(feature = "sim")]
 
 use std::time::Duration;
 
 use tokio::task::LocalSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_backoff::sim::{
+use tower_backoff::{BackoffLayer, Jitter};
+use tower_backoff_sim::{
     Amplification, AttemptError, BudgetSharing, ClientSample, Connection, Contention, Request,
     Server, ServerModel, ServerSample, Storm, StormReport, Strategy,
 };
-use tower_backoff::{BackoffLayer, Jitter};
 
 /// A model whose requests all need exactly the base latency.
 fn exact() -> ServerModel {
@@ -308,7 +307,7 @@ fn a_timeout_shorter_than_the_latency_fails_every_attempt() {
 // README's "10/10" are `#[ignore]`d (about a minute in a debug build):
 // `cargo test --all-features --test sim -- --ignored`.
 
-use tower_backoff::sim::{BudgetKind, PartialFailure};
+use tower_backoff_sim::{BudgetKind, PartialFailure};
 
 /// The default budget's reserve: a full `TokenBucket` of 500 tokens pays for
 /// 100 retries of 5 (the default policy reports errors as transient).

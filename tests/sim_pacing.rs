@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use tower_backoff::sim::{
+use tower_backoff::{AdaptivePacing, BackoffLayer, Cause, PacingMetrics};
+use tower_backoff_sim::{
     Demand, Pacing, PacingReport, RetryErrors, ServerModel, Storm, ThrottledWrites,
 };
-use tower_backoff::{AdaptivePacing, BackoffLayer, Cause, PacingMetrics};
 
 /// Seeds of each storm setting: each run of 1,000 clients takes a few
 /// seconds in a debug build.

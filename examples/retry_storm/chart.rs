@@ -5,7 +5,7 @@ use std::path::Path;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use tower_backoff::sim::StormReport;
+use tower_backoff_sim::StormReport;
 
 const COLORS: [RGBColor; 7] = [
     RGBColor(140, 140, 140), // no retries

@@ -23,7 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::net::TcpListener;
 use tokio::task::LocalSet;
-use tower_backoff::sim::{storm_table, Request, Server, ServerModel, Storm, Strategy};
+use tower_backoff_sim::{storm_table, Request, Server, ServerModel, Storm, Strategy};
 use tower_service::Service;
 
 use crate::{check, Options};

@@ -2,10 +2,10 @@
 //! seconds, and what each retry strategy does to its recovery.
 //!
 //! ```text
-//! cargo run --release --features sim --example retry_storm
-//! cargo run --release --features sim --example retry_storm -- --clients 2000 --outage 20
-//! cargo run --release --features sim --example retry_storm -- --retransmit
-//! cargo run --release --features sim --example retry_storm -- --live
+//! cargo run --release --example retry_storm
+//! cargo run --release --example retry_storm -- --clients 2000 --outage 20
+//! cargo run --release --example retry_storm -- --retransmit
+//! cargo run --release --example retry_storm -- --live
 //! ```
 //!
 //! It simulates every strategy on tokio's paused clock (seeded: the same flags
@@ -22,12 +22,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tower_backoff::sim::{
+use tower_backoff::Jitter;
+use tower_backoff_sim::{
     storm_table, Amplification, AmplificationReport, BudgetKind, BudgetSharing, Contention,
     PartialFailure, PartialFailureReport, ServerModel, Storm, StormReport, Strategy, Table,
     RECOVERY_WINDOW,
 };
-use tower_backoff::Jitter;
 
 const USAGE: &str = "\
 usage: retry_storm [--clients N] [--capacity C] [--outage SECS] [--seed S] [--seeds K]
@@ -334,7 +334,7 @@ impl Run {
             .expect("every strategy runs at least one seed")
     }
 
-    fn summary(&self) -> tower_backoff::sim::Summary {
+    fn summary(&self) -> tower_backoff_sim::Summary {
         self.report().summary()
     }
 }
@@ -361,7 +361,7 @@ const JITTERS: [(Jitter, &str); 4] = [
     (Jitter::Decorrelated, "decorrelated"),
 ];
 
-type ContentionRows = Vec<(usize, Vec<tower_backoff::sim::ContentionReport>)>;
+type ContentionRows = Vec<(usize, Vec<tower_backoff_sim::ContentionReport>)>;
 
 fn contention(seed: u64, mut tick: impl FnMut()) -> Result<ContentionRows, String> {
     CONTENDERS

@@ -1,0 +1,588 @@
+//! The retry engine: one synchronous retry session per request, which every
+//! front-end (the layer's response future, [`retry`](fn@crate::retry),
+//! [`Delays`](crate::Delays) and the poller of `tower-backoff`) asks what
+//! next, so that they all decide alike. Public for those front-ends and for
+//! anyone writing another; a user of the layer never needs it.
+//!
+//! A session owns every decision between two attempts: the stop rules
+//! (attempts, the schedule's cap, the deadline), the delay (the schedule and
+//! its jitter, or the one the server named), the one transparent retry, and
+//! the budget: checked when a retry is decided, charged when it is sent. It
+//! reads no clock and sleeps nowhere: the front-end passes the time in and
+//! does the waiting, so the engine runs, and is tested, without a runtime.
+//!
+//! The order every front-end follows:
+//! 1. an attempt's outcome asks for a retry: [`Session::decide`] gives its
+//!    delay, or how the request ends instead;
+//! 2. the front-end sleeps the delay ([`Session::slept`]) and readies its
+//!    service;
+//! 3. [`Session::send`] commits the retry as it goes out, or refuses it; only
+//!    then do hooks hear of the retry (one rule: hooks fire at send);
+//! 4. an outcome that ends the request as a success refunds the budget,
+//!    told the cause of the last retry ([`Session::last_retry`]).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::budget::Budget;
+use crate::error::MAX_DURATION;
+use crate::jitter::{Jitter, Rng};
+use crate::policy::Cause;
+
+pub use crate::limits::UNLIMITED_ATTEMPTS;
+use crate::schedule::Schedule;
+
+/// How a request ended: the outcome it returns is the last real one, and this
+/// says why no further attempt was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The policy called the outcome a success.
+    Success,
+    /// The policy called the outcome final, or the service failed to become
+    /// ready for a retry.
+    Final,
+    /// No attempt left: the limit, or the schedule reached its cap with
+    /// stop-at-cap.
+    OutOfAttempts,
+    /// The retry would end past the request's deadline, or was ready only
+    /// after it.
+    OutOfTime,
+    /// The budget refused the retry.
+    BudgetRefused,
+    /// The request could not be copied for the retry.
+    NotReplayable,
+}
+
+/// The settings one configuration gives every session: read, never written.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a, S: ?Sized, B: ?Sized> {
+    /// The delay before each retry, before jitter.
+    pub schedule: &'a S,
+    /// How each delay is randomized.
+    pub jitter: Jitter,
+    /// Stop once the schedule's delay reaches its cap (after one last try).
+    pub stop_at_cap: bool,
+    /// The budget retries are checked against when decided and charged to
+    /// when sent, if any.
+    pub budget: Option<&'a B>,
+}
+
+/// A retry decided but not sent yet: the front-end waits `delay`, then asks
+/// [`Session::send`] to commit it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Why the attempt before failed: what the budget charges for.
+    pub cause: Cause,
+    /// How long to wait before sending it.
+    pub delay: Duration,
+    /// The one free retry of a request that never left (`Cause::NotSent`): no
+    /// delay, no attempt counted, no budget.
+    pub transparent: bool,
+    /// When its sleep ends, if the request has a deadline.
+    pub due: Option<Instant>,
+}
+
+impl Retry {
+    /// A retry whose time the front-end sets itself, with no delay of the
+    /// engine's: the poller's re-probe of a provider it evicted.
+    pub fn planned(cause: Cause) -> Self {
+        Self {
+            cause,
+            delay: Duration::ZERO,
+            transparent: false,
+            due: None,
+        }
+    }
+}
+
+/// One request's retries: how many attempts went out, what was slept, and
+/// where the schedule stands.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// Attempts sent so far, the first included.
+    attempts: u32,
+    max_attempts: u32,
+    transparent_used: bool,
+    previous_delay: Duration,
+    /// The count of attempts at which the schedule last restarted: after a
+    /// delay the server named, the next delay the schedule picks is its first
+    /// (as gRPC's clients do after a pushback).
+    restart: u32,
+    slept: Duration,
+    deadline: Option<Instant>,
+    last_retry: Option<Cause>,
+    /// Made at the first jittered delay, so a request that never retries
+    /// never draws.
+    rng: Option<Rng>,
+}
+
+/// How late tokio's timer may wake a sleep: it rounds deadlines up to the
+/// millisecond.
+const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
+
+impl Session {
+    /// A request whose first attempt went out, allowed `max_attempts` in all
+    /// and bound to end by `deadline`, if any.
+    pub fn new(max_attempts: u32, deadline: Option<Instant>) -> Self {
+        Self {
+            attempts: 1,
+            max_attempts,
+            transparent_used: false,
+            previous_delay: Duration::ZERO,
+            restart: 0,
+            slept: Duration::ZERO,
+            deadline,
+            last_retry: None,
+            rng: None,
+        }
+    }
+
+    /// Draws this session's jitter from `rng` rather than one made at its
+    /// first delay.
+    pub fn with_rng(mut self, rng: Rng) -> Self {
+        self.rng = Some(rng);
+        self
+    }
+
+    /// The same session, allowed `max_attempts` in all.
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Attempts allowed in all, the first included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Starts over from the first attempt, as a loop written by hand does
+    /// once it got through: the whole limit is available again and the
+    /// schedule starts from its first delay; the random stream goes on.
+    pub fn reset(&mut self) {
+        let rng = self.rng.take();
+        *self = Self {
+            rng,
+            ..Self::new(self.max_attempts, self.deadline)
+        };
+    }
+
+    /// The delay before the last retry decided, or zero before the first.
+    pub fn previous_delay(&self) -> Duration {
+        self.previous_delay
+    }
+
+    /// Attempts sent so far, the first included.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The time slept before retries so far.
+    pub fn slept(&self) -> Duration {
+        self.slept
+    }
+
+    /// When the request must end, if it must.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// The cause of the last retry sent, if any: what a budget's refund on
+    /// success depends on.
+    pub fn last_retry(&self) -> Option<Cause> {
+        self.last_retry
+    }
+
+    /// Attempts that count against `max_attempts`: the transparent retry
+    /// does not.
+    fn counted(&self) -> u32 {
+        self.attempts - u32::from(self.transparent_used)
+    }
+
+    /// Whether the attempt after the next would still be within
+    /// `max_attempts`: if not, the next one is the last (the transparent retry
+    /// aside).
+    pub fn retryable_after_next(&self) -> bool {
+        self.counted().saturating_add(1) < self.max_attempts
+    }
+
+    /// An attempt's outcome asked for a retry for `cause`, after `after` if
+    /// the server named a delay: the retry to wait for, or how the request
+    /// ends instead. `replayable` says whether the front-end can still send
+    /// the request again; `now` is read only when the request has a deadline.
+    /// Charges nothing: the budget pays in [`send`](Self::send).
+    pub fn decide<S, B>(
+        &mut self,
+        rules: &Rules<'_, S, B>,
+        after: Option<Duration>,
+        cause: Cause,
+        replayable: bool,
+        now: impl FnOnce() -> Instant,
+        new_rng: impl FnOnce() -> Rng,
+    ) -> Result<Retry, Ending>
+    where
+        S: Schedule + ?Sized,
+        B: Budget + ?Sized,
+    {
+        let transparent = cause == Cause::NotSent && !self.transparent_used;
+        if self.counted() >= self.max_attempts && self.max_attempts != UNLIMITED_ATTEMPTS {
+            // `max_attempts(1)` turns every retry off, transparent ones too.
+            if !transparent || self.max_attempts == 1 {
+                return Err(Ending::OutOfAttempts);
+            }
+        }
+        if !replayable {
+            return Err(Ending::NotReplayable);
+        }
+        let capped = rules.stop_at_cap && rules.schedule.delay(self.step()) >= rules.schedule.cap();
+        if capped && !transparent && after.is_none() {
+            return Err(Ending::OutOfAttempts);
+        }
+        let delay = match (transparent, after) {
+            (true, _) => Duration::ZERO,
+            // Never before the server asked: the policy bounds what it accepts.
+            (false, Some(asked)) => asked.min(MAX_DURATION),
+            (false, None) => self.next_delay(rules.schedule, rules.jitter, new_rng),
+        };
+        let mut due = None;
+        if let Some(deadline) = self.deadline {
+            match now().checked_add(delay) {
+                Some(at) if at <= deadline => due = Some(at),
+                _ => return Err(Ending::OutOfTime),
+            }
+        }
+        if !transparent && rules.budget.is_some_and(|b| !b.would_allow(cause)) {
+            return Err(Ending::BudgetRefused);
+        }
+        self.previous_delay = delay;
+        if after.is_some() && !transparent {
+            self.restart = self.counted();
+        }
+        Ok(Retry {
+            cause,
+            delay,
+            transparent,
+            due,
+        })
+    }
+
+    /// The schedule's next delay, jittered, without deciding a retry: what a
+    /// loop waits when the budget refused the retry it decided (the poller
+    /// polls again later instead of giving up).
+    pub fn next_delay<S: Schedule + ?Sized>(
+        &mut self,
+        schedule: &S,
+        jitter: Jitter,
+        new_rng: impl FnOnce() -> Rng,
+    ) -> Duration {
+        // A schedule capped at zero never sleeps, whatever the jitter.
+        if schedule.cap().is_zero() {
+            return Duration::ZERO;
+        }
+        let step = self.step();
+        let rng = self.rng.get_or_insert_with(new_rng);
+        let delay = jitter.delay(schedule, step, self.previous_delay, rng);
+        self.previous_delay = delay;
+        delay
+    }
+
+    /// The schedule's step: retries since it last restarted.
+    fn step(&self) -> u32 {
+        self.counted().saturating_sub(self.restart)
+    }
+
+    /// The sleep before `retry` is over.
+    pub fn slept_for(&mut self, retry: &Retry) {
+        self.slept = self.slept.saturating_add(retry.delay);
+    }
+
+    /// `retry` is about to go out: commits it and returns what `copy` makes of
+    /// the request, or how the request ends instead. In this order: a retry
+    /// ready only after the deadline is late; a request that cannot be copied
+    /// any more is not replayable; then the budget pays, and only then is the
+    /// retry counted. `now` is read only when the request has a deadline.
+    pub fn send<B, R>(
+        &mut self,
+        retry: &Retry,
+        budget: Option<&B>,
+        now: impl FnOnce() -> Instant,
+        copy: impl FnOnce(&Self) -> Option<R>,
+    ) -> Result<R, Ending>
+    where
+        B: Budget + ?Sized,
+    {
+        if let Some(deadline) = self.deadline {
+            // No attempt starts once the deadline has passed; but a sleep
+            // allowed to end at the deadline wakes up to one timer tick after
+            // it, and that alone does not make it late. Waiting for readiness
+            // does.
+            let now = now();
+            let woke_on_time = retry.due.is_some_and(|due| now <= due + TIMER_RESOLUTION);
+            if now > deadline && !woke_on_time {
+                return Err(Ending::OutOfTime);
+            }
+        }
+        let copy = copy(self).ok_or(Ending::NotReplayable)?;
+        if !retry.transparent && budget.is_some_and(|b| !b.try_retry(retry.cause)) {
+            return Err(Ending::BudgetRefused);
+        }
+        // Saturating: unlimited attempts may count past u32::MAX.
+        self.attempts = self.attempts.saturating_add(1);
+        self.transparent_used |= retry.transparent;
+        self.last_retry = Some(retry.cause);
+        Ok(copy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{Constant, Exponential};
+    use crate::TokenBucket;
+
+    const NO_BUDGET: Option<&TokenBucket> = None;
+
+    fn rules<S: Schedule>(schedule: &S) -> Rules<'_, S, TokenBucket> {
+        Rules {
+            schedule,
+            jitter: Jitter::None,
+            stop_at_cap: false,
+            budget: NO_BUDGET,
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn never() -> Instant {
+        unreachable!("no deadline: the clock is not read")
+    }
+
+    fn rng() -> Rng {
+        Rng::seeded(1)
+    }
+
+    /// Decides and sends a plain retry, returning its delay.
+    fn retry_once<S: Schedule>(
+        session: &mut Session,
+        rules: &Rules<'_, S, TokenBucket>,
+    ) -> Result<Duration, Ending> {
+        let retry = session.decide(rules, None, Cause::Transient, true, never, rng)?;
+        session.slept_for(&retry);
+        session.send(&retry, rules.budget, never, |_| Some(()))?;
+        Ok(retry.delay)
+    }
+
+    #[test]
+    fn delays_follow_the_schedule_until_the_attempts_are_spent() {
+        let schedule = Exponential::new(ms(100));
+        let rules = rules(&schedule);
+        let mut session = Session::new(4, None);
+        let delays: Vec<_> = (0..4).map(|_| retry_once(&mut session, &rules)).collect();
+        assert_eq!(
+            delays,
+            [
+                Ok(ms(100)),
+                Ok(ms(200)),
+                Ok(ms(400)),
+                Err(Ending::OutOfAttempts)
+            ]
+        );
+        assert_eq!(session.attempts(), 4);
+        assert_eq!(session.slept(), ms(700));
+    }
+
+    #[test]
+    fn a_server_delay_is_used_as_asked_and_restarts_the_schedule() {
+        let schedule = Exponential::new(ms(100)).max_delay(ms(400));
+        let rules = rules(&schedule);
+        let mut session = Session::new(10, None);
+        assert_eq!(retry_once(&mut session, &rules), Ok(ms(100)));
+        let asked = session
+            .decide(
+                &rules,
+                Some(Duration::from_secs(30)),
+                Cause::Throttled,
+                true,
+                never,
+                rng,
+            )
+            .unwrap();
+        // Past the schedule's cap: never before the server asked.
+        assert_eq!(asked.delay, Duration::from_secs(30));
+        session
+            .send(&asked, NO_BUDGET, never, |_| Some(()))
+            .unwrap();
+        assert_eq!(retry_once(&mut session, &rules), Ok(ms(100)));
+        assert_eq!(retry_once(&mut session, &rules), Ok(ms(200)));
+    }
+
+    #[test]
+    fn one_transparent_retry_is_free_and_immediate_then_counts() {
+        let schedule = Constant::new(ms(50));
+        let rules = rules(&schedule);
+        let mut session = Session::new(2, None);
+        let free = session
+            .decide(&rules, None, Cause::NotSent, true, never, rng)
+            .unwrap();
+        assert!(free.transparent);
+        assert_eq!(free.delay, Duration::ZERO);
+        session.send(&free, NO_BUDGET, never, |_| Some(())).unwrap();
+        // The free one did not count: one ordinary retry is left.
+        let second = session
+            .decide(&rules, None, Cause::NotSent, true, never, rng)
+            .unwrap();
+        assert!(!second.transparent);
+        assert_eq!(second.delay, ms(50));
+        session
+            .send(&second, NO_BUDGET, never, |_| Some(()))
+            .unwrap();
+        assert_eq!(
+            session.decide(&rules, None, Cause::NotSent, true, never, rng),
+            Err(Ending::OutOfAttempts)
+        );
+    }
+
+    #[test]
+    fn one_attempt_allows_no_retry_at_all_not_even_a_transparent_one() {
+        let schedule = Constant::new(ms(50));
+        let mut session = Session::new(1, None);
+        assert_eq!(
+            session.decide(&rules(&schedule), None, Cause::NotSent, true, never, rng),
+            Err(Ending::OutOfAttempts)
+        );
+    }
+
+    #[test]
+    fn stop_at_cap_makes_the_attempt_after_the_last_delay_below_the_cap_the_last() {
+        let schedule = Exponential::new(ms(1_000)).max_delay(ms(10_000));
+        let rules = Rules {
+            stop_at_cap: true,
+            ..rules(&schedule)
+        };
+        let mut session = Session::new(UNLIMITED_ATTEMPTS, None);
+        let mut delays = Vec::new();
+        let ending = loop {
+            match retry_once(&mut session, &rules) {
+                Ok(delay) => delays.push(delay),
+                Err(ending) => break ending,
+            }
+        };
+        assert_eq!(delays, [1_000, 2_000, 4_000, 8_000].map(ms));
+        assert_eq!(ending, Ending::OutOfAttempts);
+        assert_eq!(session.attempts(), 5);
+    }
+
+    #[test]
+    fn a_retry_whose_sleep_would_pass_the_deadline_is_not_decided() {
+        let start = Instant::now();
+        let schedule = Constant::new(ms(1_000));
+        let rules = rules(&schedule);
+        let mut session = Session::new(100, Some(start + ms(2_500)));
+        let at = |offset| move || start + ms(offset);
+        let first = session
+            .decide(&rules, None, Cause::Transient, true, at(0), rng)
+            .unwrap();
+        assert_eq!(first.due, Some(start + ms(1_000)));
+        session
+            .send(&first, NO_BUDGET, at(1_000), |_| Some(()))
+            .unwrap();
+        let second = session
+            .decide(&rules, None, Cause::Transient, true, at(1_000), rng)
+            .unwrap();
+        session
+            .send(&second, NO_BUDGET, at(2_000), |_| Some(()))
+            .unwrap();
+        assert_eq!(
+            session.decide(&rules, None, Cause::Transient, true, at(2_000), rng),
+            Err(Ending::OutOfTime)
+        );
+    }
+
+    #[test]
+    fn a_retry_ready_only_after_the_deadline_is_late_but_a_timer_tick_is_not() {
+        let start = Instant::now();
+        let schedule = Constant::new(ms(1_000));
+        let rules = rules(&schedule);
+        let mut session = Session::new(3, Some(start + ms(1_000)));
+        let retry = session
+            .decide(&rules, None, Cause::Transient, true, || start, rng)
+            .unwrap();
+        let mut on_time = session.clone();
+        assert_eq!(
+            on_time.send(&retry, NO_BUDGET, || start + ms(1_001), |_| Some(())),
+            Ok(())
+        );
+        assert_eq!(
+            session.send(&retry, NO_BUDGET, || start + ms(1_002), |_| Some(())),
+            Err(Ending::OutOfTime)
+        );
+        assert_eq!(session.attempts(), 1);
+    }
+
+    #[test]
+    fn the_budget_is_checked_at_decision_and_charged_only_at_send() {
+        let bucket = TokenBucket::builder()
+            .capacity(10)
+            .retry_cost(5)
+            .build()
+            .unwrap();
+        let schedule = Constant::new(ms(10));
+        let rules = Rules {
+            budget: Some(&bucket),
+            ..rules(&schedule)
+        };
+        let mut session = Session::new(10, None);
+        let first = session
+            .decide(&rules, None, Cause::Transient, true, never, rng)
+            .unwrap();
+        // Decided, not sent: nothing spent, so a second decision is allowed too.
+        assert!(bucket.would_allow(Cause::Transient));
+        session
+            .send(&first, rules.budget, never, |_| Some(()))
+            .unwrap();
+        assert_eq!(retry_once(&mut session, &rules), Ok(ms(10)));
+        assert_eq!(retry_once(&mut session, &rules), Err(Ending::BudgetRefused));
+        assert_eq!(session.attempts(), 3);
+    }
+
+    #[test]
+    fn a_request_that_cannot_be_copied_ends_before_the_budget_pays() {
+        let bucket = TokenBucket::builder()
+            .capacity(5)
+            .retry_cost(5)
+            .timeout_cost(5)
+            .build()
+            .unwrap();
+        let schedule = Constant::new(ms(10));
+        let rules = Rules {
+            budget: Some(&bucket),
+            ..rules(&schedule)
+        };
+        let mut session = Session::new(3, None);
+        assert_eq!(
+            session.decide(&rules, None, Cause::Transient, false, never, rng),
+            Err(Ending::NotReplayable)
+        );
+        let retry = session
+            .decide(&rules, None, Cause::Transient, true, never, rng)
+            .unwrap();
+        assert_eq!(
+            session.send(&retry, rules.budget, never, |_| None::<()>),
+            Err(Ending::NotReplayable)
+        );
+        assert!(bucket.would_allow(Cause::Transient), "nothing was charged");
+    }
+
+    #[test]
+    fn a_schedule_capped_at_zero_never_sleeps_whatever_the_jitter() {
+        let schedule = Constant::new(Duration::ZERO);
+        let rules = Rules {
+            jitter: Jitter::Decorrelated,
+            ..rules(&schedule)
+        };
+        let mut session = Session::new(3, None);
+        assert_eq!(retry_once(&mut session, &rules), Ok(Duration::ZERO));
+    }
+}

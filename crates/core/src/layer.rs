@@ -1,0 +1,462 @@
+//! [`BackoffLayer`], the `tower_layer::Layer` that wraps a service in
+//! [`Backoff`], and its builder.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use crate::adaptive::AdaptivePacing;
+use crate::budget::{self, Budget, TokenBucket};
+use crate::config::{Config, LayerBudget, Streams};
+use crate::deadline::{AttemptTimeout, NoTimeout};
+use crate::error::{check_duration, ConfigError};
+use crate::jitter::Jitter;
+use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
+use crate::policy::{OnRetry, RetryOnError};
+use crate::schedule::{AnySchedule, Schedule};
+use crate::service::Backoff;
+use crate::stats::Stats;
+
+pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
+
+/// Wraps services in [`Backoff`], which retries transient failures after
+/// exponential, jittered sleeps.
+///
+/// Defaults: [`RetryOnError`], 3 attempts, [`Exponential`](crate::Exponential) from 100 ms doubling
+/// up to 20 s, [`Jitter::Full`], no time limit, no pacing, no stats, and a
+/// retry [budget](crate::budget) shared by every service the layer wraps and
+/// all their clones, so that retries cannot multiply the load of an outage.
+/// Each layer value has its own budget: build the layer once and use it for
+/// every client of one server (or pass the same `Arc` budget to several
+/// layers); [`no_budget`](BackoffBuilder::no_budget) opts out.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_backoff::{BackoffLayer, Exponential};
+///
+/// let layer = BackoffLayer::builder()
+///     .max_attempts(4)
+///     .schedule(Exponential::new(Duration::from_millis(1)))
+///     .build()?;
+///
+/// let calls = std::sync::atomic::AtomicU32::new(0);
+/// let flaky = service_fn(|x: u32| {
+///     let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///     async move { if n < 2 { Err("busy") } else { Ok(x * 2) } }
+/// });
+/// let svc = ServiceBuilder::new().layer(layer).service(flaky);
+/// assert_eq!(svc.oneshot(21).await?, 42);
+/// # Ok(())
+/// # }
+/// ```
+pub struct BackoffLayer<P = RetryOnError, T = NoTimeout> {
+    // Shared, not copied, by every service the layer makes and every
+    // response future: one reference count per request instead of a copy of
+    // the settings.
+    config: Arc<Config<P, T>>,
+}
+
+impl<P, T> Clone for BackoffLayer<P, T> {
+    fn clone(&self) -> Self {
+        Self {
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl BackoffLayer {
+    /// A builder starting from the defaults.
+    pub fn builder() -> BackoffBuilder {
+        BackoffBuilder::default()
+    }
+
+    /// A layer with every default.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Default for BackoffLayer {
+    fn default() -> Self {
+        BackoffBuilder::default()
+            .build()
+            .expect("the default settings are valid")
+    }
+}
+
+impl<P, T> BackoffLayer<P, T> {
+    /// The policy this layer gives its services.
+    pub fn policy(&self) -> &P {
+        &self.config.policy
+    }
+
+    /// The schedule this layer gives its services.
+    pub fn schedule(&self) -> &AnySchedule {
+        &self.config.schedule
+    }
+
+    /// Attempts per request, the first included, unless a request sets its
+    /// own.
+    pub fn max_attempts(&self) -> u32 {
+        self.config.max_attempts
+    }
+
+    /// The counters this layer's services update, if it was given any.
+    pub fn stats(&self) -> Option<&Stats> {
+        self.config.stats.as_ref()
+    }
+
+    /// The pacing this layer's services share, if it was given one.
+    pub fn pacing(&self) -> Option<&AdaptivePacing> {
+        self.config.pacing.as_ref()
+    }
+}
+
+impl<Svc, P, T> Layer<Svc> for BackoffLayer<P, T> {
+    type Service = Backoff<Svc, P, T>;
+
+    fn layer(&self, inner: Svc) -> Self::Service {
+        Backoff::from_config(inner, Arc::clone(&self.config))
+    }
+}
+
+impl<P, T: fmt::Debug> fmt::Debug for BackoffLayer<P, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackoffLayer")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// Builds a [`BackoffLayer`]; every setting is checked by [`build`](Self::build).
+#[must_use]
+pub struct BackoffBuilder<P = RetryOnError, T = NoTimeout> {
+    policy: P,
+    schedule: AnySchedule,
+    timeouts: T,
+    settings: Settings,
+}
+
+/// Everything but the policy and the schedule, whose types the builder changes.
+#[derive(Default)]
+struct Settings {
+    limits: Limits,
+    attempt_timeout: Option<Duration>,
+    budget: BudgetChoice,
+    pacing: Option<AdaptivePacing>,
+    stats: Option<Stats>,
+}
+
+/// Which budget a layer gets: unless told otherwise, a new default one.
+#[derive(Default)]
+enum BudgetChoice {
+    #[default]
+    Default,
+    // A token bucket is kept by value, like the default one: no dynamic call.
+    Bucket(TokenBucket),
+    Given(Box<dyn Budget>),
+    None,
+}
+
+impl Default for BackoffBuilder {
+    fn default() -> Self {
+        Self {
+            policy: RetryOnError,
+            schedule: AnySchedule::default(),
+            timeouts: NoTimeout,
+            settings: Settings::default(),
+        }
+    }
+}
+
+impl<P, T> BackoffBuilder<P, T> {
+    /// Decides which outcomes are retried (default [`RetryOnError`]).
+    pub fn policy<P2>(self, policy: P2) -> BackoffBuilder<P2, T> {
+        BackoffBuilder {
+            policy,
+            schedule: self.schedule,
+            timeouts: self.timeouts,
+            settings: self.settings,
+        }
+    }
+
+    /// Decides how long to wait before each retry (default
+    /// [`Exponential`](crate::Exponential) from
+    /// 100 ms, doubling, capped at 20 s).
+    pub fn schedule(mut self, schedule: impl Schedule + Send + Sync + 'static) -> Self {
+        self.schedule = schedule.into_any();
+        self
+    }
+
+    /// Gives every attempt at most `limit`, and no more than the time left
+    /// before the request's deadline (its [`max_elapsed`](Self::max_elapsed)
+    /// or a per-request [`RetryLimits`](crate::RetryLimits) deadline): a hung
+    /// attempt is cut short and, if the policy says so, retried. The layer's
+    /// error becomes [`deadline::Error`](crate::deadline::Error), which holds
+    /// the inner service's error as is or the time-out (see [`deadline`](crate::deadline)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// let calls = std::sync::atomic::AtomicU32::new(0);
+    /// let hangs_once = service_fn(|()| {
+    ///     let first = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+    ///     async move {
+    ///         if first {
+    ///             std::future::pending::<()>().await;
+    ///         }
+    ///         Ok::<_, std::io::Error>("done")
+    ///     }
+    /// });
+    /// let layer = BackoffLayer::builder()
+    ///     .attempt_timeout(Duration::from_secs(1))
+    ///     .max_elapsed(Duration::from_secs(10))
+    ///     .build()?;
+    /// let svc = tower::Layer::layer(&layer, hangs_once);
+    /// assert_eq!(svc.oneshot(()).await?, "done");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn attempt_timeout(self, limit: Duration) -> BackoffBuilder<P, AttemptTimeout> {
+        let mut settings = self.settings;
+        settings.attempt_timeout = Some(limit);
+        BackoffBuilder {
+            policy: self.policy,
+            schedule: self.schedule,
+            timeouts: AttemptTimeout { limit },
+            settings,
+        }
+    }
+
+    /// Randomizes each delay (default [`Jitter::Full`]).
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.settings.limits.jitter = jitter;
+        self
+    }
+
+    /// Attempts per request, the first included (default 3; 1 disables retries).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.settings.limits.max_attempts = attempts;
+        self
+    }
+
+    /// No limit on attempts: retries go on until the time limit
+    /// ([`max_elapsed`](Self::max_elapsed)), the budget, or the policy ends
+    /// them. With neither a time limit nor a budget nothing would,
+    /// so [`build`](Self::build) refuses that combination.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// // Bounded by the default budget and one minute per request.
+    /// let layer = BackoffLayer::builder()
+    ///     .unlimited_attempts()
+    ///     .max_elapsed(Duration::from_secs(60))
+    ///     .build()?;
+    /// # drop(layer);
+    /// let endless = BackoffLayer::builder().unlimited_attempts().no_budget().build();
+    /// assert_eq!(endless.unwrap_err().field(), "max_attempts");
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn unlimited_attempts(mut self) -> Self {
+        self.settings.limits.max_attempts = UNLIMITED_ATTEMPTS;
+        self
+    }
+
+    /// Retries while the schedule's delay is below its cap, then stops: the
+    /// attempt after the last delay below the cap is the last one, and its
+    /// outcome is returned. The rule of "retry while the delay is below the
+    /// maximum, then try once more and let the error propagate": from 1 s
+    /// doubling to a 10 s cap, the sleeps are 1, 2, 4 and 8 s, and the fifth
+    /// attempt is the last. The attempt limit still applies; combine with
+    /// [`unlimited_attempts`](Self::unlimited_attempts) to let the cap alone
+    /// decide. Delays a server asks for are not affected.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backoff::{BackoffLayer, Exponential};
+    ///
+    /// let layer = BackoffLayer::builder()
+    ///     .schedule(Exponential::new(Duration::from_secs(1)).max_delay(Duration::from_secs(10)))
+    ///     .unlimited_attempts()
+    ///     .stop_at_cap()
+    ///     .build()?;
+    /// # drop(layer);
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn stop_at_cap(mut self) -> Self {
+        self.settings.limits.stop_at_cap = true;
+        self
+    }
+
+    /// Time limit for a whole request, from its first attempt: no retry starts
+    /// whose sleep would end past it. Attempts themselves are not cut short; put
+    /// a `tower::timeout` outside the layer for that.
+    pub fn max_elapsed(mut self, limit: Duration) -> Self {
+        self.settings.limits.max_elapsed = Some(limit);
+        self
+    }
+
+    /// Makes every jitter draw reproducible: with the same seed and the same
+    /// order of requests, every delay is the same. Requests still draw from
+    /// independent streams.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.settings.limits.seed = Some(seed);
+        self
+    }
+
+    /// Caps retries with `budget` instead of the default one; it is shared by
+    /// every service the layer wraps and all their clones. Pass an `Arc` to
+    /// share one budget between several layers too.
+    pub fn budget(mut self, budget: impl Budget + 'static) -> Self {
+        let mut slot = Some(budget);
+        let bucket = (&mut slot as &mut dyn Any)
+            .downcast_mut::<Option<TokenBucket>>()
+            .and_then(Option::take);
+        self.settings.budget = match (bucket, slot) {
+            (Some(bucket), _) => BudgetChoice::Bucket(bucket),
+            (None, Some(given)) => BudgetChoice::Given(Box::new(given)),
+            // Only a bucket is taken out of the slot.
+            (None, None) => BudgetChoice::Default,
+        };
+        self
+    }
+
+    /// Retries with no budget: only the attempt and time limits bound them.
+    ///
+    /// In a full outage every request then makes all its attempts, multiplying
+    /// the load on the server by `max_attempts`. Opt out only where that
+    /// cannot hurt: a single client of a server nobody else uses, a test, or a
+    /// service that is already budgeted further out.
+    pub fn no_budget(mut self) -> Self {
+        self.settings.budget = BudgetChoice::None;
+        self
+    }
+
+    /// Paces every request of every clone, first attempts included, slowing
+    /// all of them down while the server throttles. Keep a clone of the handle
+    /// to read its metrics or [`reset`](AdaptivePacing::reset) it.
+    pub fn pacing(mut self, pacing: AdaptivePacing) -> Self {
+        self.settings.pacing = Some(pacing);
+        self
+    }
+
+    /// Counts requests, attempts, retries and how requests ended into `stats`.
+    /// Keep a clone of the handle to read them; give the same handle to
+    /// several layers to add their counts up.
+    pub fn stats(mut self, stats: Stats) -> Self {
+        self.settings.stats = Some(stats);
+        self
+    }
+
+    /// Calls `hook(&request, attempt, delay, &outcome)` for each retry as it
+    /// goes out (never for a retry that was stopped): `attempt` is the number
+    /// of the attempt that failed, `delay` the sleep before the retry,
+    /// `outcome` the outcome the retry replaces. It wraps the policy set
+    /// so far (see [`OnRetry`]), so call it after [`policy`](Self::policy).
+    ///
+    /// Like [`retry_if`](crate::retry_if), the closure needs its argument
+    /// types written out here; [`Backoff::on_retry`] on a wrapped service
+    /// infers them instead:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// let layer = BackoffLayer::builder()
+    ///     .on_retry(|req: &String, attempt: u32, delay: Duration, _: &Result<String, std::io::Error>| {
+    ///         eprintln!("{req}: attempt {attempt} failed, retrying in {delay:?}");
+    ///     })
+    ///     .build()?;
+    /// # drop(layer);
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn on_retry<F>(self, hook: F) -> BackoffBuilder<OnRetry<P, F>, T> {
+        BackoffBuilder {
+            policy: OnRetry::new(self.policy, hook),
+            schedule: self.schedule,
+            timeouts: self.timeouts,
+            settings: self.settings,
+        }
+    }
+
+    /// Checks every setting and builds the layer.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first setting that cannot work: zero
+    /// attempts, a zero or absurd (over a year) time limit, a proportional jitter
+    /// outside `[0, 1]`, or whatever the schedule's own
+    /// [`validate`](Schedule::validate) rejects.
+    pub fn build(self) -> Result<BackoffLayer<P, T>, ConfigError> {
+        let Settings {
+            limits,
+            attempt_timeout,
+            budget,
+            pacing,
+            stats,
+        } = self.settings;
+        limits.validate(&self.schedule)?;
+        if let Some(limit) = attempt_timeout {
+            if limit.is_zero() {
+                return Err(ConfigError::new(
+                    "attempt_timeout",
+                    "must be longer than zero",
+                ));
+            }
+            check_duration("attempt_timeout", limit)?;
+        }
+        limits.check_bounded(!matches!(budget, BudgetChoice::None))?;
+        let budget = match budget {
+            BudgetChoice::Default => Some(LayerBudget::Bucket(budget::default_budget())),
+            BudgetChoice::Bucket(bucket) => Some(LayerBudget::Bucket(bucket)),
+            BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
+            BudgetChoice::None => None,
+        };
+        Ok(BackoffLayer {
+            config: Arc::new(Config {
+                policy: self.policy,
+                schedule: self.schedule,
+                jitter: limits.jitter,
+                max_attempts: limits.max_attempts,
+                max_elapsed: limits.max_elapsed,
+                stop_at_cap: limits.stop_at_cap,
+                timeouts: self.timeouts,
+                budget: budget.map(Arc::new),
+                pacing,
+                stats,
+                streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
+            }),
+        })
+    }
+}
+
+impl<P, T> fmt::Debug for BackoffBuilder<P, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackoffBuilder")
+            .field("schedule", &self.schedule)
+            .field("limits", &self.settings.limits)
+            .field("attempt_timeout", &self.settings.attempt_timeout)
+            .field(
+                "budget",
+                &match self.settings.budget {
+                    BudgetChoice::Default => "default",
+                    BudgetChoice::Given(_) | BudgetChoice::Bucket(_) => "given",
+                    BudgetChoice::None => "none",
+                },
+            )
+            .field("pacing", &self.settings.pacing)
+            .field("stats", &self.settings.stats.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,48 @@
+//! The retry engine and the tower layer of
+//! [`tower-backoff`](https://docs.rs/tower-backoff), which re-exports all of
+//! this crate at its top level: depend on `tower-backoff`, not on this crate.
+//!
+//! What is here: the [`Backoff`] service and its [`BackoffLayer`], the
+//! [`Policy`] that says what to retry, the [`Schedule`] and [`Jitter`] that
+//! say when, the [`Budget`] that says how much, [`AdaptivePacing`], and the
+//! other front-ends of the same [engine]: [`retry()`] for async closures and
+//! [`Delays`] for loops written by hand. The core knows nothing of HTTP or
+//! gRPC; the sibling crates build on its public API.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+
+pub mod adaptive;
+pub mod budget;
+mod config;
+pub mod deadline;
+mod delays;
+pub mod engine;
+pub mod error;
+pub mod future;
+mod jitter;
+mod layer;
+mod limits;
+pub mod policy;
+pub mod retry;
+pub mod schedule;
+mod send;
+mod service;
+mod stats;
+#[doc(hidden)]
+pub mod sync;
+
+pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
+pub use budget::{Budget, RatioBudget, TokenBucket};
+pub use delays::Delays;
+pub use error::ConfigError;
+pub use future::ResponseFuture;
+pub use jitter::{Jitter, Rng};
+pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};
+pub use policy::{
+    classify_fn, retry_if, Cause, ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryLimits,
+    RetryOnError,
+};
+pub use retry::{retry, Retry};
+pub use schedule::{AnySchedule, Constant, Exponential, Linear, Schedule, Table};
+pub use service::Backoff;
+pub use stats::{Stats, StatsSnapshot};

@@ -1,0 +1,80 @@
+//! Retrying gRPC calls made with tonic, as gRPC's own retry design (gRFC A6)
+//! specifies.
+//!
+//! - [`GrpcPolicy`] classifies gRPC outcomes: retryable status codes
+//!   (`UNAVAILABLE` by default), trailers-only responses at once, calls
+//!   committed once response headers arrive, `grpc-retry-pushback-ms`,
+//!   `grpc-previous-rpc-attempts`, and the transparent retry of calls that
+//!   never left the client.
+//! - [`ReplayLayer`] makes tonic's streaming request bodies replayable up to
+//!   a per-call limit; past it a call is committed. [`TonicBodyLayer`] hands
+//!   the channel its own body type back.
+//! - [`ServiceConfig`] parses a service config's `methodConfig[].retryPolicy`
+//!   and `retryThrottling`, with A6's validation; [`GrpcRetryLayer`] applies
+//!   it to a channel, each method with its own settings.
+//! - [`RetryThrottle`] is A6's retry throttling, as a [`Budget`](tower_backoff_core::Budget)
+//!   any layer can use.
+//!
+//! # A tonic client configured by a service config
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use tonic::transport::Channel;
+//! use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+//! use tower_backoff::grpc::{GrpcRetryLayer, ServiceConfig};
+//!
+//! let config = ServiceConfig::from_json(r#"{
+//!   "methodConfig": [{
+//!     "name": [{ "service": "grpc.health.v1.Health" }],
+//!     "retryPolicy": {
+//!       "maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+//!       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
+//!     }
+//!   }],
+//!   "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+//! }"#)?;
+//!
+//! let channel = Channel::from_static("http://127.0.0.1:50051").connect().await?;
+//! let channel = tower::ServiceBuilder::new()
+//!     .layer(GrpcRetryLayer::new(&config)?)
+//!     .service(channel);
+//! let mut client = HealthClient::new(channel);
+//! let reply = client.check(HealthCheckRequest { service: String::new() }).await?;
+//! println!("{:?}", reply.into_inner().status());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Where this differs from gRPC's own clients
+//! - A6's throttling is exact when the policy counts it
+//!   ([`GrpcPolicy::throttle`], which [`GrpcRetryLayer`] uses). A
+//!   [`RetryThrottle`] given to any layer as its budget counts only the
+//!   failures the layer asks it about, those that could still be retried: a
+//!   retryable failure of a call's last allowed attempt, and a pushback that
+//!   says not to retry, are not counted there (gRPC counts both).
+//! - A committed call (headers received) counts as a success for the budget,
+//!   whatever status its trailers bring later.
+//! - Hedging is not implemented: a method with a `hedgingPolicy` is not
+//!   retried. There is a per-call replay limit, no per-channel one.
+
+mod code;
+mod duration;
+mod error;
+#[cfg(all(test, tower_backoff_loom))]
+mod loom;
+mod policy;
+mod pushback;
+mod replay;
+mod retry;
+mod retry_policy;
+mod service_config;
+mod throttle;
+
+pub use code::CodeSet;
+pub use error::{classify_transport_error, TransportFailure};
+pub use policy::{GrpcPolicy, DEFAULT_MAX_PUSHBACK, PREVIOUS_RPC_ATTEMPTS};
+pub use pushback::{parse_pushback, Pushback, RETRY_PUSHBACK_MS};
+pub use replay::{Replay, ReplayLayer, TonicBody, TonicBodyLayer};
+pub use retry::{GrpcResponseFuture, GrpcRetry, GrpcRetryBuilder, GrpcRetryLayer};
+pub use retry_policy::{RetryPolicy, MAX_ATTEMPTS_LIMIT, RETRY_POLICY_JITTER};
+pub use service_config::{RetryThrottling, ServiceConfig};
+pub use throttle::RetryThrottle;

@@ -1,0 +1,458 @@
+//! [`GrpcPolicy`]: retries gRPC calls the way gRFC A6 specifies.
+
+use std::error::Error;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::header::{HeaderMap, HeaderName, HeaderValue};
+use ::http::{Request, Response, StatusCode};
+use tonic::Code;
+
+use super::code::CodeSet;
+use super::error::{classify_transport_error, TransportFailure};
+use super::pushback::{parse_pushback, Pushback};
+use super::throttle::RetryThrottle;
+use tower_backoff_core::policy::{Cause, Decision, Policy};
+use tower_backoff_http::{AsStdError, CloneBody, RetryInfo};
+
+/// The metadata key a retry carries: how many attempts went before it (gRFC
+/// A6). Absent on the first attempt, `1` on the second, and so on.
+pub const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static("grpc-previous-rpc-attempts");
+
+/// The status a gRPC server answers with; in the headers of a trailers-only
+/// response.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// Longest server pushback [`GrpcPolicy`] waits for by default: one minute.
+/// A server asking for more is, in effect, saying "not now": the call ends
+/// with its status rather than hold the caller that long.
+pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
+
+/// Retries gRPC calls (`http::Request<B>` / `http::Response<B>`, as tonic's
+/// `Channel` sends and answers them) as gRFC A6 says a client should.
+///
+/// - **Which statuses**: those in the retryable set, [`CodeSet::DEFAULT`]
+///   (`UNAVAILABLE`) unless told otherwise. Add codes such as `ABORTED` or
+///   `RESOURCE_EXHAUSTED` only for methods that are safe to run twice: every
+///   gRPC call is a POST, so the method does not gate retries, the code set
+///   is the statement of what is safe.
+/// - **When the status is read**: a *trailers-only* response carries its
+///   status in the headers and is classified at once. A response whose
+///   headers carry no status is **committed**: the server has started to
+///   answer, so it is returned and never retried, whatever its trailers say
+///   later. Server-streaming calls are safe for that reason. A non-200 HTTP
+///   response without a status (from a proxy) gets the status gRPC maps it to
+///   (429, 502, 503, 504 are `UNAVAILABLE`).
+/// - **Pushback**: `grpc-retry-pushback-ms` ([`parse_pushback`](super::parse_pushback)) with a
+///   non-negative value is the delay before the retry, exactly; a negative,
+///   malformed or repeated value means "do not retry". A value longer than
+///   [`max_pushback`](Self::max_pushback) ends the call too, so a hostile
+///   server cannot park a caller for 24 days.
+/// - **Transport errors** get the status gRPC gives them
+///   ([`classify_transport_error`]): a dropped connection is `UNAVAILABLE`
+///   and retried by default. A call that provably never left the client (the
+///   connection failed, the server refused the stream) is retried once at
+///   once, without counting against the attempt limit or the budget, whatever
+///   the codes ([`Cause::NotSent`], A6's *transparent retry*).
+/// - **Retries are marked**: each carries `grpc-previous-rpc-attempts`.
+/// - **Request bodies**: tonic's body is a stream, not `Clone`; wrap it in a
+///   [`ReplayBody`](tower_backoff_http::ReplayBody) ([`ReplayLayer`](super::ReplayLayer)).
+///   Once a call's messages outgrow the replay limit, it is committed: its
+///   outcome is returned as is.
+///
+/// Causes: `UNAVAILABLE` and `RESOURCE_EXHAUSTED` from the server are
+/// [`Cause::Throttled`], `DEADLINE_EXCEEDED` is [`Cause::Timeout`], the rest
+/// [`Cause::Transient`]. Responses returned carry a [`RetryInfo`] in their
+/// extensions.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic::Code;
+/// use tower_backoff::grpc::GrpcPolicy;
+/// use tower_backoff::{BackoffLayer, Decision};
+///
+/// let policy = GrpcPolicy::new().retry_code(Code::ResourceExhausted);
+/// let trailers_only = |status: &str| {
+///     let mut headers = http::HeaderMap::new();
+///     headers.insert("grpc-status", status.parse().unwrap());
+///     headers
+/// };
+/// assert!(policy.classify_response(http::StatusCode::OK, &trailers_only("14")).is_retry());
+/// assert_eq!(policy.classify_response(http::StatusCode::OK, &trailers_only("3")), Decision::Final);
+/// // Headers without a status: the call is committed.
+/// assert_eq!(policy.classify_response(http::StatusCode::OK, &http::HeaderMap::new()), Decision::Success);
+///
+/// let layer = BackoffLayer::builder().policy(policy).build()?;
+/// # drop(layer);
+/// # Ok::<_, tower_backoff::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct GrpcPolicy {
+    codes: CodeSet,
+    max_pushback: Duration,
+    record_info: bool,
+    throttle: Option<Arc<RetryThrottle>>,
+}
+
+/// How an outcome counts for gRFC A6's retry throttling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    Success,
+    /// A retryable status, or a pushback that says not to retry.
+    Failure,
+    /// A final status, or a call that never reached the server.
+    Neither,
+}
+
+impl GrpcPolicy {
+    /// Retries `UNAVAILABLE`, honours pushback up to [`DEFAULT_MAX_PUSHBACK`].
+    pub const fn new() -> Self {
+        Self {
+            codes: CodeSet::DEFAULT,
+            max_pushback: DEFAULT_MAX_PUSHBACK,
+            record_info: true,
+            throttle: None,
+        }
+    }
+
+    /// Also retries `code`.
+    pub fn retry_code(mut self, code: Code) -> Self {
+        self.codes = self.codes.with(code);
+        self
+    }
+
+    /// Retries exactly `codes` (a service config's `retryableStatusCodes`).
+    /// [`CodeSet::EMPTY`] leaves only the transparent retry of calls that
+    /// never left.
+    pub fn codes(mut self, codes: CodeSet) -> Self {
+        self.codes = codes;
+        self
+    }
+
+    /// The codes retried.
+    pub const fn retryable_codes(&self) -> CodeSet {
+        self.codes
+    }
+
+    /// Longest `grpc-retry-pushback-ms` waited for (default
+    /// [`DEFAULT_MAX_PUSHBACK`]); a longer one ends the call with its status,
+    /// as a negative one does.
+    pub fn max_pushback(mut self, max: Duration) -> Self {
+        self.max_pushback = max;
+        self
+    }
+
+    /// Stops adding [`RetryInfo`] to responses (it costs one small
+    /// allocation per call).
+    pub fn without_retry_info(mut self) -> Self {
+        self.record_info = false;
+        self
+    }
+
+    /// Applies gRFC A6's retry throttling in the policy itself: every
+    /// outcome it classifies is counted (a retryable status or a pushback
+    /// saying not to retry takes a token, a success adds `tokenRatio`), and
+    /// a failure that leaves the count at or below half is returned instead
+    /// of retried. Unlike a [`RetryThrottle`] given to the layer as its
+    /// budget, this sees every attempt, the last one included: it is A6's
+    /// accounting exactly. Give the layer no other budget for the same
+    /// throttle, or failures count twice.
+    /// [`GrpcRetryLayer`](super::GrpcRetryLayer) does this with a service
+    /// config's `retryThrottling`.
+    pub fn throttle(mut self, throttle: Arc<RetryThrottle>) -> Self {
+        self.throttle = Some(throttle);
+        self
+    }
+
+    /// What a response with this HTTP status and these headers means.
+    pub fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
+        self.judge_response(status, headers).0
+    }
+
+    /// What an error with no response means.
+    pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Decision {
+        self.judge_error(error).0
+    }
+
+    fn judge_response(&self, status: StatusCode, headers: &HeaderMap) -> (Decision, Counted) {
+        let code = match headers.get(GRPC_STATUS) {
+            Some(value) => Code::from_bytes(value.as_bytes()),
+            // Headers without a status: the server started answering, and
+            // the call is committed (A6).
+            None if status == StatusCode::OK => return (Decision::Success, Counted::Success),
+            None => code_of_http_status(status),
+        };
+        if code == Code::Ok {
+            return (Decision::Success, Counted::Success);
+        }
+        // As gRPC-Go reads A6: a pushback saying not to retry counts as a
+        // failure whatever the code.
+        let pushback = match parse_pushback(headers) {
+            Pushback::After(delay) if delay > self.max_pushback => Pushback::Stop,
+            pushback => pushback,
+        };
+        if pushback == Pushback::Stop {
+            return (Decision::Final, Counted::Failure);
+        }
+        if !self.codes.contains(code) {
+            return (Decision::Final, Counted::Neither);
+        }
+        let cause = match code {
+            Code::Unavailable | Code::ResourceExhausted => Cause::Throttled,
+            Code::DeadlineExceeded => Cause::Timeout,
+            _ => Cause::Transient,
+        };
+        let decision = match pushback {
+            Pushback::After(delay) => Decision::retry_after(delay),
+            _ => Decision::retry(),
+        };
+        (decision.because(cause), Counted::Failure)
+    }
+
+    fn judge_error(&self, error: &(dyn Error + 'static)) -> (Decision, Counted) {
+        match classify_transport_error(error) {
+            // A6: transparent retries do not count for throttling.
+            TransportFailure::NotSent => {
+                (Decision::retry().because(Cause::NotSent), Counted::Neither)
+            }
+            TransportFailure::Status(code) if self.codes.contains(code) => {
+                let cause = if code == Code::DeadlineExceeded {
+                    Cause::Timeout
+                } else {
+                    Cause::Transient
+                };
+                (Decision::retry().because(cause), Counted::Failure)
+            }
+            TransportFailure::Status(_) => (Decision::Final, Counted::Neither),
+        }
+    }
+}
+
+impl Default for GrpcPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The status gRPC gives a response with no `grpc-status` and a non-200 HTTP
+/// status (gRPC's "HTTP to gRPC status code mapping").
+fn code_of_http_status(status: StatusCode) -> Code {
+    match status {
+        StatusCode::BAD_REQUEST => Code::Internal,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::FORBIDDEN => Code::PermissionDenied,
+        StatusCode::NOT_FOUND => Code::Unimplemented,
+        StatusCode::TOO_MANY_REQUESTS
+        | StatusCode::BAD_GATEWAY
+        | StatusCode::SERVICE_UNAVAILABLE
+        | StatusCode::GATEWAY_TIMEOUT => Code::Unavailable,
+        _ => Code::Unknown,
+    }
+}
+
+impl<ReqBody, ResBody, E> Policy<Request<ReqBody>, Response<ResBody>, E> for GrpcPolicy
+where
+    ReqBody: CloneBody,
+    E: AsStdError,
+{
+    fn classify(
+        &self,
+        request: &Request<ReqBody>,
+        result: &Result<Response<ResBody>, E>,
+    ) -> Decision {
+        let decision = Policy::<Request<ReqBody>, _, _>::classify_outcome(self, result);
+        // Past the replay limit the call is committed (A6).
+        tower_backoff_http::unless_spent(decision, request.body())
+    }
+
+    // `needs_request` stays true: a call refused before it left
+    // (`Cause::NotSent`) is retried transparently even after the last
+    // attempt, and that needs the request.
+
+    fn classify_outcome(&self, result: &Result<Response<ResBody>, E>) -> Decision {
+        let (decision, counted) = match result {
+            Ok(response) => self.judge_response(response.status(), response.headers()),
+            Err(error) => self.judge_error(error.as_std_error()),
+        };
+        if let Some(throttle) = &self.throttle {
+            match counted {
+                Counted::Success => throttle.record_success(),
+                Counted::Failure if !throttle.record_failure() => return Decision::Final,
+                Counted::Failure | Counted::Neither => {}
+            }
+        }
+        decision
+    }
+
+    fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
+        tower_backoff_http::copy_request(request)
+    }
+
+    fn prepare_retry(&self, request: &mut Request<ReqBody>, attempt: u32) {
+        request.headers_mut().insert(
+            PREVIOUS_RPC_ATTEMPTS,
+            HeaderValue::from(attempt.saturating_sub(1)),
+        );
+    }
+
+    fn finish(&self, result: &mut Result<Response<ResBody>, E>, attempts: u32, slept: Duration) {
+        if let (Ok(response), true) = (result, self.record_info) {
+            response
+                .extensions_mut()
+                .insert(RetryInfo::new(attempts, slept));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_backoff_http::ReplayBody;
+
+    fn trailers_only(status: &str, pushback: Option<&str>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(GRPC_STATUS, status.parse().unwrap());
+        if let Some(value) = pushback {
+            headers.insert("grpc-retry-pushback-ms", value.parse().unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn only_unavailable_is_retried_by_default() {
+        let policy = GrpcPolicy::new();
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &trailers_only("14", None)),
+            Decision::retry().because(Cause::Throttled)
+        );
+        for code in ["1", "2", "3", "4", "8", "10", "13", "16"] {
+            assert_eq!(
+                policy.classify_response(StatusCode::OK, &trailers_only(code, None)),
+                Decision::Final,
+                "{code}"
+            );
+        }
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &trailers_only("0", None)),
+            Decision::Success
+        );
+    }
+
+    #[test]
+    fn a_garbled_status_is_unknown_and_not_retried() {
+        let policy = GrpcPolicy::new();
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &trailers_only("14x", None)),
+            Decision::Final
+        );
+        let unknown = GrpcPolicy::new().retry_code(Code::Unknown);
+        assert!(unknown
+            .classify_response(StatusCode::OK, &trailers_only("99999999999", None))
+            .is_retry());
+    }
+
+    #[test]
+    fn headers_without_a_status_commit_the_call() {
+        let policy = GrpcPolicy::new().codes(CodeSet::EMPTY.with(Code::Unknown));
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &HeaderMap::new()),
+            Decision::Success
+        );
+    }
+
+    #[test]
+    fn a_proxy_503_without_a_status_is_unavailable() {
+        let policy = GrpcPolicy::new();
+        assert!(policy
+            .classify_response(StatusCode::SERVICE_UNAVAILABLE, &HeaderMap::new())
+            .is_retry());
+        assert_eq!(
+            policy.classify_response(StatusCode::NOT_FOUND, &HeaderMap::new()),
+            Decision::Final
+        );
+    }
+
+    #[test]
+    fn pushback_is_the_delay_or_a_stop() {
+        let policy = GrpcPolicy::new().max_pushback(Duration::from_secs(10));
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &trailers_only("14", Some("1500"))),
+            Decision::retry_after(Duration::from_millis(1500)).because(Cause::Throttled)
+        );
+        for stop in ["-1", "abc", "10001", "2147483647", "9999999999999"] {
+            assert_eq!(
+                policy.classify_response(StatusCode::OK, &trailers_only("14", Some(stop))),
+                Decision::Final,
+                "{stop}"
+            );
+        }
+    }
+
+    #[test]
+    fn pushback_never_makes_a_final_code_retryable() {
+        let policy = GrpcPolicy::new();
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &trailers_only("3", Some("10"))),
+            Decision::Final
+        );
+    }
+
+    fn classify(policy: &GrpcPolicy, headers: HeaderMap) -> Decision {
+        let request = Request::new(String::new());
+        let mut response = Response::new(());
+        *response.headers_mut() = headers;
+        Policy::<_, _, std::io::Error>::classify(policy, &request, &Ok(response))
+    }
+
+    #[test]
+    fn a_throttled_policy_counts_outcomes_and_stops_at_half() {
+        let throttle = Arc::new(RetryThrottle::new(4.0, 0.5).unwrap());
+        let policy = GrpcPolicy::new().throttle(Arc::clone(&throttle));
+        assert!(classify(&policy, trailers_only("14", None)).is_retry());
+        assert_eq!(throttle.tokens(), 3.0);
+        // Not counted: a final code without pushback.
+        assert_eq!(classify(&policy, trailers_only("3", None)), Decision::Final);
+        assert_eq!(throttle.tokens(), 3.0);
+        // Counted: a pushback that says stop, on any code.
+        assert_eq!(
+            classify(&policy, trailers_only("3", Some("-5"))),
+            Decision::Final
+        );
+        assert_eq!(throttle.tokens(), 2.0);
+        // At half, a retryable status is returned.
+        assert_eq!(
+            classify(&policy, trailers_only("14", None)),
+            Decision::Final
+        );
+        assert_eq!(throttle.tokens(), 1.0);
+        assert_eq!(classify(&policy, HeaderMap::new()), Decision::Success);
+        assert_eq!(throttle.tokens(), 1.5);
+    }
+
+    #[test]
+    fn retries_carry_the_number_of_previous_attempts() {
+        let policy = GrpcPolicy::new();
+        let mut request = Request::new(String::new());
+        Policy::<_, Response<()>, std::io::Error>::prepare_retry(&policy, &mut request, 2);
+        assert_eq!(request.headers()[PREVIOUS_RPC_ATTEMPTS], "1");
+        Policy::<_, Response<()>, std::io::Error>::prepare_retry(&policy, &mut request, 4);
+        assert_eq!(request.headers()[PREVIOUS_RPC_ATTEMPTS], "3");
+    }
+
+    #[test]
+    fn a_post_is_copied_with_everything_but_the_attempt_mark() {
+        let policy = GrpcPolicy::new();
+        let request = Request::post("http://example.com/pkg.Svc/Call")
+            .header("te", "trailers")
+            .body(ReplayBody::new(http_body_util::Full::new(
+                bytes::Bytes::from("msg"),
+            )))
+            .unwrap();
+        let copy = Policy::<_, Response<()>, std::io::Error>::clone_request(&policy, &request)
+            .expect("a POST with a replayable body is copied");
+        assert_eq!(copy.method(), ::http::Method::POST);
+        assert_eq!(copy.uri(), request.uri());
+        assert_eq!(copy.headers()["te"], "trailers");
+        assert!(!copy.headers().contains_key(PREVIOUS_RPC_ATTEMPTS));
+    }
+}

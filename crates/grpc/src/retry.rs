@@ -1,0 +1,344 @@
+//! [`GrpcRetryLayer`]: retries for a tonic channel, configured per method
+//! from a gRPC service config.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ::http::{Request, Response};
+use bytes::Bytes;
+use http_body::Body;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::policy::GrpcPolicy;
+use super::replay::TonicBody;
+use super::retry_policy::RetryPolicy;
+use super::service_config::ServiceConfig;
+use super::throttle::RetryThrottle;
+use tower_backoff_core::budget::{Budget, TokenBucket};
+use tower_backoff_core::error::ConfigError;
+use tower_backoff_core::future::ResponseFuture;
+use tower_backoff_core::Backoff;
+use tower_backoff_core::BackoffLayer;
+use tower_backoff_core::Stats;
+use tower_backoff_http::{AsStdError, ReplayBody, DEFAULT_REPLAY_LIMIT};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// Wraps a tonic `Channel` (or any service of `http::Request<tonic::body::Body>`)
+/// so that every call is retried as the service config says for its method.
+///
+/// Each call is routed by its path (`/package.Service/Method`) to its
+/// method's own [`Backoff`]: that method's [`RetryPolicy`] (attempts, backoff,
+/// codes) with a [`GrpcPolicy`]. Methods the config gives no retry policy
+/// are not retried, except for A6's transparent retry of a call that never
+/// left the client. Every method of the channel shares one budget: the
+/// config's `retryThrottling` as a [`RetryThrottle`] if it has one (counted
+/// by each method's policy, so every attempt counts, as A6 says), else the
+/// crate's default [`TokenBucket`]; [`budget`](GrpcRetryBuilder::budget)
+/// replaces either. Request bodies are recorded up to
+/// [`replay_limit`](GrpcRetryBuilder::replay_limit) bytes per call; a call
+/// that sends more is committed and not retried.
+///
+/// ```
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tonic::transport::Channel;
+/// use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+/// use tower_backoff::grpc::{GrpcRetryLayer, ServiceConfig};
+///
+/// let config: ServiceConfig = r#"{"methodConfig": [{
+///     "name": [{"service": "grpc.health.v1.Health"}],
+///     "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+///                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#.parse()?;
+///
+/// let channel = Channel::from_static("http://127.0.0.1:50051").connect_lazy();
+/// let channel = tower::ServiceBuilder::new()
+///     .layer(GrpcRetryLayer::new(&config)?)
+///     .service(channel);
+/// let mut client = HealthClient::new(channel);
+/// let reply = client.check(HealthCheckRequest { service: String::new() }).await?;
+/// # drop(reply);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct GrpcRetryLayer {
+    routes: Arc<Routes>,
+    replay_limit: usize,
+}
+
+struct Routes {
+    config: ServiceConfig,
+    /// One per `methodConfig`, in document order.
+    methods: Vec<BackoffLayer<GrpcPolicy>>,
+    /// For methods no `methodConfig` matches, or matches without a retry
+    /// policy: the transparent retry only.
+    unconfigured: BackoffLayer<GrpcPolicy>,
+    throttle: Option<Arc<RetryThrottle>>,
+}
+
+impl GrpcRetryLayer {
+    /// A layer with `config`'s settings, its budget and the default replay
+    /// limit.
+    ///
+    /// # Errors
+    /// None in practice (a parsed config is valid); a [`ConfigError`] if a
+    /// method's layer cannot be built.
+    pub fn new(config: &ServiceConfig) -> Result<Self, ConfigError> {
+        Self::builder(config).build()
+    }
+
+    /// A builder starting from `config`.
+    pub fn builder(config: &ServiceConfig) -> GrpcRetryBuilder {
+        GrpcRetryBuilder {
+            config: config.clone(),
+            replay_limit: DEFAULT_REPLAY_LIMIT,
+            budget: None,
+            stats: None,
+            max_elapsed: None,
+        }
+    }
+
+    /// The throttle every method shares, when the config has
+    /// `retryThrottling` and no other budget was given.
+    pub fn throttle(&self) -> Option<&Arc<RetryThrottle>> {
+        self.routes.throttle.as_ref()
+    }
+
+    /// The layer calls to `path` get.
+    fn route(&self, path: &str) -> &BackoffLayer<GrpcPolicy> {
+        route(&self.routes, path)
+    }
+}
+
+fn route<'a>(routes: &'a Routes, path: &str) -> &'a BackoffLayer<GrpcPolicy> {
+    match routes.config.entry(path) {
+        Some(index) if routes.config.policies()[index].is_some() => &routes.methods[index],
+        _ => &routes.unconfigured,
+    }
+}
+
+impl fmt::Debug for GrpcRetryLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcRetryLayer")
+            .field("config", &self.routes.config)
+            .field("replay_limit", &self.replay_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`GrpcRetryLayer`].
+#[must_use]
+pub struct GrpcRetryBuilder {
+    config: ServiceConfig,
+    replay_limit: usize,
+    budget: Option<Arc<dyn Budget>>,
+    stats: Option<Stats>,
+    max_elapsed: Option<Duration>,
+}
+
+impl GrpcRetryBuilder {
+    /// Time limit for a whole call, from its first attempt: no retry starts
+    /// whose sleep would end past it. gRPC's deadline spans every attempt;
+    /// tonic's per-call timeout (`grpc-timeout`) applies to each attempt
+    /// alone, so set the call's overall limit here.
+    pub fn max_elapsed(mut self, limit: Duration) -> Self {
+        self.max_elapsed = Some(limit);
+        self
+    }
+
+    /// Most request-body bytes recorded per call (default
+    /// [`DEFAULT_REPLAY_LIMIT`]): A6's per-call buffer limit, the client's
+    /// choice rather than the service config's. A call that sends more is
+    /// committed: not retried.
+    pub fn replay_limit(mut self, bytes: usize) -> Self {
+        self.replay_limit = bytes;
+        self
+    }
+
+    /// Caps every method's retries with `budget` instead of the config's
+    /// throttling or the default budget. Pass an `Arc` to share it further.
+    pub fn budget(mut self, budget: impl Budget + 'static) -> Self {
+        self.budget = Some(Arc::new(budget));
+        self
+    }
+
+    /// Counts every method's requests, attempts and retries into `stats`.
+    pub fn stats(mut self, stats: Stats) -> Self {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Builds one [`Backoff`] layer per method config, sharing the budget.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming `max_elapsed` when it is zero or longer than
+    /// a year.
+    pub fn build(self) -> Result<GrpcRetryLayer, ConfigError> {
+        let throttle = match (&self.budget, self.config.retry_throttling()) {
+            (None, Some(throttling)) => Some(Arc::new(throttling.throttle())),
+            _ => None,
+        };
+        // A6's throttling is counted by the policy, which sees every
+        // attempt; then the layer needs no other budget.
+        let budget: Option<Arc<dyn Budget>> = match (self.budget, &throttle) {
+            (Some(budget), _) => Some(budget),
+            (None, Some(_)) => None,
+            (None, None) => Some(Arc::new(TokenBucket::default())),
+        };
+        let build = |retry: &RetryPolicy| {
+            let mut policy = retry.policy();
+            if let Some(throttle) = &throttle {
+                policy = policy.throttle(Arc::clone(throttle));
+            }
+            let mut builder = retry.layer().policy(policy);
+            builder = match &budget {
+                Some(budget) => builder.budget(Arc::clone(budget)),
+                None => builder.no_budget(),
+            };
+            if let Some(stats) = &self.stats {
+                builder = builder.stats(stats.clone());
+            }
+            if let Some(limit) = self.max_elapsed {
+                builder = builder.max_elapsed(limit);
+            }
+            builder.build()
+        };
+        let methods = self
+            .config
+            .policies()
+            .iter()
+            .map(|policy| build(&policy.unwrap_or(RetryPolicy::transparent_only())))
+            .collect::<Result<_, _>>()?;
+        let unconfigured = build(&RetryPolicy::transparent_only())?;
+        Ok(GrpcRetryLayer {
+            routes: Arc::new(Routes {
+                config: self.config,
+                methods,
+                unconfigured,
+                throttle,
+            }),
+            replay_limit: self.replay_limit,
+        })
+    }
+}
+
+impl fmt::Debug for GrpcRetryBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcRetryBuilder")
+            .field("config", &self.config)
+            .field("replay_limit", &self.replay_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for GrpcRetryLayer {
+    type Service = GrpcRetry<S>;
+
+    fn layer(&self, inner: S) -> GrpcRetry<S> {
+        GrpcRetry {
+            inner: TonicBody::new(inner),
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`GrpcRetryLayer`].
+#[derive(Clone)]
+pub struct GrpcRetry<S> {
+    inner: TonicBody<S>,
+    layer: GrpcRetryLayer,
+}
+
+/// The response future of [`GrpcRetry`]: its method's [`Backoff`] future.
+pub type GrpcResponseFuture<S, B> =
+    ResponseFuture<TonicBody<S>, GrpcPolicy, Request<ReplayBody<B>>>;
+
+impl<S> GrpcRetry<S> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        self.inner.get_ref()
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner.into_inner()
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for GrpcRetry<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcRetry")
+            .field("inner", self.inner.get_ref())
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for GrpcRetry<S>
+where
+    S: Service<Request<tonic::body::Body>, Response = Response<ResBody>> + Clone,
+    S::Error: AsStdError,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = GrpcResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Service::<Request<ReplayBody<B>>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service readied is the one that sends the first attempt; a
+        // clone takes its place for the next call.
+        let fresh = self.inner.clone();
+        let readied = std::mem::replace(&mut self.inner, fresh);
+        let limit = self.layer.replay_limit;
+        let request = request.map(|body| ReplayBody::with_limit(body, limit));
+        let mut method = Backoff::new(readied, self.layer.route(request.uri().path()));
+        // The method layers have no pacing, so the inner service's readiness
+        // is all `Backoff`'s own `poll_ready` would have waited for.
+        method.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_route_to_their_method_then_service_then_default() {
+        let config: ServiceConfig = r#"{"methodConfig": [
+            {"name": [{"service": "a.S", "method": "M"}],
+             "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s",
+                             "backoffMultiplier": 1, "retryableStatusCodes": [14]}},
+            {"name": [{"service": "a.S"}],
+             "retryPolicy": {"maxAttempts": 3, "initialBackoff": "1s", "maxBackoff": "1s",
+                             "backoffMultiplier": 1, "retryableStatusCodes": [14]}},
+            {"name": [{"service": "b.S"}]},
+            {"name": [{}],
+             "retryPolicy": {"maxAttempts": 4, "initialBackoff": "1s", "maxBackoff": "1s",
+                             "backoffMultiplier": 1, "retryableStatusCodes": [14]}}
+        ]}"#
+        .parse()
+        .unwrap();
+        let layer = GrpcRetryLayer::new(&config).unwrap();
+        let attempts = |path: &str| layer.route(path).max_attempts();
+        assert_eq!(attempts("/a.S/M"), 2);
+        assert_eq!(attempts("/a.S/Other"), 3);
+        assert_eq!(attempts("/c.S/Any"), 4);
+        // Configured without a retry policy: the transparent retry only.
+        assert!(layer
+            .route("/b.S/Any")
+            .policy()
+            .retryable_codes()
+            .is_empty());
+        assert!(layer.throttle().is_none());
+    }
+}

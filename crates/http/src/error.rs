@@ -1,0 +1,431 @@
+//! Which transport errors are transient: found by walking an error's `source()`
+//! chain, whatever wraps it.
+
+use std::error::Error;
+use std::io;
+
+use tower_backoff_core::policy::Cause;
+
+/// How deep [`classify_error`] and [`is_unsent`] look. Real chains are a
+/// handful of links; the bound keeps a cyclic or absurdly deep chain from
+/// stalling the client.
+const MAX_DEPTH: usize = 32;
+
+/// Whether `error`, or any error in its `source()` chain, is worth another
+/// attempt, and why; `None` for anything else.
+///
+/// Looked for, from the outermost error in (an `io::Error` wrapping an error
+/// is followed into it, though its `source()` skips it):
+/// - timeouts, [`Cause::Timeout`]: `tower::timeout::error::Elapsed`,
+///   `tokio::time::error::Elapsed`, a hyper timeout, an `io::Error` of kind
+///   `TimedOut`, a `reqwest::Error` whose `is_timeout()` (with the `reqwest`
+///   feature);
+/// - connection failures, [`Cause::Transient`]: a hyper-util client error whose
+///   `is_connect()` (refused, unreachable, DNS), a `reqwest::Error` whose
+///   `is_connect()`, an `io::Error` of kind `ConnectionReset`,
+///   `ConnectionRefused`, `ConnectionAborted` or `BrokenPipe`, and hyper's
+///   "connection closed before message completed" (a pooled connection the
+///   server closed as the request went out);
+/// - a body cut short, [`Cause::Transient`]: an `io::Error` of kind
+///   `UnexpectedEof`, which hyper gives when the connection closes before
+///   `content-length` bytes or the last chunk arrived (read by a
+///   [`BufferBody`](super::BufferBody)).
+///
+/// The policy only sends a request twice when its method is idempotent or it
+/// carries an idempotency key, so retrying a reset in the middle of a request
+/// is safe.
+///
+/// ```
+/// use std::io;
+/// use tower_backoff::{http::classify_error, Cause};
+///
+/// let reset: Box<dyn std::error::Error + Send + Sync> =
+///     io::Error::from(io::ErrorKind::ConnectionReset).into();
+/// assert_eq!(classify_error(&*reset), Some(Cause::Transient));
+///
+/// let denied = io::Error::from(io::ErrorKind::PermissionDenied);
+/// assert_eq!(classify_error(&denied), None);
+/// ```
+pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
+    find_in_chain(error, classify_one)
+}
+
+/// Whether `error`, or any error in its `source()` chain, proves that the
+/// request never reached the server, so that sending it again cannot repeat
+/// anything the server did: what
+/// [`HttpPolicy::retry_unsent`](super::HttpPolicy::retry_unsent) retries.
+///
+/// Recognised:
+/// - a hyper-util client error whose `is_connect()`: the connection was
+///   never made (refused, unreachable, DNS failure, connect timeout, TLS
+///   handshake failure, a proxy tunnel refused), so no byte of the request
+///   was written;
+/// - a `reqwest::Error` whose `is_connect()` (with the `reqwest` feature):
+///   reqwest's name for the same hyper-util error;
+/// - a hyper error whose `is_canceled()`: hyper handed the request back
+///   before writing any of it (a pooled connection found closed, or not
+///   ready, when the request was queued on it). hyper-util retries these
+///   itself on a reused connection; this covers the rest;
+/// - an `io::Error` of kind `ConnectionRefused`: no connection, no request.
+///
+/// Not recognised, because the request may have been written and processed:
+/// a reset or broken pipe (`ConnectionReset`, `ConnectionAborted`,
+/// `BrokenPipe`), hyper's "connection closed before message completed"
+/// (`is_incomplete_message()`), timeouts, and anything else. An HTTP/2
+/// `REFUSED_STREAM` is proof too (RFC 9113, 8.7), but it is not recognised
+/// here; a classifier of your own can add it.
+///
+/// ```
+/// use std::io;
+/// use tower_backoff::http::is_unsent;
+///
+/// assert!(is_unsent(&io::Error::from(io::ErrorKind::ConnectionRefused)));
+/// assert!(!is_unsent(&io::Error::from(io::ErrorKind::ConnectionReset)));
+/// ```
+pub fn is_unsent(error: &(dyn Error + 'static)) -> bool {
+    find_in_chain(error, |error| proves_unsent(error).then_some(())).is_some()
+}
+
+/// The first answer `look` gives walking down `error`'s chain, at most
+/// [`MAX_DEPTH`] links deep (a chain may be a cycle).
+fn find_in_chain<T>(
+    error: &(dyn Error + 'static),
+    mut look: impl FnMut(&(dyn Error + 'static)) -> Option<T>,
+) -> Option<T> {
+    let mut next = Some(error);
+    for _ in 0..MAX_DEPTH {
+        let error = next?;
+        if let Some(found) = look(error) {
+            return Some(found);
+        }
+        next = next_link(error);
+    }
+    None
+}
+
+fn proves_unsent(error: &(dyn Error + 'static)) -> bool {
+    let connect = error
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(hyper_util::client::legacy::Error::is_connect);
+    let canceled = error
+        .downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_canceled);
+    #[cfg(feature = "reqwest")]
+    let connect = connect
+        || error
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_connect);
+    connect
+        || canceled
+        || error
+            .downcast_ref::<io::Error>()
+            .is_some_and(|error| error.kind() == io::ErrorKind::ConnectionRefused)
+}
+
+/// The next error down the chain. `io::Error::source()` skips the error an
+/// `io::Error` wraps and returns that error's own source, so a timeout or a
+/// reset wrapped by an I/O adapter would go unseen: look at it first.
+fn next_link<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'static)> {
+    if let Some(wrapped) = error
+        .downcast_ref::<io::Error>()
+        .and_then(io::Error::get_ref)
+    {
+        return Some(wrapped);
+    }
+    error.source()
+}
+
+fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
+    if error.is::<tower::timeout::error::Elapsed>()
+        || error.is::<tokio::time::error::Elapsed>()
+        || error.is::<tower_backoff_core::deadline::TimedOut>()
+    {
+        return Some(Cause::Timeout);
+    }
+    if let Some(error) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
+        if error.is_connect() {
+            return Some(Cause::Transient);
+        }
+    }
+    if let Some(error) = error.downcast_ref::<hyper::Error>() {
+        if error.is_timeout() {
+            return Some(Cause::Timeout);
+        }
+        if error.is_incomplete_message() {
+            return Some(Cause::Transient);
+        }
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(error) = error.downcast_ref::<reqwest::Error>() {
+        if error.is_timeout() {
+            return Some(Cause::Timeout);
+        }
+        if error.is_connect() {
+            return Some(Cause::Transient);
+        }
+    }
+    if let Some(error) = error.downcast_ref::<io::Error>() {
+        return match error.kind() {
+            io::ErrorKind::TimedOut => Some(Cause::Timeout),
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof => Some(Cause::Transient),
+            _ => None,
+        };
+    }
+    None
+}
+
+/// An error type whose `source()` chain the HTTP policy can walk.
+///
+/// Implemented for the error types of the clients the policy is meant for
+/// (hyper, hyper-util, reqwest, `tower::timeout`, `tower::buffer` and other
+/// layers that box their errors). Implement it for your own error type in one
+/// line:
+///
+/// ```
+/// use tower_backoff::http::AsStdError;
+///
+/// #[derive(Debug)]
+/// struct MyError;
+/// impl std::fmt::Display for MyError {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("my error")
+///     }
+/// }
+/// impl std::error::Error for MyError {}
+///
+/// impl AsStdError for MyError {
+///     fn as_std_error(&self) -> &(dyn std::error::Error + 'static) {
+///         self
+///     }
+/// }
+/// ```
+///
+/// It exists because `Box<dyn Error + Send + Sync>`, the error of every tower
+/// middleware that boxes, does not itself implement `Error`, so no single bound
+/// covers both it and a concrete error type.
+pub trait AsStdError {
+    /// The error as a trait object, for `source()` and `downcast_ref`.
+    fn as_std_error(&self) -> &(dyn Error + 'static);
+}
+
+impl AsStdError for Box<dyn Error + Send + Sync> {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        &**self
+    }
+}
+
+impl AsStdError for Box<dyn Error + Send> {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        &**self
+    }
+}
+
+impl AsStdError for Box<dyn Error> {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        &**self
+    }
+}
+
+/// The HTTP policy classifies what ended the attempt: the inner error as it
+/// would without attempt timeouts, or the time-out.
+impl<E: AsStdError> AsStdError for tower_backoff_core::deadline::Error<E> {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        match self {
+            tower_backoff_core::deadline::Error::Inner(error) => error.as_std_error(),
+            tower_backoff_core::deadline::Error::TimedOut(timed_out) => timed_out,
+        }
+    }
+}
+
+macro_rules! as_itself {
+    ($($ty:ty),* $(,)?) => {$(
+        impl AsStdError for $ty {
+            fn as_std_error(&self) -> &(dyn Error + 'static) {
+                self
+            }
+        }
+    )*};
+}
+
+as_itself!(
+    io::Error,
+    hyper::Error,
+    hyper_util::client::legacy::Error,
+    ::http::Error,
+    tower::timeout::error::Elapsed,
+    tokio::time::error::Elapsed,
+    std::convert::Infallible,
+);
+
+#[cfg(feature = "reqwest")]
+as_itself!(reqwest::Error);
+
+// tonic's errors, for the gRPC policy, which reads them as the HTTP one does.
+#[cfg(feature = "tonic")]
+as_itself!(tonic::transport::Error, tonic::Status);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fmt;
+
+    /// An error that wraps another, as clients and middleware do.
+    #[derive(Debug)]
+    struct Wrapped(Box<dyn Error + Send + Sync>);
+
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+
+    impl Error for Wrapped {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    fn io(kind: io::ErrorKind) -> Box<dyn Error + Send + Sync> {
+        io::Error::from(kind).into()
+    }
+
+    #[test]
+    fn connection_io_errors_are_transient_at_any_depth() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            let deep = Wrapped(Box::new(Wrapped(io(kind))));
+            assert_eq!(classify_error(&deep), Some(Cause::Transient), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_at_any_depth_is_unsent() {
+        let deep = Wrapped(Box::new(Wrapped(io(io::ErrorKind::ConnectionRefused))));
+        assert!(is_unsent(&deep));
+        let wrapped = io::Error::other(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert!(is_unsent(&wrapped));
+    }
+
+    #[test]
+    fn a_connection_lost_after_it_was_made_is_not_unsent() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(!is_unsent(&Wrapped(io(kind))), "{kind:?}");
+        }
+        assert!(!is_unsent(&Endless));
+    }
+
+    #[test]
+    fn io_timeouts_are_timeouts() {
+        let error = Wrapped(io(io::ErrorKind::TimedOut));
+        assert_eq!(classify_error(&error), Some(Cause::Timeout));
+    }
+
+    #[test]
+    fn other_io_errors_are_final() {
+        for kind in [
+            io::ErrorKind::PermissionDenied,
+            io::ErrorKind::InvalidData,
+            io::ErrorKind::Other,
+        ] {
+            assert_eq!(classify_error(&Wrapped(io(kind))), None, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn tower_elapsed_is_a_timeout_inside_a_box() {
+        let boxed: Box<dyn Error + Send + Sync> = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(classify_error(boxed.as_std_error()), Some(Cause::Timeout));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_elapsed_is_a_timeout() {
+        let elapsed = tokio::time::timeout(
+            std::time::Duration::from_millis(1),
+            std::future::pending::<()>(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(classify_error(&elapsed), Some(Cause::Timeout));
+    }
+
+    /// A real `tower::timeout` error, as an I/O adapter wraps it.
+    async fn tower_elapsed_in_an_io_error() -> io::Error {
+        use tower::{Service, ServiceExt};
+        let mut hung = tower::timeout::Timeout::new(
+            tower::service_fn(|()| std::future::pending::<Result<(), io::Error>>()),
+            std::time::Duration::from_millis(1),
+        );
+        let error = hung.ready().await.unwrap().call(()).await.unwrap_err();
+        io::Error::other(error)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tower_elapsed_wrapped_in_an_io_error_is_a_timeout() {
+        let error = tower_elapsed_in_an_io_error().await;
+        assert_eq!(error.kind(), io::ErrorKind::Other);
+        assert!(error.source().is_none(), "std skips the wrapped error");
+        assert_eq!(classify_error(&error), Some(Cause::Timeout));
+        let deeper = Wrapped(Box::new(Wrapped(Box::new(error))));
+        assert_eq!(classify_error(&deeper), Some(Cause::Timeout));
+    }
+
+    #[test]
+    fn a_reset_wrapped_in_an_io_error_of_another_kind_is_transient() {
+        let error = io::Error::new(
+            io::ErrorKind::InvalidData,
+            io::Error::from(io::ErrorKind::ConnectionReset),
+        );
+        assert_eq!(classify_error(&error), Some(Cause::Transient));
+    }
+
+    #[test]
+    fn an_io_error_wrapping_a_final_error_is_still_followed_to_its_sources() {
+        // io::Error(Other) → Wrapped → ConnectionAborted: found two links down.
+        let error = io::Error::other(Wrapped(io(io::ErrorKind::ConnectionAborted)));
+        assert_eq!(classify_error(&error), Some(Cause::Transient));
+        let plain = io::Error::other("a message, not an error type");
+        assert_eq!(classify_error(&plain), None);
+    }
+
+    #[test]
+    fn an_error_without_sources_is_final() {
+        let error: Box<dyn Error + Send + Sync> = "plain".into();
+        assert_eq!(classify_error(error.as_std_error()), None);
+    }
+
+    /// An error whose chain never ends.
+    #[derive(Debug)]
+    struct Endless;
+
+    impl fmt::Display for Endless {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("endless")
+        }
+    }
+
+    impl Error for Endless {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&Endless)
+        }
+    }
+
+    #[test]
+    fn an_endless_source_chain_is_walked_a_bounded_depth() {
+        assert_eq!(classify_error(&Endless), None);
+    }
+}

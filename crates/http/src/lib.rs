@@ -1,0 +1,169 @@
+//! Retrying HTTP requests: only what is safe to repeat, only when the outcome
+//! says it is transient, after the delay the server asks for.
+//!
+//! [`HttpPolicy`] is the policy to give a [`BackoffLayer`](tower_backoff_core::BackoffLayer)
+//! in front of hyper-util's client or (feature `reqwest`) `reqwest::Client`.
+//! Streaming request bodies become retryable wrapped in a [`ReplayBody`]
+//! ([`ReplayLayer`] wraps every request's; over reqwest, with
+//! [`IntoReqwestLayer`] behind the retry layer). With the
+//! `reqwest-middleware` feature, [`BackoffMiddleware`] brings a layer's
+//! retries to `reqwest_middleware` clients. [`HttpPolicy::retry_unsent`]
+//! retries requests that provably never left ([`is_unsent`]), whatever
+//! their method.
+//! Every response returned carries a [`RetryInfo`].
+//! [`BufferBody`] reads response bodies ahead, so the policy can classify a
+//! body and retry one that breaks off ([`HttpPolicy::retry_on_body`]).
+//!
+//! # What each server signal does
+//! [`HttpPolicy`] reads these, each configurable:
+//!
+//! | Signal | Read as | Effect |
+//! |---|---|---|
+//! | status 408, 429, 502, 503, 504 | [`StatusSet`], configurable | retried after the schedule's delay |
+//! | `x-should-retry: false` | any response | final: returned, never retried |
+//! | `x-should-retry: true` | a 4xx or 5xx | retried whatever the status (a POST stays unrepeatable) |
+//! | `retry-after-ms` | milliseconds, fraction allowed ([`parse_retry_after_ms`]) | the delay (first choice) |
+//! | `Retry-After` | delay-seconds or HTTP-date ([`parse_retry_after`]) | the delay (second choice) |
+//! | `RateLimit-Reset` | delta seconds; ≥ 10⁹ a Unix timestamp, ≥ 10¹² in ms ([`parse_rate_limit_reset`]) | the delay (third choice) |
+//! | `X-RateLimit-Reset` | as `RateLimit-Reset` | the delay (last choice) |
+//! | a delay > [`max_server_delay`](HttpPolicy::max_server_delay) (default 60 s) | | give up at once: the response is returned |
+//! | a delay past the layer's [`max_elapsed`](tower_backoff_core::BackoffBuilder::max_elapsed) | | give up at once: the response is returned |
+//! | malformed, negative, zero, past, > 64 bytes | | ignored: the schedule's delay |
+//!
+//! A server's delay is slept in full, never shortened to the schedule's cap,
+//! plus an upward jitter ([`server_delay_jitter`](HttpPolicy::server_delay_jitter),
+//! default up to 10 % and at most 1 s) so that clients told the same
+//! HTTP-date do not all come back in the same millisecond. After it the
+//! schedule starts over: if that retry fails without a delay of its own, the
+//! next one waits the schedule's first delay (as gRPC's clients do after a
+//! pushback).
+//!
+//! Upstream, [`attempt_header`](HttpPolicy::attempt_header) sends the attempt
+//! number on every retry. [`PerHostLayer`] gives every authority its own
+//! retry layer, and so its own budget.
+//!
+//! # With hyper-util
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::time::Duration;
+//! use http_body_util::Full;
+//! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_backoff::http::{HttpPolicy, RetryInfo};
+//! use tower_backoff::{BackoffLayer, Exponential};
+//!
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+//! let svc = ServiceBuilder::new()
+//!     .layer(
+//!         BackoffLayer::builder()
+//!             .policy(HttpPolicy::new())
+//!             .schedule(Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_secs(5)))
+//!             .max_elapsed(Duration::from_secs(30))
+//!             .build()?,
+//!     )
+//!     .service(client);
+//!
+//! let request = http::Request::get("http://127.0.0.1:8080/").body(Full::default())?;
+//! let response = svc.oneshot(request).await?;
+//! let info = response.extensions().get::<RetryInfo>().unwrap();
+//! println!("{} after {} attempts", response.status(), info.attempts);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Composition: what goes inside the retry layer, what outside
+//! `ServiceBuilder` lists layers from the outside in. The right order:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_backoff::http::HttpPolicy;
+//! use tower_backoff::BackoffLayer;
+//!
+//! # let client = service_fn(|_: Request<String>| async {
+//! #     Ok::<_, std::io::Error>(Response::new(String::new()))
+//! # });
+//! let svc = ServiceBuilder::new()
+//!     // 1. Outside: the caller's overall deadline, sleeps included.
+//!     .timeout(Duration::from_secs(10))
+//!     // 2. The retries.
+//!     .layer(BackoffLayer::builder().policy(HttpPolicy::new()).build()?)
+//!     // 3. Inside: limits. Every attempt waits for its own permit and gives
+//!     //    it back before sleeping, so a request asleep holds no capacity.
+//!     .concurrency_limit(64)
+//!     // 4. Innermost: the per-attempt timeout. A hung attempt turns into an
+//!     //    `Elapsed` error, which the policy retries.
+//!     .timeout(Duration::from_secs(2))
+//!     .service(client);
+//!
+//! let response = svc.oneshot(Request::get("http://localhost/").body(String::new())?).await?;
+//! # drop(response);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - A per-attempt timeout *outside* the layer would cut the retries short
+//!   instead; one *inside* is what makes hung attempts retryable.
+//! - The outer deadline returns `Elapsed`, possibly in the middle of a sleep. To
+//!   get the last real response instead, use the layer's own
+//!   [`max_elapsed`](tower_backoff_core::BackoffBuilder::max_elapsed), which never starts a
+//!   sleep that would end past it (and gives up at once when the server's
+//!   delay is longer than the time left). Both together are fine.
+//! - `tower::timeout`, `tower::buffer` and others change the error type to
+//!   `Box<dyn Error + Send + Sync>`; [`HttpPolicy`] reads through it (see
+//!   [`AsStdError`]).
+//! - `RateLimit` is not `Clone`, which the retry layer needs to re-issue a
+//!   request; put a `buffer` between them:
+//!   `.layer(backoff).buffer(1024).rate_limit(100, Duration::from_secs(1))`.
+//!   Each retry then takes its own slot in the rate.
+
+mod body;
+mod buffer;
+mod delay_headers;
+mod drain;
+mod error;
+mod info;
+mod method;
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
+mod per_host;
+mod policy;
+mod replay;
+mod replay_layer;
+#[cfg(feature = "reqwest")]
+mod reqwest;
+#[cfg(feature = "reqwest")]
+mod reqwest_replay;
+mod retry_after;
+mod status;
+
+pub use body::{copy_request, unless_spent, CloneBody};
+#[cfg(feature = "reqwest")]
+pub use buffer::BufferReqwestFuture;
+pub use buffer::{
+    BufferBody, BufferBodyFuture, BufferBodyLayer, BufferedBody, DEFAULT_BUFFER_LIMIT,
+};
+pub use delay_headers::{
+    parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_RESET, RETRY_AFTER_MS,
+    X_RATELIMIT_RESET,
+};
+pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
+pub use error::{classify_error, is_unsent, AsStdError};
+pub use info::RetryInfo;
+pub use method::MethodSet;
+#[cfg(feature = "reqwest-middleware")]
+pub use middleware::{BackoffMiddleware, IntoMiddlewareError};
+pub use per_host::{PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS};
+pub use policy::{
+    HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
+    IDEMPOTENCY_KEY, X_SHOULD_RETRY,
+};
+pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
+pub use replay_layer::{Replay, ReplayLayer};
+#[cfg(feature = "reqwest")]
+pub use reqwest_replay::{IntoReqwest, IntoReqwestLayer, ReqwestFuture};
+pub use retry_after::parse_retry_after;
+pub use status::StatusSet;

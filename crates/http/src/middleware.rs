@@ -1,0 +1,231 @@
+//! [`BackoffMiddleware`]: a [`BackoffLayer`]'s retries as a
+//! `reqwest_middleware::Middleware`, for clients built with
+//! `reqwest_middleware::ClientBuilder`.
+
+use std::error::Error;
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use ::http::{Extensions, Request};
+use reqwest_middleware::{Middleware, Next};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::error::AsStdError;
+use super::policy::HttpPolicy;
+use super::replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
+use super::reqwest_replay::record;
+use tower_backoff_core::deadline::{self, AttemptTimer, NoTimeout};
+use tower_backoff_core::policy::{Policy, RetryLimits};
+use tower_backoff_core::BackoffLayer;
+
+/// What the middleware's retry layer sees: the request as an `http::Request`
+/// whose body records what it sends, so streaming bodies are retried too.
+type Recorded = Request<ReplayBody<reqwest::Body>>;
+
+/// Retries requests sent through a `reqwest_middleware::ClientWithMiddleware`
+/// with everything a [`BackoffLayer`] has: its policy, schedule and jitter,
+/// its attempt and time limits, its budget and pacing. Built from the layer,
+/// so it is configured the same way, and shares that layer's budget and
+/// pacing (with every clone of it, and every other service it wraps): one
+/// budget for every request the client sends.
+///
+/// Request bodies are recorded as [`ReplayLayer`](super::ReplayLayer) does
+/// (up to [`DEFAULT_REPLAY_LIMIT`] for a stream; a body already in memory
+/// whatever its size), so a streaming upload is retried while it fits.
+/// A [`RetryLimits`] given to the request with reqwest-middleware's
+/// `with_extension` overrides the layer's limits for that request. The
+/// middlewares added after this one run once per attempt; those added before
+/// it, once per request.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_middleware::ClientBuilder;
+/// use tower_backoff::http::{BackoffMiddleware, HttpPolicy};
+/// use tower_backoff::{BackoffLayer, Exponential};
+///
+/// let layer = BackoffLayer::builder()
+///     .policy(HttpPolicy::new())
+///     .schedule(Exponential::new(Duration::from_millis(100)))
+///     .max_attempts(4)
+///     .build()
+///     .unwrap();
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(BackoffMiddleware::new(layer))
+///     .build();
+/// // client.get(url).send().await, as before.
+/// # drop(client);
+/// ```
+#[derive(Clone)]
+pub struct BackoffMiddleware<P = HttpPolicy, T = NoTimeout> {
+    layer: BackoffLayer<P, T>,
+    replay_limit: usize,
+}
+
+impl<P, T> BackoffMiddleware<P, T> {
+    /// Retries as `layer` does, sharing its budget and pacing.
+    pub fn new(layer: BackoffLayer<P, T>) -> Self {
+        Self {
+            layer,
+            replay_limit: DEFAULT_REPLAY_LIMIT,
+        }
+    }
+
+    /// Records up to `limit` bytes of a streaming body (default
+    /// [`DEFAULT_REPLAY_LIMIT`]); a larger one is sent once and its outcome
+    /// returned as is.
+    pub fn replay_limit(mut self, limit: usize) -> Self {
+        self.replay_limit = limit;
+        self
+    }
+
+    /// The layer whose settings it applies.
+    pub fn layer(&self) -> &BackoffLayer<P, T> {
+        &self.layer
+    }
+}
+
+impl<P, T> From<BackoffLayer<P, T>> for BackoffMiddleware<P, T> {
+    fn from(layer: BackoffLayer<P, T>) -> Self {
+        Self::new(layer)
+    }
+}
+
+impl<P, T: fmt::Debug> fmt::Debug for BackoffMiddleware<P, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackoffMiddleware")
+            .field("layer", &self.layer)
+            .field("replay_limit", &self.replay_limit)
+            .finish()
+    }
+}
+
+#[async_trait::async_trait]
+impl<P, T> Middleware for BackoffMiddleware<P, T>
+where
+    P: Policy<Recorded, reqwest::Response, T::Error> + Clone + Send + Sync + 'static,
+    T: AttemptTimer<reqwest_middleware::Error> + Send + Sync + 'static,
+    T::Timer: Send,
+    T::Error: IntoMiddlewareError + Send,
+{
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let mut request = Request::<reqwest::Body>::try_from(request)?
+            .map(|body| record(body, self.replay_limit));
+        if let Some(limits) = extensions.get::<RetryLimits>() {
+            request.extensions_mut().insert(*limits);
+        }
+        // Lent to each attempt in turn (attempts never overlap), and given
+        // back whatever the middlewares after this one wrote into it.
+        let shared = Arc::new(Mutex::new(std::mem::take(extensions)));
+        let mut svc = self.layer.layer(NextService {
+            next,
+            extensions: Arc::clone(&shared),
+        });
+        let result = match poll_fn(|cx| svc.poll_ready(cx)).await {
+            Ok(()) => svc.call(request).await,
+            Err(error) => Err(error),
+        };
+        if let Ok(mut kept) = shared.lock() {
+            *extensions = std::mem::take(&mut *kept);
+        }
+        result.map_err(IntoMiddlewareError::into_middleware_error)
+    }
+}
+
+/// The rest of the middleware chain, and then the client, as the service
+/// the retry layer wraps: each attempt runs it once.
+#[derive(Clone)]
+struct NextService<'a> {
+    next: Next<'a>,
+    extensions: Arc<Mutex<Extensions>>,
+}
+
+impl<'a> Service<Recorded> for NextService<'a> {
+    type Response = reqwest::Response;
+    type Error = reqwest_middleware::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<reqwest::Response, Self::Error>> + Send + 'a>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Recorded) -> Self::Future {
+        let next = self.next.clone();
+        let shared = Arc::clone(&self.extensions);
+        Box::pin(async move {
+            let request = reqwest::Request::try_from(request.map(reqwest::Body::wrap))?;
+            let mut lent = Lent::take(shared);
+            next.run(request, &mut lent.extensions).await
+        })
+    }
+}
+
+/// The request's extensions, lent to one attempt; given back when it ends,
+/// even if the attempt is dropped (an attempt timeout).
+struct Lent {
+    extensions: Extensions,
+    shared: Arc<Mutex<Extensions>>,
+}
+
+impl Lent {
+    fn take(shared: Arc<Mutex<Extensions>>) -> Self {
+        let extensions = shared
+            .lock()
+            .map(|mut slot| std::mem::take(&mut *slot))
+            .unwrap_or_default();
+        Self { extensions, shared }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Ok(mut slot) = self.shared.lock() {
+            *slot = std::mem::take(&mut self.extensions);
+        }
+    }
+}
+
+/// The policy reads the error reqwest-middleware wraps: reqwest's own, or the
+/// one a middleware returned.
+impl AsStdError for reqwest_middleware::Error {
+    fn as_std_error(&self) -> &(dyn Error + 'static) {
+        match self {
+            reqwest_middleware::Error::Reqwest(error) => error,
+            reqwest_middleware::Error::Middleware(error) => error.as_ref(),
+        }
+    }
+}
+
+/// The error a [`BackoffMiddleware`] returns to the chain: the layer's error
+/// as a `reqwest_middleware::Error`. Implemented for the error of a layer
+/// without attempt timeouts (the middleware's own) and with them, where a
+/// timed-out last attempt becomes a middleware error.
+pub trait IntoMiddlewareError {
+    /// This error as the chain returns it.
+    fn into_middleware_error(self) -> reqwest_middleware::Error;
+}
+
+impl IntoMiddlewareError for reqwest_middleware::Error {
+    fn into_middleware_error(self) -> reqwest_middleware::Error {
+        self
+    }
+}
+
+impl IntoMiddlewareError for deadline::Error<reqwest_middleware::Error> {
+    fn into_middleware_error(self) -> reqwest_middleware::Error {
+        match self {
+            deadline::Error::Inner(error) => error,
+            deadline::Error::TimedOut(timed_out) => {
+                reqwest_middleware::Error::middleware(timed_out)
+            }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! [`HttpPolicy`] for `reqwest::Client`, which is a tower `Service` of
+//! `reqwest::Request`: directly, or behind a [`ReplayLayer`](super::ReplayLayer)
+//! so streaming bodies are retried too.
+
+use std::time::Duration;
+
+use ::http::Request;
+
+use super::body::CloneBody;
+use super::buffer::BufferedBytes;
+use super::error::AsStdError;
+use super::info::RetryInfo;
+use super::policy::HttpPolicy;
+use tower_backoff_core::policy::{Decision, Policy, RetryLimits};
+
+/// Classifies `reqwest` outcomes as it does `http` ones: statuses and
+/// `Retry-After` the same way, errors by `is_timeout()` / `is_connect()` and
+/// their `source()` chain. Requests are copied with
+/// [`reqwest::Request::try_clone`], so a streaming body goes out once; put a
+/// [`ReplayLayer`](super::ReplayLayer) in front to retry those as well.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceBuilder;
+/// use tower_backoff::http::HttpPolicy;
+/// use tower_backoff::{BackoffLayer, Exponential};
+///
+/// let client = ServiceBuilder::new()
+///     .layer(
+///         BackoffLayer::builder()
+///             .policy(HttpPolicy::new())
+///             .schedule(Exponential::new(Duration::from_millis(100)))
+///             .build()
+///             .unwrap(),
+///     )
+///     .service(reqwest::Client::new());
+/// # drop(client);
+/// ```
+impl<E> Policy<reqwest::Request, reqwest::Response, E> for HttpPolicy
+where
+    E: AsStdError,
+{
+    fn classify(
+        &self,
+        request: &reqwest::Request,
+        result: &Result<reqwest::Response, E>,
+    ) -> Decision {
+        let decision = classify_outcome(self, result);
+        self.allow_retry(decision, request.method(), request.headers())
+    }
+
+    fn needs_request(&self) -> bool {
+        self.retry_unsent_on()
+    }
+
+    fn classify_outcome(&self, result: &Result<reqwest::Response, E>) -> Decision {
+        classify_outcome(self, result)
+    }
+
+    fn clone_request(&self, request: &reqwest::Request) -> Option<reqwest::Request> {
+        if !self.may_retry(request.method(), request.headers()) {
+            return None;
+        }
+        request.try_clone()
+    }
+
+    fn discard(&self, result: Result<reqwest::Response, E>) {
+        discard(self, result);
+    }
+
+    fn finish(&self, result: &mut Result<reqwest::Response, E>, attempts: u32, slept: Duration) {
+        finish(self, result, attempts, slept);
+    }
+
+    fn prepare_retry(&self, request: &mut reqwest::Request, attempt: u32) {
+        self.stamp_attempt(request.headers_mut(), attempt);
+    }
+}
+
+/// A reqwest request on its way through a [`ReplayLayer`](super::ReplayLayer):
+/// an `http::Request` whose body records what it sends (a
+/// [`ReplayBody`](super::ReplayBody)), answered by `reqwest::Client` through
+/// an [`IntoReqwestLayer`](super::IntoReqwestLayer). Classified and copied as
+/// `http::Request`s are, so a [`RetryLimits`] in its extensions applies.
+impl<B, E> Policy<Request<B>, reqwest::Response, E> for HttpPolicy
+where
+    B: CloneBody,
+    E: AsStdError,
+{
+    fn classify(&self, request: &Request<B>, result: &Result<reqwest::Response, E>) -> Decision {
+        self.allow_request_retry(classify_outcome(self, result), request)
+    }
+
+    fn limits(&self, request: &Request<B>) -> Option<RetryLimits> {
+        request.extensions().get::<RetryLimits>().copied()
+    }
+
+    fn needs_request(&self) -> bool {
+        self.retry_unsent_on()
+    }
+
+    fn classify_outcome(&self, result: &Result<reqwest::Response, E>) -> Decision {
+        classify_outcome(self, result)
+    }
+
+    fn can_resend(&self, request: &Request<B>) -> bool {
+        request.body().is_sendable_as_is()
+    }
+
+    fn clone_request(&self, request: &Request<B>) -> Option<Request<B>> {
+        self.copy_request(request)
+    }
+
+    fn discard(&self, result: Result<reqwest::Response, E>) {
+        discard(self, result);
+    }
+
+    fn finish(&self, result: &mut Result<reqwest::Response, E>, attempts: u32, slept: Duration) {
+        finish(self, result, attempts, slept);
+    }
+
+    fn prepare_retry(&self, request: &mut Request<B>, attempt: u32) {
+        self.stamp_attempt(request.headers_mut(), attempt);
+    }
+}
+
+/// Statuses, delay headers and errors, as for hyper-util's responses.
+fn classify_outcome<E: AsStdError>(
+    policy: &HttpPolicy,
+    result: &Result<reqwest::Response, E>,
+) -> Decision {
+    match result {
+        Ok(response) => {
+            policy.classify_parts(response.status(), response.headers(), response.extensions())
+        }
+        Err(error) => policy.classify_error(error.as_std_error()),
+    }
+}
+
+fn discard<E>(policy: &HttpPolicy, result: Result<reqwest::Response, E>) {
+    // As for hyper-util's responses: one `BufferBody` read whole has
+    // nothing left to drain, and draining it would only spawn a task.
+    if let Ok(response) = result {
+        if !BufferedBytes::is_in(response.extensions()) {
+            policy.discard_body(reqwest::Body::from(response));
+        }
+    }
+}
+
+fn finish<E>(
+    policy: &HttpPolicy,
+    result: &mut Result<reqwest::Response, E>,
+    attempts: u32,
+    slept: Duration,
+) {
+    if let (Ok(response), true) = (result, policy.records_info()) {
+        response
+            .extensions_mut()
+            .insert(RetryInfo::new(attempts, slept));
+    }
+}

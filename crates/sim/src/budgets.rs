@@ -1,0 +1,75 @@
+//! The retry budgets the simulations compare, each with its own defaults.
+
+use std::fmt;
+
+use tower_backoff_core::budget::{Earn, RatioBudget, TokenBucket};
+use tower_backoff_core::error::ConfigError;
+use tower_backoff_core::BackoffBuilder;
+
+/// A budget semantics to compare, on the same layer otherwise.
+///
+/// Every budget is built with its type's defaults, so the tables show what a
+/// user gets by naming the type and nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BudgetKind {
+    /// No budget: only the attempt limit bounds retries.
+    None,
+    /// What a layer built with no budget option gets
+    /// ([`BackoffLayer::builder`](tower_backoff_core::BackoffLayer::builder)).
+    Default,
+    /// [`TokenBucket::new`]: the AWS SDKs' standard mode (500 tokens, a
+    /// retry costs 5, 10 after a timeout; a success refunds 1, or the cost
+    /// of the retry that led to it).
+    TokenBucket,
+    /// [`RatioBudget::new`]: Finagle's, 20 % of first attempts over 10 s plus
+    /// a reserve of 100 retries.
+    RatioOfFirstAttempts,
+    /// [`RatioBudget`] earning on successes, as tower's `TpsBudget` and
+    /// reqwest do: 20 % of successes over 10 s plus a reserve of 100.
+    RatioOfSuccesses,
+}
+
+impl BudgetKind {
+    /// Every kind, in the order the tables show them.
+    pub const ALL: [BudgetKind; 5] = [
+        BudgetKind::None,
+        BudgetKind::Default,
+        BudgetKind::TokenBucket,
+        BudgetKind::RatioOfFirstAttempts,
+        BudgetKind::RatioOfSuccesses,
+    ];
+
+    /// A short name for tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BudgetKind::None => "no budget",
+            BudgetKind::Default => "defaults",
+            BudgetKind::TokenBucket => "token bucket (AWS)",
+            BudgetKind::RatioOfFirstAttempts => "ratio of first attempts (Finagle)",
+            BudgetKind::RatioOfSuccesses => "ratio of successes (tower)",
+        }
+    }
+
+    /// `builder` with this budget; [`Default`](BudgetKind::Default) leaves
+    /// it as it is.
+    ///
+    /// # Errors
+    /// Never for the built-in settings.
+    pub fn apply<P>(self, builder: BackoffBuilder<P>) -> Result<BackoffBuilder<P>, ConfigError> {
+        Ok(match self {
+            BudgetKind::None => builder.no_budget(),
+            BudgetKind::Default => builder,
+            BudgetKind::TokenBucket => builder.budget(TokenBucket::new()),
+            BudgetKind::RatioOfFirstAttempts => builder.budget(RatioBudget::new()),
+            BudgetKind::RatioOfSuccesses => {
+                builder.budget(RatioBudget::builder().earn(Earn::Successes).build()?)
+            }
+        })
+    }
+}
+
+impl fmt::Display for BudgetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
