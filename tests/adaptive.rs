@@ -351,7 +351,9 @@ async fn no_attempt_starts_past_max_elapsed_while_pacing_waits() {
     assert!(metrics.slept > Duration::from_secs(10), "{metrics:?}");
     // The time limit counts from the call, when the first attempt goes out
     // (the wait for readiness before it is the caller's): every later
-    // attempt of a request went out within 1 s of it.
+    // attempt of a request went out within 1 s of it, give or take the one
+    // tick of tokio's timer (1 ms) that a sleep allowed to end at the limit
+    // may wake after it (the engine's rule; `Session::send`).
     let sent = sent.lock().unwrap().clone();
     let mut retries = 0;
     for (request, _) in spans {
@@ -363,7 +365,7 @@ async fn no_attempt_starts_past_max_elapsed_while_pacing_waits() {
         let first = attempts[0];
         for &at in &attempts[1..] {
             assert!(
-                at - first <= Duration::from_secs(1),
+                at - first <= Duration::from_secs(1) + Duration::from_millis(1),
                 "request {request}: an attempt {:?} after its first",
                 at - first
             );

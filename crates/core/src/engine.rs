@@ -211,6 +211,9 @@ impl Session {
     /// ends instead. `replayable` says whether the front-end can still send
     /// the request again; `now` is read only when the request has a deadline.
     /// Charges nothing: the budget pays in [`send`](Self::send).
+    // Inline, as `send` and `next_delay`: each front-end calls it from one
+    // place, where its rules, closures and result fold into the caller.
+    #[inline]
     pub fn decide<S, B>(
         &mut self,
         rules: &Rules<'_, S, B>,
@@ -269,6 +272,7 @@ impl Session {
     /// The schedule's next delay, jittered, without deciding a retry: what a
     /// loop waits when the budget refused the retry it decided (the poller
     /// polls again later instead of giving up).
+    #[inline]
     pub fn next_delay<S: Schedule + ?Sized>(
         &mut self,
         schedule: &S,
@@ -301,6 +305,7 @@ impl Session {
     /// ready only after the deadline is late; a request that cannot be copied
     /// any more is not replayable; then the budget pays, and only then is the
     /// retry counted. `now` is read only when the request has a deadline.
+    #[inline]
     pub fn send<B, R>(
         &mut self,
         retry: &Retry,
@@ -322,15 +327,21 @@ impl Session {
                 return Err(Ending::OutOfTime);
             }
         }
-        let copy = copy(self).ok_or(Ending::NotReplayable)?;
-        if !retry.transparent && budget.is_some_and(|b| !b.try_retry(retry.cause)) {
-            return Err(Ending::BudgetRefused);
+        // The copy is moved once, into the result: taken out of its `Option`
+        // first, it would be moved twice.
+        match copy(self) {
+            None => Err(Ending::NotReplayable),
+            Some(_) if !retry.transparent && budget.is_some_and(|b| !b.try_retry(retry.cause)) => {
+                Err(Ending::BudgetRefused)
+            }
+            Some(copy) => {
+                // Saturating: unlimited attempts may count past u32::MAX.
+                self.attempts = self.attempts.saturating_add(1);
+                self.transparent_used |= retry.transparent;
+                self.last_retry = Some(retry.cause);
+                Ok(copy)
+            }
         }
-        // Saturating: unlimited attempts may count past u32::MAX.
-        self.attempts = self.attempts.saturating_add(1);
-        self.transparent_used |= retry.transparent;
-        self.last_retry = Some(retry.cause);
-        Ok(copy)
     }
 }
 

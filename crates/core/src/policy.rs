@@ -319,6 +319,10 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
         <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
     }
 
+    // Inline, so that it is compiled with its callers: compiled on its own,
+    // it can take the request's `clone` in, build the copy in its own frame
+    // and then move it whole into the caller's.
+    #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
     }
@@ -380,6 +384,8 @@ where
         <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
     }
 
+    // Inline: as `RetryOnError`'s.
+    #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
     }
@@ -438,6 +444,8 @@ where
         (self.classify)(request, result)
     }
 
+    // Inline: as `RetryOnError`'s.
+    #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
     }

@@ -30,7 +30,13 @@ use crate::error::ConfigError;
 /// assert_eq!(custom.delay(2), Duration::from_millis(20));
 /// ```
 #[derive(Clone)]
-pub struct AnySchedule(Kind);
+pub struct AnySchedule {
+    kind: Kind,
+    // A built-in's cap, worked out once: every retry decision reads it, and
+    // without it each read would first find out which built-in this is
+    // (`Table` would scan its delays too). A custom schedule is asked.
+    cap: Duration,
+}
 
 #[derive(Clone)]
 enum Kind {
@@ -50,13 +56,26 @@ impl AnySchedule {
     /// Holds a schedule of your own behind an `Arc`; [`new`](Self::new) calls
     /// this for every schedule but the built-ins.
     pub fn custom(schedule: impl Schedule + Send + Sync + 'static) -> Self {
-        Self(Kind::Custom(Arc::new(schedule)))
+        Self::of(Kind::Custom(Arc::new(schedule)))
+    }
+
+    fn of(kind: Kind) -> Self {
+        let cap = match &kind {
+            Kind::Exponential(s) => s.cap(),
+            Kind::Linear(s) => s.cap(),
+            Kind::Constant(s) => s.cap(),
+            Kind::Table(s) => s.cap(),
+            // Not read: `cap` asks the schedule itself.
+            Kind::Custom(_) => Duration::ZERO,
+        };
+        Self { kind, cap }
     }
 }
 
 impl Schedule for AnySchedule {
+    #[inline]
     fn delay(&self, retry: u32) -> Duration {
-        match &self.0 {
+        match &self.kind {
             Kind::Exponential(s) => s.delay(retry),
             Kind::Linear(s) => s.delay(retry),
             Kind::Constant(s) => s.delay(retry),
@@ -65,18 +84,16 @@ impl Schedule for AnySchedule {
         }
     }
 
+    #[inline]
     fn cap(&self) -> Duration {
-        match &self.0 {
-            Kind::Exponential(s) => s.cap(),
-            Kind::Linear(s) => s.cap(),
-            Kind::Constant(s) => s.cap(),
-            Kind::Table(s) => s.cap(),
+        match &self.kind {
             Kind::Custom(s) => s.cap(),
+            _ => self.cap,
         }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        match &self.0 {
+        match &self.kind {
             Kind::Exponential(s) => s.validate(),
             Kind::Linear(s) => s.validate(),
             Kind::Constant(s) => s.validate(),
@@ -93,13 +110,13 @@ impl Schedule for AnySchedule {
 impl Default for AnySchedule {
     /// [`Exponential::default`]: 100 ms, doubling, capped at 20 s.
     fn default() -> Self {
-        Self(Kind::Exponential(Exponential::default()))
+        Self::of(Kind::Exponential(Exponential::default()))
     }
 }
 
 impl fmt::Debug for AnySchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
+        match &self.kind {
             Kind::Exponential(s) => s.fmt(f),
             Kind::Linear(s) => s.fmt(f),
             Kind::Constant(s) => s.fmt(f),
@@ -116,10 +133,57 @@ macro_rules! builtin {
     ($($name:ident),*) => {$(
         impl From<$name> for AnySchedule {
             fn from(schedule: $name) -> Self {
-                Self(Kind::$name(schedule))
+                Self::of(Kind::$name(schedule))
             }
         }
     )*};
 }
 
 builtin!(Exponential, Linear, Constant, Table);
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_built_in_held_as_a_value_answers_as_itself() {
+        let exponential = Exponential::new(ms(100)).max_delay(ms(1_500));
+        let linear = Linear::new(ms(10), ms(20)).max_delay(ms(70));
+        let constant = Constant::new(ms(5));
+        let table = Table::new([ms(30), ms(90), ms(60)]);
+        let pairs: [(&dyn Schedule, AnySchedule); 4] = [
+            (&exponential, AnySchedule::new(exponential)),
+            (&linear, AnySchedule::new(linear)),
+            (&constant, AnySchedule::new(constant)),
+            (&table, AnySchedule::new(table.clone())),
+        ];
+        for (schedule, any) in pairs {
+            assert_eq!(any.cap(), schedule.cap());
+            for retry in [1, 2, 3, 10, u32::MAX] {
+                assert_eq!(any.delay(retry), schedule.delay(retry));
+            }
+        }
+        assert_eq!(AnySchedule::default().cap(), Exponential::default().cap());
+    }
+
+    #[test]
+    fn a_custom_schedule_is_asked_for_its_cap_every_time() {
+        struct Growing(AtomicU64);
+        impl Schedule for Growing {
+            fn delay(&self, _retry: u32) -> Duration {
+                Duration::ZERO
+            }
+            fn cap(&self) -> Duration {
+                ms(self.0.fetch_add(1, Ordering::Relaxed))
+            }
+        }
+        let any = AnySchedule::new(Growing(AtomicU64::new(1)));
+        assert_eq!((any.cap(), any.cap()), (ms(1), ms(2)));
+    }
+}
