@@ -1,5 +1,6 @@
-//! What a layer reports: the stats handle and the `on_retry` hook (tracing
-//! events are in tests/tracing.rs). Real tower layers, paused clock.
+//! What a layer reports: the stats handle, the `on_retry` hook and the events
+//! its observers hear (tracing events are in tests/tracing.rs). Real tower
+//! layers, paused clock.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -7,6 +8,7 @@ use std::time::Duration;
 
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_backoff::budget::Budget;
+use tower_backoff::events::{Ending, Event, OutcomeKind};
 use tower_backoff::{BackoffLayer, Cause, Decision, Exponential, Jitter, Policy, Stats};
 
 type Outcome = Result<&'static str, String>;
@@ -188,4 +190,106 @@ async fn on_retry_sees_exactly_the_retries_that_happened() {
         .map(|(request, attempt, _, _)| (*request, *attempt))
         .collect();
     assert_eq!(retried, hooked);
+}
+
+// --- observers of the layer's events ------------------------------------------
+
+/// An observer that keeps every event it hears.
+fn recorder() -> (
+    Arc<Mutex<Vec<Event>>>,
+    impl Fn(&Event) + Send + Sync + 'static,
+) {
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let record = heard.clone();
+    (heard, move |event: &Event| {
+        record.lock().unwrap().push(*event)
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_observer_hears_the_call_each_sleep_each_retry_sent_and_the_ending() {
+    let (heard, observer) = recorder();
+    // Adding an observer changes no type: this is the default layer's type.
+    let layer: BackoffLayer = BackoffLayer::builder()
+        .schedule(Exponential::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .observer(observer)
+        .build()
+        .unwrap();
+    let service = layer.layer(store(Arc::default()));
+    assert_eq!(service.oneshot("twice-flaky").await, Ok("done"));
+
+    let ms = Duration::from_millis;
+    let heard = heard.lock().unwrap().clone();
+    assert_eq!(heard.len(), 6, "{heard:?}");
+    assert_eq!(heard[0], Event::Called);
+    assert_eq!(heard[1], Event::Slept(ms(100)));
+    assert_eq!(heard[3], Event::Slept(ms(200)));
+    for (event, attempt, delay) in [(&heard[2], 1, ms(100)), (&heard[4], 2, ms(200))] {
+        let Event::Retry(retry) = event else {
+            panic!("a retry, not {event:?}")
+        };
+        assert_eq!(
+            (retry.attempt(), retry.delay(), retry.cause()),
+            (attempt, delay, Cause::Transient)
+        );
+        assert_eq!(retry.replaced(), OutcomeKind::Error);
+        assert!(!retry.is_transparent());
+    }
+    let Event::Ended(end) = heard[5] else {
+        panic!("the ending, not {:?}", heard[5])
+    };
+    assert_eq!(
+        (end.attempts(), end.slept(), end.ending(), end.outcome()),
+        (3, ms(300), Ending::Success, OutcomeKind::Response)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_observer_hears_no_retry_that_was_stopped_before_it_went_out() {
+    let (heard, observer) = recorder();
+    let layer = BackoffLayer::builder()
+        .schedule(Exponential::new(Duration::from_secs(1)))
+        .jitter(Jitter::None)
+        .observer(observer)
+        .build()
+        .unwrap();
+    let service = layer.layer(store(Arc::default()));
+    // Dropped during the sleep before its first retry.
+    let call = service.oneshot("down");
+    assert!(tokio::time::timeout(Duration::from_millis(500), call)
+        .await
+        .is_err());
+    assert_eq!(*heard.lock().unwrap(), [Event::Called]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stats_and_other_observers_hear_the_same_requests() {
+    let (heard, observer) = recorder();
+    let stats = Stats::new();
+    let layer = BackoffLayer::builder()
+        .max_attempts(2)
+        .schedule(Exponential::new(Duration::from_millis(10)))
+        .stats(stats.clone())
+        .observer(observer)
+        .build()
+        .unwrap();
+    let service = layer.layer(store(Arc::default()));
+    assert!(service.clone().oneshot("down").await.is_err());
+    assert_eq!(service.oneshot("ok").await, Ok("done"));
+
+    let heard = heard.lock().unwrap();
+    let count = |wanted: fn(&Event) -> bool| heard.iter().filter(|e| wanted(e)).count() as u64;
+    let seen = stats.snapshot();
+    assert_eq!(seen.requests, count(|e| matches!(e, Event::Called)));
+    assert_eq!(seen.retries, count(|e| matches!(e, Event::Retry(_))));
+    assert_eq!(
+        seen.gave_up_attempts,
+        count(|e| matches!(e, Event::Ended(end) if end.ending() == Ending::OutOfAttempts))
+    );
+    assert_eq!(
+        seen.successes,
+        count(|e| matches!(e, Event::Ended(end) if end.ending() == Ending::Success))
+    );
+    assert_eq!((seen.requests, seen.retries), (2, 1));
 }

@@ -14,15 +14,16 @@ use crate::adaptive::AdaptivePacing;
 use crate::budget::{Budget, TokenBucket};
 use crate::deadline::NoTimeout;
 use crate::engine::Rules;
+use crate::events::{Event, Observer};
 use crate::jitter::{Jitter, Rng};
 use crate::policy::Cause;
 use crate::schedule::AnySchedule;
-use crate::stats::{Event, Stats};
+use crate::stats::Stats;
 
 /// Everything a [`Backoff`](crate::Backoff) service and its response futures
 /// read, behind one `Arc` per layer. What the layer's services share (budget,
-/// pacing, stats, the seeded jitter streams) are handles of their own, so a
-/// service that changes its policy keeps sharing them.
+/// pacing, observers, the seeded jitter streams) are handles of their own, so
+/// a service that changes its policy keeps sharing them.
 #[derive(Clone)]
 pub(crate) struct Config<P, T = NoTimeout> {
     pub(crate) policy: P,
@@ -37,8 +38,35 @@ pub(crate) struct Config<P, T = NoTimeout> {
     // costs a branch, and nothing else.
     pub(crate) budget: Option<Arc<LayerBudget>>,
     pub(crate) pacing: Option<AdaptivePacing>,
-    pub(crate) stats: Option<Stats>,
+    pub(crate) observers: Option<Arc<Observers>>,
     pub(crate) streams: Option<Arc<Streams>>,
+}
+
+/// Who hears a layer's events: its stats, called directly since counting is
+/// the common case, and any other observer.
+pub(crate) struct Observers {
+    pub(crate) stats: Option<Stats>,
+    pub(crate) others: Box<[Box<dyn Observer>]>,
+}
+
+impl Observers {
+    /// `stats` and `others`, or `None` when nobody listens: the layer then
+    /// pays one branch per event.
+    pub(crate) fn new(stats: Option<Stats>, others: Vec<Box<dyn Observer>>) -> Option<Self> {
+        (stats.is_some() || !others.is_empty()).then(|| Self {
+            stats,
+            others: others.into_boxed_slice(),
+        })
+    }
+
+    fn tell(&self, event: &Event) {
+        if let Some(stats) = &self.stats {
+            stats.on_event(event);
+        }
+        for observer in &*self.others {
+            observer.on_event(event);
+        }
+    }
 }
 
 impl<P, T> Config<P, T> {
@@ -54,7 +82,7 @@ impl<P, T> Config<P, T> {
             timeouts: self.timeouts,
             budget: self.budget,
             pacing: self.pacing,
-            stats: self.stats,
+            observers: self.observers,
             streams: self.streams,
         }
     }
@@ -79,12 +107,18 @@ impl<P, T> Config<P, T> {
         self.pacing.as_ref()
     }
 
-    /// Counts `event` if stats were configured.
+    /// Tells the layer's observers of the event `event` makes, made only if
+    /// anyone listens.
     #[inline]
-    pub(crate) fn record(&self, event: Event) {
-        if let Some(stats) = &self.stats {
-            stats.record(event);
+    pub(crate) fn emit(&self, event: impl FnOnce() -> Event) {
+        if let Some(observers) = &self.observers {
+            observers.tell(&event());
         }
+    }
+
+    /// The counters of this layer, if it was given any.
+    pub(crate) fn stats(&self) -> Option<&Stats> {
+        self.observers.as_ref()?.stats.as_ref()
     }
 
     /// A request was called: its first attempt is about to go out.
@@ -93,10 +127,7 @@ impl<P, T> Config<P, T> {
         if let Some(budget) = self.budget() {
             budget.on_first_attempt();
         }
-        if let Some(stats) = &self.stats {
-            stats.record(Event::Request);
-            stats.record(Event::Attempt { retry: false });
-        }
+        self.emit(|| Event::Called);
     }
 
     /// A new jitter stream for one request: from the seeded family when a seed

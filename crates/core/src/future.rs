@@ -3,7 +3,7 @@
 //! **Decide at the response, commit at send.** When an attempt's outcome asks
 //! for a retry, the future keeps that outcome while it sleeps and waits for
 //! the service to be ready. The retry is committed only when it really goes
-//! out: then the budget is charged, `on_retry` and the stats hear of it, and
+//! out: then the budget is charged, `on_retry` and the observers hear of it, and
 //! the kept outcome is discarded. Whatever stops the retry before that (the
 //! future is dropped, the service fails to become ready, the time limit
 //! passes, the budget refuses, the request can no longer be replayed) returns
@@ -26,9 +26,9 @@ use crate::budget::Budget;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::engine::{Ending, Retry, Session};
+use crate::events::{EndArgs, Event, OutcomeKind, RetryArgs};
 use crate::policy::{Cause, Decision, Policy};
-use crate::send::{poll_ready_to_send, retry_sent};
-use crate::stats::Event;
+use crate::send::{pacing_stamp, poll_ready_to_send};
 
 pin_project! {
     /// The response future of [`Backoff`](crate::Backoff): the attempts of one
@@ -444,9 +444,6 @@ where
             Instant::now,
             || config.new_rng(),
         );
-        if decided == Err(Ending::BudgetRefused) {
-            budget_refused(session.attempts(), cause);
-        }
         decided
     }
 
@@ -458,9 +455,7 @@ where
         retry: Retry,
     ) -> Flow<Outcome<S, Req, T>> {
         progress.session.slept_for(&retry);
-        if let Some(stats) = &self.config.stats {
-            stats.record_sleep(retry.delay);
-        }
+        self.config.emit(|| Event::Slept(retry.delay));
         phase.set(Phase::Readying { retry });
         ControlFlow::Continue(())
     }
@@ -489,25 +484,22 @@ where
             });
         let mut copy = match sent {
             Ok(copy) => copy,
-            Err(ending) => {
-                if ending == Ending::BudgetRefused {
-                    budget_refused(progress.session.attempts(), retry.cause);
-                }
-                return self.end(progress, take(kept), ending);
-            }
+            Err(ending) => return self.end(progress, take(kept), ending),
         };
         // Committed: from here on the retry is sent. `attempt` is the number
         // of the attempt that failed.
         let attempt = progress.session.attempts() - 1;
-        #[cfg(feature = "tracing")]
-        tracing::debug!(
-            attempt,
-            delay = ?retry.delay,
-            reason = ?retry.cause,
-            "retrying"
-        );
-        let request = self.request.as_ref().unwrap_or(&copy);
         let outcome = take(kept);
+        config.emit(|| {
+            Event::Retry(RetryArgs {
+                attempt,
+                delay: retry.delay,
+                cause: retry.cause,
+                transparent: retry.transparent,
+                replaced: OutcomeKind::of(&outcome),
+            })
+        });
+        let request = self.request.as_ref().unwrap_or(&copy);
         config
             .policy
             .on_retry(request, attempt, retry.delay, &outcome);
@@ -516,7 +508,7 @@ where
             .policy
             .prepare_retry(&mut copy, progress.session.attempts());
         let timer = config.timeouts.timer(progress.session.deadline());
-        progress.stamp = retry_sent(config, &mut progress.gate);
+        progress.stamp = pacing_stamp(config, &mut progress.gate);
         // The attempt's future is built where it will be polled: returned
         // first, it would be copied once more (measured: 36 instructions per
         // retry).
@@ -548,7 +540,14 @@ where
         ending: Ending,
     ) -> Outcome<S, Req, T> {
         let config = self.config;
-        config.record(Event::Ended(ending));
+        config.emit(|| {
+            Event::Ended(EndArgs {
+                attempts,
+                slept,
+                ending,
+                outcome: OutcomeKind::of(&outcome),
+            })
+        });
         config.policy.finish(&mut outcome, attempts, slept);
         outcome
     }
@@ -583,17 +582,6 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry) {
             retry,
         });
     }
-}
-
-#[inline]
-fn budget_refused(attempt: u32, cause: Cause) {
-    #[cfg(feature = "tracing")]
-    tracing::warn!(
-        attempt,
-        reason = ?cause,
-        "retry budget exhausted; returning the last outcome"
-    );
-    let _ = (attempt, cause);
 }
 
 impl<S, P, Req, T> fmt::Debug for ResponseFuture<S, P, Req, T>

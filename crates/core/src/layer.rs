@@ -10,9 +10,11 @@ use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
 use crate::budget::{self, Budget, TokenBucket};
+use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
 use crate::deadline::{AttemptTimeout, NoTimeout};
 use crate::error::{check_duration, ConfigError};
+use crate::events::Observer;
 use crate::jitter::Jitter;
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::{OnRetry, RetryOnError};
@@ -109,7 +111,7 @@ impl<P, T> BackoffLayer<P, T> {
 
     /// The counters this layer's services update, if it was given any.
     pub fn stats(&self) -> Option<&Stats> {
-        self.config.stats.as_ref()
+        self.config.stats()
     }
 
     /// The pacing this layer's services share, if it was given one.
@@ -151,6 +153,7 @@ struct Settings {
     budget: BudgetChoice,
     pacing: Option<AdaptivePacing>,
     stats: Option<Stats>,
+    observers: Vec<Box<dyn Observer>>,
 }
 
 /// Which budget a layer gets: unless told otherwise, a new default one.
@@ -360,6 +363,17 @@ impl<P, T> BackoffBuilder<P, T> {
         self
     }
 
+    /// Tells `observer` of every [`Event`](crate::events::Event) of the
+    /// layer's requests: each call, each retry as it goes out, each sleep,
+    /// how each request ended. Any `Fn(&Event) + Send + Sync` closure is an
+    /// observer (see [`Observer`]); several can be added, and adding one
+    /// changes no type. Under the `tracing` feature every layer has
+    /// [`events::Tracing`](crate::events) among its observers.
+    pub fn observer(mut self, observer: impl Observer + 'static) -> Self {
+        self.settings.observers.push(Box::new(observer));
+        self
+    }
+
     /// Calls `hook(&request, attempt, delay, &outcome)` for each retry as it
     /// goes out (never for a retry that was stopped): `attempt` is the number
     /// of the attempt that failed, `delay` the sleep before the retry,
@@ -405,6 +419,8 @@ impl<P, T> BackoffBuilder<P, T> {
             budget,
             pacing,
             stats,
+            #[allow(unused_mut)] // pushed to under the `tracing` feature only
+            mut observers,
         } = self.settings;
         limits.validate(&self.schedule)?;
         if let Some(limit) = attempt_timeout {
@@ -423,6 +439,8 @@ impl<P, T> BackoffBuilder<P, T> {
             BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
             BudgetChoice::None => None,
         };
+        #[cfg(feature = "tracing")]
+        observers.push(Box::new(crate::events::Tracing));
         Ok(BackoffLayer {
             config: Arc::new(Config {
                 policy: self.policy,
@@ -434,7 +452,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 timeouts: self.timeouts,
                 budget: budget.map(Arc::new),
                 pacing,
-                stats,
+                observers: Observers::new(stats, observers).map(Arc::new),
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
             }),
         })
@@ -457,6 +475,7 @@ impl<P, T> fmt::Debug for BackoffBuilder<P, T> {
             )
             .field("pacing", &self.settings.pacing)
             .field("stats", &self.settings.stats.is_some())
+            .field("observers", &self.settings.observers.len())
             .finish()
     }
 }

@@ -18,6 +18,7 @@ pub mod deadline;
 mod delays;
 pub mod engine;
 pub mod error;
+pub mod events;
 pub mod future;
 mod jitter;
 mod layer;

@@ -1,6 +1,6 @@
 //! The send step of every attempt, first or retry, in one place: the
-//! sender's turn under pacing, the inner service's readiness, and what the
-//! attempt is stamped and counted as when it goes out.
+//! sender's turn under pacing, the inner service's readiness, and the stamp
+//! the attempt goes out with.
 
 use std::task::{ready, Context, Poll};
 
@@ -8,7 +8,6 @@ use tower_service::Service;
 
 use crate::adaptive::Gate;
 use crate::config::Config;
-use crate::stats::Event;
 
 /// Readiness to send an attempt, first or retry, through `inner`: the turn of
 /// the clone owning `gate` under pacing, then the inner service's readiness.
@@ -28,15 +27,6 @@ where
         ready!(pacing.poll_send(gate, cx, || config.new_rng()));
     }
     inner.poll_ready(cx)
-}
-
-/// A retry goes out through the clone owning `gate` (the caller sends it
-/// through the service [`poll_ready_to_send`] readied): counts it and returns
-/// its pacing stamp.
-#[inline]
-pub(crate) fn retry_sent<P, T>(config: &Config<P, T>, gate: &mut Gate) -> u16 {
-    config.record(Event::Attempt { retry: true });
-    pacing_stamp(config, gate)
 }
 
 /// An attempt goes out through the clone owning `gate`: the stamp its outcome

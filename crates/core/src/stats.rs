@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::Ending;
+use crate::events::{Ending, Event, Observer};
 
 /// Counters shared by every service a layer made: requests, attempts, retries
 /// and how each request ended. Cloning the handle is cheap and every clone
@@ -110,30 +110,7 @@ impl Stats {
         }
     }
 
-    #[inline]
-    pub(crate) fn record(&self, event: Event) {
-        let c = &*self.counters;
-        let counter = match event {
-            Event::Request => &c.requests,
-            Event::Attempt { retry } => {
-                if retry {
-                    c.retries.fetch_add(1, Ordering::Relaxed);
-                }
-                &c.attempts
-            }
-            Event::Ended(ending) => match ending {
-                Ending::Success => &c.successes,
-                Ending::BudgetRefused => &c.budget_refusals,
-                Ending::OutOfAttempts => &c.gave_up_attempts,
-                Ending::OutOfTime => &c.gave_up_elapsed,
-                Ending::Final => &c.gave_up_final,
-                Ending::NotReplayable => &c.gave_up_not_clonable,
-            },
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn record_sleep(&self, slept: Duration) {
+    fn record_sleep(&self, slept: Duration) {
         let nanos = u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX);
         // Saturating: a custom schedule's `Duration::MAX` sleeps would wrap
         // the total back to small numbers.
@@ -152,12 +129,33 @@ impl std::fmt::Debug for Stats {
     }
 }
 
-/// Something a [`Stats`] counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Event {
-    Request,
-    Attempt { retry: bool },
-    Ended(Ending),
+/// Stats is an observer of the layer's events, kept beside the others and
+/// called directly: counting is one relaxed atomic add an event.
+impl Observer for Stats {
+    #[inline]
+    fn on_event(&self, event: &Event) {
+        let c = &*self.counters;
+        let counter = match event {
+            Event::Called => {
+                c.requests.fetch_add(1, Ordering::Relaxed);
+                &c.attempts
+            }
+            Event::Retry(_) => {
+                c.retries.fetch_add(1, Ordering::Relaxed);
+                &c.attempts
+            }
+            Event::Slept(slept) => return self.record_sleep(*slept),
+            Event::Ended(end) => match end.ending() {
+                Ending::Success => &c.successes,
+                Ending::BudgetRefused => &c.budget_refusals,
+                Ending::OutOfAttempts => &c.gave_up_attempts,
+                Ending::OutOfTime => &c.gave_up_elapsed,
+                Ending::Final => &c.gave_up_final,
+                Ending::NotReplayable => &c.gave_up_not_clonable,
+            },
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -167,8 +165,8 @@ mod tests {
     #[test]
     fn time_slept_saturates_instead_of_wrapping() {
         let stats = Stats::new();
-        stats.record_sleep(Duration::MAX);
-        stats.record_sleep(Duration::from_secs(1));
+        stats.on_event(&Event::Slept(Duration::MAX));
+        stats.on_event(&Event::Slept(Duration::from_secs(1)));
         assert_eq!(stats.snapshot().slept, Duration::from_nanos(u64::MAX));
     }
 }

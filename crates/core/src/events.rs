@@ -1,0 +1,188 @@
+//! [`Event`]: what happened to a request, as the retry engine saw it, told to
+//! every [`Observer`] of the layer: its [`Stats`](crate::Stats), `tracing`
+//! (feature `tracing`), and any of your own
+//! ([`BackoffBuilder::observer`](crate::BackoffBuilder::observer)).
+//!
+//! Events are plain values with argument structs read through accessors, so
+//! that a field can be added without breaking an observer. They carry what
+//! the engine knows (attempt numbers, delays, causes, how a request ended and
+//! whether its outcome was a response or an error), never the request or the
+//! outcome itself, so an observer's type does not depend on the service's
+//! and adding one changes no type.
+//!
+//! A retry is told when it goes out, never when it is decided: a retry that
+//! is stopped in between (the future is dropped, the budget refuses, the time
+//! limit passes) is no [`Event::Retry`].
+
+use std::time::Duration;
+
+use crate::policy::Cause;
+
+pub use crate::engine::Ending;
+
+/// Something that happened to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A request was called: its first attempt goes out.
+    Called,
+    /// A retry goes out: committed, and paid for by the budget.
+    Retry(RetryArgs),
+    /// The sleep before a retry is over (whether the retry then goes out or
+    /// not).
+    Slept(Duration),
+    /// The request ended, returning its last real outcome.
+    Ended(EndArgs),
+}
+
+/// Whether an attempt's outcome was a response or an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutcomeKind {
+    /// The inner service answered (the policy may still have called the
+    /// answer a failure, a 503 say).
+    Response,
+    /// The inner service failed, or the attempt ran out of time.
+    Error,
+}
+
+impl OutcomeKind {
+    /// The kind of `outcome`.
+    pub fn of<T, E>(outcome: &Result<T, E>) -> Self {
+        match outcome {
+            Ok(_) => OutcomeKind::Response,
+            Err(_) => OutcomeKind::Error,
+        }
+    }
+}
+
+/// A retry going out: [`Event::Retry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryArgs {
+    pub(crate) attempt: u32,
+    pub(crate) delay: Duration,
+    pub(crate) cause: Cause,
+    pub(crate) transparent: bool,
+    pub(crate) replaced: OutcomeKind,
+}
+
+impl RetryArgs {
+    /// The number of the attempt that failed, from 1: the retry going out is
+    /// attempt `attempt() + 1`.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// How long the request slept before this retry.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// Why the attempt before failed, as the policy said.
+    pub fn cause(&self) -> Cause {
+        self.cause
+    }
+
+    /// Whether this is the one free retry of a request that never left
+    /// ([`Cause::NotSent`]): no delay, no attempt counted, no budget spent.
+    pub fn is_transparent(&self) -> bool {
+        self.transparent
+    }
+
+    /// Whether the outcome this retry replaces was a response or an error.
+    pub fn replaced(&self) -> OutcomeKind {
+        self.replaced
+    }
+}
+
+/// A request that ended: [`Event::Ended`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndArgs {
+    pub(crate) attempts: u32,
+    pub(crate) slept: Duration,
+    pub(crate) ending: Ending,
+    pub(crate) outcome: OutcomeKind,
+}
+
+impl EndArgs {
+    /// Attempts sent, the first included.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Time slept between attempts in all (backoff delays, not pacing).
+    pub fn slept(&self) -> Duration {
+        self.slept
+    }
+
+    /// Why no further attempt was made.
+    pub fn ending(&self) -> Ending {
+        self.ending
+    }
+
+    /// Whether the outcome returned is a response or an error.
+    pub fn outcome(&self) -> OutcomeKind {
+        self.outcome
+    }
+}
+
+/// Hears every [`Event`] of the requests of a layer it was given to. Shared
+/// by every clone of the layer's services, so it must be `Send + Sync`, and
+/// called on the request's own task, so it should be quick: count, log, or
+/// hand the event on.
+///
+/// Any `Fn(&Event) + Send + Sync` closure is one:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use tower_backoff::events::Event;
+/// use tower_backoff::BackoffLayer;
+///
+/// let retries = Arc::new(AtomicU64::new(0));
+/// let counted = retries.clone();
+/// let layer = BackoffLayer::builder()
+///     .observer(move |event: &Event| {
+///         if let Event::Retry(retry) = event {
+///             counted.fetch_add(1, Ordering::Relaxed);
+///             eprintln!("retrying after attempt {}: {:?}", retry.attempt(), retry.cause());
+///         }
+///     })
+///     .build()?;
+/// # drop(layer);
+/// # Ok::<_, tower_backoff::ConfigError>(())
+/// ```
+pub trait Observer: Send + Sync {
+    /// `event` happened to one of the layer's requests.
+    fn on_event(&self, event: &Event);
+}
+
+impl<F: Fn(&Event) + Send + Sync> Observer for F {
+    fn on_event(&self, event: &Event) {
+        self(event)
+    }
+}
+
+/// Logs each retry as a `tracing` debug event and each refusal of the budget
+/// as a warning: every layer has it under the `tracing` feature.
+#[cfg(feature = "tracing")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tracing;
+
+#[cfg(feature = "tracing")]
+impl Observer for Tracing {
+    fn on_event(&self, event: &Event) {
+        match event {
+            Event::Retry(retry) => tracing::debug!(
+                attempt = retry.attempt,
+                delay = ?retry.delay,
+                reason = ?retry.cause,
+                "retrying"
+            ),
+            Event::Ended(end) if end.ending == Ending::BudgetRefused => tracing::warn!(
+                attempt = end.attempts,
+                "retry budget exhausted; returning the last outcome"
+            ),
+            _ => {}
+        }
+    }
+}
