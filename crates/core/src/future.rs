@@ -490,13 +490,16 @@ where
         // of the attempt that failed.
         let attempt = progress.session.attempts() - 1;
         let outcome = take(kept);
+        // Worked out before, not in the closure: borrowed there, the outcome
+        // would have to be written to memory first.
+        let replaced = OutcomeKind::of(&outcome);
         config.emit(|| {
             Event::Retry(RetryArgs {
                 attempt,
                 delay: retry.delay,
                 cause: retry.cause,
                 transparent: retry.transparent,
-                replaced: OutcomeKind::of(&outcome),
+                replaced,
             })
         });
         let request = self.request.as_ref().unwrap_or(&copy);

@@ -452,7 +452,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 timeouts: self.timeouts,
                 budget: budget.map(Arc::new),
                 pacing,
-                observers: Observers::new(stats, observers).map(Arc::new),
+                observers: Observers::new(stats, observers),
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
             }),
         })
