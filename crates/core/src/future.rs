@@ -293,9 +293,10 @@ fn poll_attempt<Res, E, T: AttemptTimer<E>>(
 }
 
 fn take<O>(kept: &mut Option<O>) -> O {
-    kept.take()
-        .expect("an outcome is kept from a retry's decision until it is sent")
+    kept.take().expect(KEPT)
 }
+
+const KEPT: &str = "an outcome is kept from a retry's decision until it is sent";
 
 type Outcome<S, Req, T> =
     Result<<S as Service<Req>>::Response, <T as AttemptTimer<<S as Service<Req>>::Error>>::Error>;
@@ -489,10 +490,10 @@ where
         // Committed: from here on the retry is sent. `attempt` is the number
         // of the attempt that failed.
         let attempt = progress.session.attempts() - 1;
-        let outcome = take(kept);
-        // Worked out before, not in the closure: borrowed there, the outcome
-        // would have to be written to memory first.
-        let replaced = OutcomeKind::of(&outcome);
+        // Read where it is kept, before the closure: moved out first, the
+        // outcome would be copied to the stack to be dropped (measured: one
+        // memcpy, 32 instructions, per retry).
+        let replaced = OutcomeKind::of(kept.as_ref().expect(KEPT));
         config.emit(|| {
             Event::Retry(RetryArgs {
                 attempt,
@@ -502,6 +503,7 @@ where
                 replaced,
             })
         });
+        let outcome = take(kept);
         let request = self.request.as_ref().unwrap_or(&copy);
         config
             .policy
