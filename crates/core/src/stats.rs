@@ -49,7 +49,9 @@ pub struct Stats {
 #[repr(C)]
 struct Counters {
     requests: AtomicU64,
-    attempts: AtomicU64,
+    // No counter of attempts: every request's first attempt and every retry
+    // is one, so it is `requests + retries`, worked out when read (one
+    // atomic add fewer a call and a retry).
     retries: AtomicU64,
     successes: AtomicU64,
     gave_up_final: AtomicU64,
@@ -103,7 +105,7 @@ impl Stats {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         StatsSnapshot {
             requests: read(&c.requests),
-            attempts: read(&c.attempts),
+            attempts: read(&c.requests).saturating_add(read(&c.retries)),
             retries: read(&c.retries),
             successes: read(&c.successes),
             budget_refusals: read(&c.budget_refusals),
@@ -142,14 +144,8 @@ impl Observer for Stats {
     fn on_event(&self, event: &Event) {
         let c = &*self.counters;
         let counter = match event {
-            Event::Called => {
-                c.requests.fetch_add(1, Ordering::Relaxed);
-                &c.attempts
-            }
-            Event::Retry(_) => {
-                c.retries.fetch_add(1, Ordering::Relaxed);
-                &c.attempts
-            }
+            Event::Called => &c.requests,
+            Event::Retry(_) => &c.retries,
             Event::Slept(slept) => return self.record_sleep(*slept),
             Event::Ended(end) => match end.ending() {
                 Ending::Success => &c.successes,
