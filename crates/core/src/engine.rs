@@ -596,4 +596,35 @@ mod tests {
         let mut session = Session::new(3, None);
         assert_eq!(retry_once(&mut session, &rules), Ok(Duration::ZERO));
     }
+
+    #[test]
+    fn the_last_retry_is_none_until_a_retry_is_sent_then_its_cause() {
+        let schedule = Constant::new(ms(10));
+        let rules = rules(&schedule);
+        let mut session = Session::new(3, None);
+        assert_eq!(session.last_retry(), None);
+        let retry = session
+            .decide(&rules, None, Cause::Timeout, true, never, rng)
+            .unwrap();
+        assert_eq!(session.last_retry(), None, "decided, not sent yet");
+        session
+            .send(&retry, NO_BUDGET, never, |_| Some(()))
+            .unwrap();
+        assert_eq!(session.last_retry(), Some(Cause::Timeout));
+    }
+
+    #[test]
+    fn the_next_attempt_is_the_last_once_the_one_after_it_would_pass_max_attempts() {
+        let schedule = Constant::new(ms(10));
+        let rules = rules(&schedule);
+        let mut session = Session::new(3, None);
+        // The first attempt went out: the next is the second, and a third
+        // would still be within three.
+        assert!(session.retryable_after_next());
+        assert_eq!(retry_once(&mut session, &rules), Ok(ms(10)));
+        // Two went out: the next, the third, is the last.
+        assert!(!session.retryable_after_next());
+        assert!(!Session::new(1, None).retryable_after_next());
+        assert!(Session::new(UNLIMITED_ATTEMPTS, None).retryable_after_next());
+    }
 }
