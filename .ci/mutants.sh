@@ -85,7 +85,11 @@ for file in "${files[@]}"; do
     # shellcheck disable=SC2086  # MUTANTS_ARGS is split into arguments on purpose
     # The integration tests live in the root package, the unit tests beside
     # the code: test the whole workspace, whichever crate the file is in.
+    # cargo-mutants mutates only the package named: the crate the file is in.
+    crate=${file#crates/}
+    package="tower-backoff-${crate%%/*}"
     cargo mutants --all-features --in-place --baseline skip --test-workspace=true \
+        --package "$package" \
         --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout "${MUTANTS_BUILD_TIMEOUT:-900}" \
         --file "$glob" --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} ||
         true # a missed mutant is a finding to report, not a script failure
