@@ -174,8 +174,8 @@ impl Delays {
                 Rng::from_entropy,
             )
             .ok()?;
-        // Handed out is sent: the loop sleeps and tries again itself.
-        self.session.slept_for(&retry);
+        // Handed out is sent: the loop sleeps and tries again itself, so the
+        // session keeps no time slept.
         self.session
             .send(&retry, rules.budget, no_deadline, |_| Some(()))
             .ok()?;
