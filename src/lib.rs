@@ -19,8 +19,9 @@
 //! service's readiness; whatever stops it in between (the future is dropped,
 //! the service fails to become ready, the time limit passes, the budget
 //! refuses, a streaming body can no longer be replayed) returns the kept
-//! outcome. The budget is charged, and `on_retry` and the [`Stats`] hear of a
-//! retry, only when it is sent.
+//! outcome. The budget is charged, and the observers (`on_retry`, the
+//! [`Stats`]) and the policy's `prepare_retry` hear of a retry, only when it
+//! is sent.
 //!
 //! A layer built with no options has a retry [budget] shared by every service
 //! it wraps, so that retries cannot multiply the load of an outage;

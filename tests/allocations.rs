@@ -127,9 +127,11 @@ fn happy_path_with_a_seed_allocates_only_the_request_copy() {
 }
 
 #[test]
-fn max_attempts_one_sends_the_request_without_a_copy() {
+fn max_attempts_one_keeps_one_copy_for_the_transparent_retry() {
+    // The only attempt may still be followed by the one transparent retry
+    // of a request that never left: the request is kept for it.
     let layer = BackoffLayer::builder().max_attempts(1).build().unwrap();
-    assert_happy_path_allocates(tower::Layer::layer(&layer, Backend::default()), 0, 0);
+    assert_happy_path_allocates(tower::Layer::layer(&layer, Backend::default()), 1, 0);
 }
 
 #[test]
@@ -201,15 +203,15 @@ fn assert_retry_path_allocates<S: Service<Req>>(mut svc: S, copies: u64, extra: 
 }
 
 #[test]
-fn retry_path_copies_the_request_for_every_attempt_but_the_last() {
+fn retry_path_copies_the_request_for_every_attempt() {
     // Zero delay, so no timer and no runtime. Three attempts: the first
-    // keeps a copy, the second sends a copy, the third (the last allowed)
-    // sends the kept one; the retry state is allocated once.
+    // keeps a copy, the second and the third (the last allowed) each send
+    // one; the retry state is allocated once.
     let layer = BackoffLayer::builder()
         .schedule(Constant::new(Duration::ZERO))
         .build()
         .unwrap();
-    assert_retry_path_allocates(tower::Layer::layer(&layer, FailsTwice::default()), 2, 1);
+    assert_retry_path_allocates(tower::Layer::layer(&layer, FailsTwice::default()), 3, 1);
 }
 
 #[test]

@@ -14,8 +14,10 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tower::{service_fn, Service, ServiceExt};
 use tower_backoff::budget::{Budget, RatioBudget, TokenBucket};
+use tower_backoff::events::OutcomeKind;
 use tower_backoff::{
-    classify_fn, BackoffLayer, Cause, Constant, Decision, Jitter, Policy, RetryOnError, Stats,
+    classify_fn, BackoffLayer, Cause, Constant, Decision, Jitter, Policy, PrepareRetry,
+    RetryOnError, Stats,
 };
 
 fn secs(n: u64) -> Duration {
@@ -91,7 +93,7 @@ async fn on_retry_and_stats_hear_nothing_of_a_retry_dropped_during_its_sleep() {
     let seen = hooked.clone();
     let layer = constant(secs(1), 3)
         .stats(stats.clone())
-        .on_retry(move |_: &(), _: u32, _: Duration, _: &Result<(), u32>| {
+        .on_retry(move |_| {
             seen.fetch_add(1, Ordering::SeqCst);
         })
         .build()
@@ -110,20 +112,53 @@ async fn on_retry_and_stats_hear_nothing_of_a_retry_dropped_during_its_sleep() {
 async fn on_retry_fires_once_per_retry_sent_with_the_outcome_it_replaces() {
     let hooked = Arc::new(Mutex::new(Vec::new()));
     let seen = hooked.clone();
+    let prepared = Arc::new(Mutex::new(Vec::new()));
     let layer = constant(secs(1), 3)
-        .on_retry(
-            move |_: &(), attempt: u32, delay: Duration, outcome: &Result<(), u32>| {
-                seen.lock().unwrap().push((attempt, delay, *outcome));
-            },
-        )
+        .policy(Recording(prepared.clone()))
+        .on_retry(move |retry| {
+            seen.lock()
+                .unwrap()
+                .push((retry.attempt(), retry.delay(), retry.replaced()));
+        })
         .build()
         .unwrap();
     let svc = tower::Layer::layer(&layer, failing(Arc::default()));
     assert_eq!(svc.oneshot(()).await, Err(3));
+    let error = OutcomeKind::Error;
     assert_eq!(
         *hooked.lock().unwrap(),
+        vec![(1, secs(1), error), (2, secs(1), error)]
+    );
+    // The policy sees the same retries, with the very outcomes they replace.
+    assert_eq!(
+        *prepared.lock().unwrap(),
         vec![(1, secs(1), Err(1)), (2, secs(1), Err(2))]
     );
+}
+
+/// Retries every error, recording each retry its `prepare_retry` sees: the
+/// attempt that failed, the delay, and the outcome replaced.
+#[derive(Clone)]
+struct Recording(Arc<Mutex<Vec<Prepared>>>);
+
+/// The attempt that failed, the delay and the outcome replaced.
+type Prepared = (u32, Duration, Result<(), u32>);
+
+impl Policy<(), (), u32> for Recording {
+    fn classify(&self, request: &(), outcome: &Result<(), u32>) -> Decision {
+        RetryOnError.classify(request, outcome)
+    }
+    fn clone_request(&self, _: &()) -> Option<()> {
+        Some(())
+    }
+    fn prepare_retry(&self, retry: PrepareRetry<'_, (), (), u32>) {
+        let args = *retry.args();
+        let replaced = retry.into_replaced();
+        self.0
+            .lock()
+            .unwrap()
+            .push((args.attempt(), args.delay(), replaced));
+    }
 }
 
 // --- readiness fails before the retry ------------------------------------------
@@ -465,8 +500,9 @@ impl Policy<Vec<u32>, (), Vec<u32>> for Stamping {
     fn clone_request(&self, request: &Vec<u32>) -> Option<Vec<u32>> {
         Some(request.clone())
     }
-    fn prepare_retry(&self, request: &mut Vec<u32>, attempt: u32) {
-        request.push(attempt);
+    fn prepare_retry(&self, mut retry: PrepareRetry<'_, Vec<u32>, (), Vec<u32>>) {
+        let attempt = retry.args().attempt() + 1;
+        retry.request_mut().push(attempt);
     }
 }
 
@@ -498,7 +534,7 @@ mod replay {
     use http::{Method, Request, Response, StatusCode};
     use http_body::Frame;
     use http_body_util::{BodyExt, Empty, StreamBody};
-    use tower_backoff::http::{HttpPolicy, ReplayBody, RetryInfo};
+    use tower_backoff::http::{HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo};
 
     type Body = ReplayBody<
         StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::io::Error>>>>,
@@ -540,7 +576,7 @@ mod replay {
             .schedule(Constant::new(secs(1)))
             .build()
             .unwrap();
-        let svc = tower::Layer::layer(&layer, server);
+        let svc = tower::Layer::layer(&HttpRetryLayer::from(layer), server);
         let response = svc
             .oneshot(upload())
             .await

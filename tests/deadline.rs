@@ -162,7 +162,7 @@ mod over_http {
     use http_body_util::Full;
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
-    use tower_backoff::http::{HttpPolicy, RetryInfo};
+    use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
     use tower_backoff::RetryLimits;
 
     use super::http_server::{status, Reply, Server};
@@ -187,7 +187,7 @@ mod over_http {
         // and the caller learns it timed out.
         let server = Server::start(|n, _| if n == 0 { status(503) } else { Reply::Hang }).await;
         let layer = cut_at_two_seconds();
-        let svc = tower::Layer::layer(&layer, client());
+        let svc = tower::Layer::layer(&HttpRetryLayer::from(layer), client());
         let started = Instant::now();
         let error = svc.oneshot(get(&server, None)).await.unwrap_err();
         assert!(error.is_timeout(), "{error}");
@@ -205,7 +205,7 @@ mod over_http {
             .attempt_timeout(secs(1))
             .build()
             .unwrap();
-        let svc = tower::Layer::layer(&layer, client());
+        let svc = tower::Layer::layer(&HttpRetryLayer::from(layer), client());
         let response = svc.oneshot(get(&server, None)).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         let info = response.extensions().get::<RetryInfo>().copied().unwrap();
@@ -223,7 +223,7 @@ mod over_http {
             .no_budget()
             .build()
             .unwrap();
-        let svc = tower::Layer::layer(&layer, client());
+        let svc = tower::Layer::layer(&HttpRetryLayer::from(layer), client());
         let attempts = |response: &::http::Response<hyper::body::Incoming>| {
             response.extensions().get::<RetryInfo>().unwrap().attempts
         };

@@ -85,7 +85,7 @@ async fn through_the_layer(jitter: Jitter) -> Run {
         .seed(SEED)
         .max_attempts(4)
         .no_budget()
-        .on_retry(move |_: &(), _, delay, _: &Result<usize, usize>| hooked.hook(delay))
+        .on_retry(move |retry| hooked.hook(retry.delay()))
         .build()
         .unwrap();
     let attempts = script.clone();

@@ -22,8 +22,8 @@ use tower_backoff::http::{HttpPolicy, ReplayBody, RetryInfo, IDEMPOTENCY_KEY};
 use tower_backoff::{BackoffLayer, Budget, Cause, Constant, Exponential};
 
 use http_server::{
-    counting, layer, layer_with, status, status_with, unused_addr, with_chunked_body, Reply,
-    Server, STEP,
+    counting, http_layer as layer, http_layer_with as layer_with, status, status_with, unused_addr,
+    with_chunked_body, Reply, Server, STEP,
 };
 
 type Plain = Request<Full<Bytes>>;
@@ -521,8 +521,8 @@ async fn a_first_attempt_success_carries_retry_info_too() {
 #[tokio::test(start_paused = true)]
 async fn without_retry_info_responses_carry_none() {
     let server = Server::start(busy_once(503, &[])).await;
-    let policy = HttpPolicy::new().without_retry_info();
-    let svc = ServiceBuilder::new().layer(layer(policy)).service(client());
+    let layer = layer(HttpPolicy::new()).without_retry_info();
+    let svc = ServiceBuilder::new().layer(layer).service(client());
     let response = svc.oneshot(get(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.requests(), 2);

@@ -24,17 +24,19 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tower::{BoxError, Layer, ServiceBuilder, ServiceExt};
-use tower_backoff::http::{BufferBodyLayer, HttpPolicy, RetryInfo, DEFAULT_BUFFER_LIMIT};
+use tower_backoff::http::{
+    BufferBodyLayer, HttpPolicy, HttpRetryLayer, RetryInfo, DEFAULT_BUFFER_LIMIT,
+};
 use tower_backoff::{BackoffLayer, Cause, Constant, Jitter};
 
-use http_server::{layer, STEP};
+use http_server::{http_layer as layer, STEP};
 
 /// `client` behind the retry layer with `policy`, its response bodies read
 /// ahead up to the default limit.
 fn buffered<S>(
     policy: HttpPolicy,
     client: S,
-) -> tower_backoff::Backoff<tower_backoff::http::BufferBody<S>, HttpPolicy> {
+) -> tower_backoff::http::HttpRetry<tower_backoff::http::BufferBody<S>> {
     layer(policy).layer(BufferBodyLayer::new().layer(client))
 }
 
@@ -378,7 +380,7 @@ async fn a_body_that_stalls_within_the_limit_is_cut_by_the_attempt_timeout_and_r
         .build()
         .unwrap();
     let svc = ServiceBuilder::new()
-        .layer(layer)
+        .layer(HttpRetryLayer::from(layer))
         .layer(BufferBodyLayer::new())
         .service(hyper_client());
     let started = tokio::time::Instant::now();

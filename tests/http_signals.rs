@@ -17,7 +17,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::http::{DelayHeaders, HttpPolicy, RetryInfo};
 use tower_backoff::{BackoffLayer, Exponential};
 
-use http_server::{layer_with, status, status_with, Seen, Server, STEP};
+use http_server::{http_layer_with as layer_with, status, status_with, Seen, Server, STEP};
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()

@@ -21,15 +21,15 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{is_unsent, HttpPolicy, RetryInfo};
+use tower_backoff::http::{is_unsent, HttpPolicy, HttpRetryLayer, RetryInfo};
 use tower_backoff::{BackoffLayer, Budget, Cause, Constant, Jitter};
 
-use http_server::{counting, layer_with, status, unused_addr, Server};
+use http_server::{counting, http_layer_with as layer_with, status, unused_addr, Server};
 
 /// The sleep between ordinary retries.
 const SLEEP: Duration = Duration::from_secs(1);
 
-fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy> {
+fn layer(policy: HttpPolicy) -> HttpRetryLayer {
     layer_with(policy, Constant::new(SLEEP), 3, None)
 }
 

@@ -1,9 +1,9 @@
-//! The last attempt a request may make goes out without a copy of the
-//! request when the policy can judge its outcome alone
-//! (`Policy::needs_request` is false), and that outcome is still judged: a
-//! success refunds the budget and counts as one, a failure ends the request
-//! as out of attempts. Real tower layers, paused clock. (How many copies are
-//! made is counted in tests/allocations.rs.)
+//! Every attempt goes out as a copy of the request, the last one too, so that
+//! every outcome is judged with its request at hand and a request that never
+//! left can be retried even after the last attempt; the last outcome is
+//! judged like the others: a success refunds the budget and counts as one, a
+//! failure ends the request as out of attempts. Real tower layers, paused
+//! clock. (How many copies are made is counted in tests/allocations.rs.)
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -69,12 +69,12 @@ where
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_last_attempt_goes_out_without_a_copy() {
-    // A copy kept at the call, one sent as the second attempt; the third is
-    // the kept one itself.
+async fn every_attempt_goes_out_as_a_copy_and_the_last_is_judged() {
+    // A copy kept at the call, one sent as the second attempt and one as the
+    // third, the last.
     let (outcome, copies, stats) = send(RetryOnError, 2).await;
     assert_eq!(outcome, Ok("done"));
-    assert_eq!(copies, 2);
+    assert_eq!(copies, 3);
     assert_eq!(stats.successes, 1, "the last outcome was judged: {stats:?}");
 }
 
@@ -82,29 +82,20 @@ async fn the_last_attempt_goes_out_without_a_copy() {
 async fn a_last_attempt_that_fails_ends_out_of_attempts() {
     let (outcome, copies, stats) = send(RetryOnError, 5).await;
     assert_eq!(outcome, Err("attempt 3 failed".to_string()));
-    assert_eq!(copies, 2);
+    assert_eq!(copies, 3);
     assert_eq!(stats.gave_up_attempts, 1, "{stats:?}");
     assert_eq!(stats.gave_up_final, 0, "{stats:?}");
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_policy_behind_an_arc_keeps_the_last_attempt_copy_free() {
+async fn a_policy_behind_an_arc_copies_and_judges_as_the_policy_does() {
     let (outcome, copies, stats) = send(Arc::new(RetryOnError), 5).await;
     assert_eq!(outcome, Err("attempt 3 failed".to_string()));
-    assert_eq!(copies, 2);
+    assert_eq!(copies, 3);
     assert_eq!(stats.gave_up_attempts, 1, "{stats:?}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_on_retry_hook_keeps_the_last_attempt_copy_free() {
-    let policy = tower_backoff::OnRetry::new(RetryOnError, |_: &Counted, _, _, _: &_| {});
-    let (outcome, copies, stats) = send(policy, 5).await;
-    assert_eq!(outcome, Err("attempt 3 failed".to_string()));
-    assert_eq!(copies, 2);
-    assert_eq!(stats.gave_up_attempts, 1, "{stats:?}");
-}
-
-/// Reads the request to decide, so it keeps the default `needs_request`.
+/// Reads the request to decide.
 #[derive(Clone)]
 struct ReadsTheRequest;
 
@@ -131,7 +122,7 @@ async fn a_policy_that_reads_the_request_gets_a_copy_for_every_attempt() {
 }
 
 /// Judges outcomes alone but asks for the transparent retry, which may
-/// follow the last attempt: it must keep the request (`needs_request` true).
+/// follow the last attempt.
 #[derive(Clone)]
 struct RetriesUnsent;
 
@@ -206,10 +197,10 @@ mod http_policy {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn its_last_attempt_goes_out_without_a_copy() {
+    async fn every_attempt_goes_out_as_a_copy() {
         assert_eq!(
             copies_through(HttpPolicy::new(), 2).await,
-            (StatusCode::OK, 2)
+            (StatusCode::OK, 3)
         );
     }
 

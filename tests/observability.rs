@@ -9,7 +9,9 @@ use std::time::Duration;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_backoff::budget::Budget;
 use tower_backoff::events::{Ending, Event, OutcomeKind};
-use tower_backoff::{BackoffLayer, Cause, Decision, Exponential, Jitter, Policy, Stats};
+use tower_backoff::{
+    BackoffLayer, Cause, Decision, Exponential, Jitter, Policy, PrepareRetry, Stats,
+};
 
 type Outcome = Result<&'static str, String>;
 
@@ -54,6 +56,33 @@ impl Policy<&'static str, &'static str, String> for ByName {
 
     fn clone_request(&self, request: &&'static str) -> Option<&'static str> {
         (*request != "once").then_some(*request)
+    }
+}
+
+/// `ByName`, recording each retry its `prepare_retry` sees: the request, the
+/// attempt that failed, the delay, and the error replaced.
+#[derive(Clone)]
+struct Prepared(Arc<Mutex<Vec<PreparedRetry>>>);
+
+/// The request, the attempt that failed, the delay and the error replaced.
+type PreparedRetry = (&'static str, u32, Duration, String);
+
+impl Policy<&'static str, &'static str, String> for Prepared {
+    fn classify(&self, request: &&'static str, result: &Outcome) -> Decision {
+        ByName.classify(request, result)
+    }
+
+    fn clone_request(&self, request: &&'static str) -> Option<&'static str> {
+        ByName.clone_request(request)
+    }
+
+    fn prepare_retry(&self, retry: PrepareRetry<'_, &'static str, &'static str, String>) {
+        let (request, args) = (*retry.request(), *retry.args());
+        let error = retry.into_replaced().unwrap_err();
+        self.0
+            .lock()
+            .unwrap()
+            .push((request, args.attempt(), args.delay(), error));
     }
 }
 
@@ -135,17 +164,15 @@ impl Budget for Allow {
 async fn on_retry_sees_exactly_the_retries_that_happened() {
     let hooked = Arc::new(Mutex::new(Vec::new()));
     let record = hooked.clone();
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let told = heard.clone();
     let layer = BackoffLayer::builder()
-        .policy(ByName)
-        .on_retry(
-            move |request: &&'static str, attempt: u32, delay: Duration, outcome: &Outcome| {
-                let error = outcome.clone().unwrap_err();
-                record
-                    .lock()
-                    .unwrap()
-                    .push((*request, attempt, delay, error));
-            },
-        )
+        .policy(Prepared(record))
+        .on_retry(move |retry| {
+            told.lock()
+                .unwrap()
+                .push((retry.attempt(), retry.delay(), retry.replaced()));
+        })
         .max_attempts(4)
         .schedule(Exponential::new(Duration::from_millis(100)))
         .jitter(Jitter::None)
@@ -173,6 +200,18 @@ async fn on_retry_sees_exactly_the_retries_that_happened() {
             ("down", 1, ms(100), failed("down", 1)),
             ("down", 2, ms(200), failed("down", 2)),
             ("down", 3, ms(400), failed("down", 3)),
+        ]
+    );
+    // The hook heard the same retries, in the same order.
+    let error = OutcomeKind::Error;
+    assert_eq!(
+        *heard.lock().unwrap(),
+        [
+            (1, ms(100), error),
+            (2, ms(200), error),
+            (1, ms(100), error),
+            (2, ms(200), error),
+            (3, ms(400), error),
         ]
     );
     // The same retries the service saw: every attempt after a first one.

@@ -16,10 +16,15 @@ use http_body::Frame;
 use http_body_util::StreamBody;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{HttpPolicy, IntoReqwestLayer, ReplayBody, ReplayLayer, RetryInfo};
+use tower_backoff::http::{
+    HttpPolicy, HttpRetryLayer, IntoReqwestLayer, ReplayBody, ReplayLayer, RetryInfo,
+};
 use tower_backoff::{BackoffLayer, Constant};
 
-use http_server::{counting, layer, layer_with, status, unused_addr, Reply, Server, STEP};
+use http_server::{
+    counting, http_layer as layer, http_layer_with as layer_with, status, unused_addr, Reply,
+    Server, STEP,
+};
 use reqwest_cases as cases;
 use reqwest_cases::{busy_once, client, get, info, request, upload_bytes, upload_chunks, Through};
 
@@ -31,12 +36,23 @@ impl Through for Tower {
         layer: BackoffLayer<HttpPolicy>,
         requests: Vec<reqwest::Request>,
     ) -> Vec<reqwest::Response> {
-        let svc = ServiceBuilder::new().layer(layer).service(client());
+        let svc = ServiceBuilder::new()
+            .layer(HttpRetryLayer::from(layer))
+            .service(client());
         let mut responses = Vec::with_capacity(requests.len());
         for request in requests {
             responses.push(svc.clone().oneshot(request).await.unwrap());
         }
         responses
+    }
+
+    async fn send_without_info(
+        layer: BackoffLayer<HttpPolicy>,
+        request: reqwest::Request,
+    ) -> reqwest::Response {
+        let layer = HttpRetryLayer::from(layer).without_retry_info();
+        let svc = ServiceBuilder::new().layer(layer).service(client());
+        svc.oneshot(request).await.unwrap()
     }
 }
 
@@ -339,7 +355,7 @@ async fn streaming_body_behind_a_replay_layer_with_an_attempt_timeout_is_resent_
     let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
     let svc = ServiceBuilder::new()
         .layer(ReplayLayer::new())
-        .layer(
+        .layer(HttpRetryLayer::from(
             tower_backoff::BackoffLayer::builder()
                 .policy(HttpPolicy::new())
                 .schedule(Constant::new(STEP))
@@ -347,7 +363,7 @@ async fn streaming_body_behind_a_replay_layer_with_an_attempt_timeout_is_resent_
                 .attempt_timeout(Duration::from_secs(1))
                 .build()
                 .unwrap(),
-        )
+        ))
         .layer(IntoReqwestLayer)
         .service(client());
     let response = svc.oneshot(streaming_put(&server)).await.unwrap();

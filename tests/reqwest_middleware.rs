@@ -47,6 +47,16 @@ impl Through for Chain {
         }
         responses
     }
+
+    async fn send_without_info(
+        layer: BackoffLayer<HttpPolicy>,
+        request: reqwest::Request,
+    ) -> reqwest::Response {
+        let client = ClientBuilder::new(cases::client())
+            .with(BackoffMiddleware::new(layer).without_retry_info())
+            .build();
+        client.execute(request).await.unwrap()
+    }
 }
 
 /// Counts the attempts that reach it: a middleware added after the retries.

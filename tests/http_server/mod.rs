@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tower_backoff::http::HttpPolicy;
+use tower_backoff::http::{HttpPolicy, HttpRetryLayer};
 use tower_backoff::{BackoffLayer, Constant, Jitter, Schedule};
 
 /// What the server saw of one request.
@@ -218,6 +218,22 @@ pub const STEP: std::time::Duration = std::time::Duration::from_millis(100);
 /// A layer that sleeps a fixed [`STEP`] between attempts, up to 3 attempts.
 pub fn layer(policy: HttpPolicy) -> BackoffLayer<HttpPolicy> {
     layer_with(policy, Constant::new(STEP), 3, None)
+}
+
+/// [`layer`] as the HTTP front-end, which reads per-request limits and
+/// records `RetryInfo`.
+pub fn http_layer(policy: HttpPolicy) -> HttpRetryLayer {
+    HttpRetryLayer::from(layer(policy))
+}
+
+/// [`layer_with`] as the HTTP front-end.
+pub fn http_layer_with<S: Schedule + Send + Sync + 'static>(
+    policy: HttpPolicy,
+    schedule: S,
+    max_attempts: u32,
+    max_elapsed: Option<std::time::Duration>,
+) -> HttpRetryLayer {
+    HttpRetryLayer::from(layer_with(policy, schedule, max_attempts, max_elapsed))
 }
 
 /// A layer with no jitter, so the tests can assert exact delays.

@@ -177,7 +177,7 @@ impl Delays {
         // Handed out is sent: the loop sleeps and tries again itself, so the
         // session keeps no time slept.
         self.session
-            .send(&retry, rules.budget, no_deadline, |_| Some(()))
+            .send(&retry, rules.budget, no_deadline, || Some(()))
             .ok()?;
         Some(retry.delay)
     }

@@ -199,13 +199,6 @@ impl Session {
         self.attempts - u32::from(self.transparent_used)
     }
 
-    /// Whether the attempt after the next would still be within
-    /// `max_attempts`: if not, the next one is the last (the transparent retry
-    /// aside).
-    pub fn retryable_after_next(&self) -> bool {
-        self.counted().saturating_add(1) < self.max_attempts
-    }
-
     /// An attempt's outcome asked for a retry for `cause`, after `after` if
     /// the server named a delay: the retry to wait for, or how the request
     /// ends instead. `replayable` says whether the front-end can still send
@@ -311,7 +304,7 @@ impl Session {
         retry: &Retry,
         budget: Option<&B>,
         now: impl FnOnce() -> Instant,
-        copy: impl FnOnce(&Self) -> Option<R>,
+        copy: impl FnOnce() -> Option<R>,
     ) -> Result<R, Ending>
     where
         B: Budget + ?Sized,
@@ -329,7 +322,7 @@ impl Session {
         }
         // The copy is moved once, into the result: taken out of its `Option`
         // first, it would be moved twice.
-        match copy(self) {
+        match copy() {
             None => Err(Ending::NotReplayable),
             Some(_) if !retry.transparent && budget.is_some_and(|b| !b.try_retry(retry.cause)) => {
                 Err(Ending::BudgetRefused)
@@ -381,7 +374,7 @@ mod tests {
     ) -> Result<Duration, Ending> {
         let retry = session.decide(rules, None, Cause::Transient, true, never, rng)?;
         session.slept_for(&retry);
-        session.send(&retry, rules.budget, never, |_| Some(()))?;
+        session.send(&retry, rules.budget, never, || Some(()))?;
         Ok(retry.delay)
     }
 
@@ -422,9 +415,7 @@ mod tests {
             .unwrap();
         // Past the schedule's cap: never before the server asked.
         assert_eq!(asked.delay, Duration::from_secs(30));
-        session
-            .send(&asked, NO_BUDGET, never, |_| Some(()))
-            .unwrap();
+        session.send(&asked, NO_BUDGET, never, || Some(())).unwrap();
         assert_eq!(retry_once(&mut session, &rules), Ok(ms(100)));
         assert_eq!(retry_once(&mut session, &rules), Ok(ms(200)));
     }
@@ -439,7 +430,7 @@ mod tests {
             .unwrap();
         assert!(free.transparent);
         assert_eq!(free.delay, Duration::ZERO);
-        session.send(&free, NO_BUDGET, never, |_| Some(())).unwrap();
+        session.send(&free, NO_BUDGET, never, || Some(())).unwrap();
         // The free one did not count: one ordinary retry is left.
         let second = session
             .decide(&rules, None, Cause::NotSent, true, never, rng)
@@ -447,7 +438,7 @@ mod tests {
         assert!(!second.transparent);
         assert_eq!(second.delay, ms(50));
         session
-            .send(&second, NO_BUDGET, never, |_| Some(()))
+            .send(&second, NO_BUDGET, never, || Some(()))
             .unwrap();
         assert_eq!(
             session.decide(&rules, None, Cause::NotSent, true, never, rng),
@@ -497,13 +488,13 @@ mod tests {
             .unwrap();
         assert_eq!(first.due, Some(start + ms(1_000)));
         session
-            .send(&first, NO_BUDGET, at(1_000), |_| Some(()))
+            .send(&first, NO_BUDGET, at(1_000), || Some(()))
             .unwrap();
         let second = session
             .decide(&rules, None, Cause::Transient, true, at(1_000), rng)
             .unwrap();
         session
-            .send(&second, NO_BUDGET, at(2_000), |_| Some(()))
+            .send(&second, NO_BUDGET, at(2_000), || Some(()))
             .unwrap();
         assert_eq!(
             session.decide(&rules, None, Cause::Transient, true, at(2_000), rng),
@@ -522,11 +513,11 @@ mod tests {
             .unwrap();
         let mut on_time = session.clone();
         assert_eq!(
-            on_time.send(&retry, NO_BUDGET, || start + ms(1_001), |_| Some(())),
+            on_time.send(&retry, NO_BUDGET, || start + ms(1_001), || Some(())),
             Ok(())
         );
         assert_eq!(
-            session.send(&retry, NO_BUDGET, || start + ms(1_002), |_| Some(())),
+            session.send(&retry, NO_BUDGET, || start + ms(1_002), || Some(())),
             Err(Ending::OutOfTime)
         );
         assert_eq!(session.attempts(), 1);
@@ -551,7 +542,7 @@ mod tests {
         // Decided, not sent: nothing spent, so a second decision is allowed too.
         assert!(bucket.would_allow(Cause::Transient));
         session
-            .send(&first, rules.budget, never, |_| Some(()))
+            .send(&first, rules.budget, never, || Some(()))
             .unwrap();
         assert_eq!(retry_once(&mut session, &rules), Ok(ms(10)));
         assert_eq!(retry_once(&mut session, &rules), Err(Ending::BudgetRefused));
@@ -580,7 +571,7 @@ mod tests {
             .decide(&rules, None, Cause::Transient, true, never, rng)
             .unwrap();
         assert_eq!(
-            session.send(&retry, rules.budget, never, |_| None::<()>),
+            session.send(&retry, rules.budget, never, || None::<()>),
             Err(Ending::NotReplayable)
         );
         assert!(bucket.would_allow(Cause::Transient), "nothing was charged");
@@ -607,24 +598,7 @@ mod tests {
             .decide(&rules, None, Cause::Timeout, true, never, rng)
             .unwrap();
         assert_eq!(session.last_retry(), None, "decided, not sent yet");
-        session
-            .send(&retry, NO_BUDGET, never, |_| Some(()))
-            .unwrap();
+        session.send(&retry, NO_BUDGET, never, || Some(())).unwrap();
         assert_eq!(session.last_retry(), Some(Cause::Timeout));
-    }
-
-    #[test]
-    fn the_next_attempt_is_the_last_once_the_one_after_it_would_pass_max_attempts() {
-        let schedule = Constant::new(ms(10));
-        let rules = rules(&schedule);
-        let mut session = Session::new(3, None);
-        // The first attempt went out: the next is the second, and a third
-        // would still be within three.
-        assert!(session.retryable_after_next());
-        assert_eq!(retry_once(&mut session, &rules), Ok(ms(10)));
-        // Two went out: the next, the third, is the last.
-        assert!(!session.retryable_after_next());
-        assert!(!Session::new(1, None).retryable_after_next());
-        assert!(Session::new(UNLIMITED_ATTEMPTS, None).retryable_after_next());
     }
 }

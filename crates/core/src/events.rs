@@ -66,6 +66,19 @@ pub struct RetryArgs {
 }
 
 impl RetryArgs {
+    /// A retry after attempt number `attempt` failed for `cause`, slept
+    /// `delay`, replacing an outcome of kind `replaced`: what a front-end
+    /// of its own, or a test of a policy's `prepare_retry`, hands on.
+    pub fn new(attempt: u32, delay: Duration, cause: Cause, replaced: OutcomeKind) -> Self {
+        Self {
+            attempt,
+            delay,
+            cause,
+            transparent: false,
+            replaced,
+        }
+    }
+
     /// The number of the attempt that failed, from 1: the retry going out is
     /// attempt `attempt() + 1`.
     pub fn attempt(&self) -> u32 {

@@ -3,8 +3,8 @@
 //! **Decide at the response, commit at send.** When an attempt's outcome asks
 //! for a retry, the future keeps that outcome while it sleeps and waits for
 //! the service to be ready. The retry is committed only when it really goes
-//! out: then the budget is charged, `on_retry` and the observers hear of it, and
-//! the kept outcome is discarded. Whatever stops the retry before that (the
+//! out: then the budget is charged, the observers hear of it, and the kept
+//! outcome goes to the policy's `prepare_retry`, which drops it. Whatever stops the retry before that (the
 //! future is dropped, the service fails to become ready, the time limit
 //! passes, the budget refuses, the request can no longer be replayed) returns
 //! the kept outcome, attempt *n*'s real response or error, to the caller.
@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::engine::{Ending, Retry, Session};
 use crate::events::{EndArgs, Event, OutcomeKind, RetryArgs};
-use crate::policy::{Cause, Decision, Policy};
+use crate::policy::{Cause, Decision, Policy, PrepareRetry};
 use crate::send::{pacing_stamp, poll_ready_to_send};
 
 pin_project! {
@@ -52,8 +52,8 @@ pin_project! {
     /// The kept outcome is held as it is. For an HTTP/1 response that means
     /// its connection stays busy until the retry is sent (the response body is
     /// not read yet); the retry then goes out on another connection, and once
-    /// it is sent the policy's `discard` drains the kept body so its
-    /// connection goes back to the pool. Measured in `tests/http.rs`
+    /// it is sent the HTTP policy's `prepare_retry` drains the kept body so
+    /// its connection goes back to the pool. Measured in `tests/http.rs`
     /// (`a_kept_response_holds_its_connection_until_the_retry_goes_out_then_is_drained`):
     /// two requests retried once each open 2 connections, against 1 when the
     /// outcome was dropped before the sleep. That is the price of being able
@@ -74,8 +74,7 @@ pin_project! {
         #[pin]
         state: State<S::Future, T::Timer, Result<S::Response, T::Error>>,
         // The request, kept to classify outcomes and to copy for each retry;
-        // `None` when the policy would not copy it, or once an attempt that
-        // cannot be retried took it.
+        // `None` when the policy would not copy it.
         request: Option<Req>,
         // Sends the retries.
         inner: S,
@@ -228,6 +227,33 @@ where
             request,
             inner,
             config,
+        }
+    }
+}
+
+impl<S, P, Req, T> ResponseFuture<S, P, Req, T>
+where
+    S: Service<Req>,
+    T: AttemptTimer<S::Error>,
+{
+    /// Attempts sent so far, the first included; once the future resolved,
+    /// all of them. A front-end reads it to tell the caller (the HTTP layer's
+    /// `RetryInfo`).
+    pub fn attempts(&self) -> u32 {
+        self.progress().map_or(1, |p| p.session.attempts())
+    }
+
+    /// Time slept between attempts so far (backoff delays, not pacing); once
+    /// the future resolved, in all.
+    pub fn slept(&self) -> Duration {
+        self.progress()
+            .map_or(Duration::ZERO, |p| p.session.slept())
+    }
+
+    fn progress(&self) -> Option<&Progress> {
+        match &self.state {
+            State::First { .. } => None,
+            State::Tracked { tracked } => Some(&tracked.progress),
         }
     }
 }
@@ -413,8 +439,6 @@ where
         let config = self.config;
         let decision = match self.request.as_ref() {
             Some(request) => config.policy.classify(request, outcome),
-            // Sent without a copy: judged on its own.
-            None if !config.policy.needs_request() => config.policy.classify_outcome(outcome),
             // Not copyable: it went out once, its outcome goes back as is.
             None => return Verdict::End(Ending::NotReplayable),
         };
@@ -484,11 +508,11 @@ where
             return self.end(progress, take(kept), Ending::Final);
         }
         let config = self.config;
-        let request = &mut *self.request;
+        let request = &*self.request;
         let sent = progress
             .session
-            .send(&retry, config.budget(), Instant::now, |session| {
-                copy_for(&config.policy, request, session)
+            .send(&retry, config.budget(), Instant::now, || {
+                copy_for(&config.policy, request)
             });
         let mut copy = match sent {
             Ok(copy) => copy,
@@ -503,24 +527,18 @@ where
         // per retry). Not checked here: without a kept outcome `take` below
         // panics.
         let replaced = kept.as_ref().map_or(OutcomeKind::Error, OutcomeKind::of);
-        config.emit(|| {
-            Event::Retry(RetryArgs {
-                attempt,
-                delay: retry.delay,
-                cause: retry.cause,
-                transparent: retry.transparent,
-                replaced,
-            })
-        });
-        let outcome = take(kept);
-        let request = self.request.as_ref().unwrap_or(&copy);
+        let args = RetryArgs {
+            attempt,
+            delay: retry.delay,
+            cause: retry.cause,
+            transparent: retry.transparent,
+            replaced,
+        };
+        config.emit(|| Event::Retry(args));
+        let replaced = take(kept);
         config
             .policy
-            .on_retry(request, attempt, retry.delay, &outcome);
-        config.policy.discard(outcome);
-        config
-            .policy
-            .prepare_retry(&mut copy, progress.session.attempts());
+            .prepare_retry(PrepareRetry::new(&mut copy, replaced, args));
         let timer = config.timeouts.timer(progress.session.deadline());
         progress.stamp = pacing_stamp(config, &mut progress.gate);
         // The attempt's future is built where it will be polled: returned
@@ -550,7 +568,7 @@ where
         &self,
         attempts: u32,
         slept: Duration,
-        mut outcome: Outcome<S, Req, T>,
+        outcome: Outcome<S, Req, T>,
         ending: Ending,
     ) -> Outcome<S, Req, T> {
         let config = self.config;
@@ -562,26 +580,15 @@ where
                 outcome: OutcomeKind::of(&outcome),
             })
         });
-        config.policy.finish(&mut outcome, attempts, slept);
         outcome
     }
 }
 
-/// The request to send as the retry: a copy of the kept one, or, for an
-/// attempt that cannot be retried, the kept one itself if the policy can
-/// judge its outcome without it. Made now, not when the last attempt went
-/// out: a streaming body may have outgrown its replay limit since.
-fn copy_for<Req, Res, E, P: Policy<Req, Res, E>>(
-    policy: &P,
-    request: &mut Option<Req>,
-    session: &Session,
-) -> Option<Req> {
-    let kept = request.as_ref()?;
-    let last = !session.retryable_after_next() && !policy.needs_request();
-    if last && policy.can_resend(kept) {
-        return request.take();
-    }
-    policy.clone_request(kept)
+/// The request to send as the retry: a copy of the kept one, made now, not
+/// when the last attempt went out: a streaming body may have outgrown its
+/// replay limit since.
+fn copy_for<Req, Res, E, P: Policy<Req, Res, E>>(policy: &P, request: &Option<Req>) -> Option<Req> {
+    policy.clone_request(request.as_ref()?)
 }
 
 /// Waits `retry`'s delay before readiness for it; a zero delay goes straight
@@ -604,16 +611,9 @@ where
     T: AttemptTimer<S::Error>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let progress = match &self.state {
-            State::First { .. } => None,
-            State::Tracked { tracked } => Some(&tracked.progress),
-        };
         f.debug_struct("ResponseFuture")
-            .field("attempts", &progress.map_or(1, |p| p.session.attempts()))
-            .field(
-                "slept",
-                &progress.map_or(Duration::ZERO, |p| p.session.slept()),
-            )
+            .field("attempts", &self.attempts())
+            .field("slept", &self.slept())
             .finish_non_exhaustive()
     }
 }

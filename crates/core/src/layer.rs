@@ -14,10 +14,10 @@ use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
 use crate::deadline::{AttemptTimeout, NoTimeout};
 use crate::error::{check_duration, ConfigError};
-use crate::events::Observer;
+use crate::events::{Event, Observer, RetryArgs};
 use crate::jitter::Jitter;
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
-use crate::policy::{OnRetry, RetryOnError};
+use crate::policy::RetryOnError;
 use crate::schedule::{AnySchedule, Schedule};
 use crate::service::Backoff;
 use crate::stats::Stats;
@@ -374,35 +374,36 @@ impl<P, T> BackoffBuilder<P, T> {
         self
     }
 
-    /// Calls `hook(&request, attempt, delay, &outcome)` for each retry as it
-    /// goes out (never for a retry that was stopped): `attempt` is the number
-    /// of the attempt that failed, `delay` the sleep before the retry,
-    /// `outcome` the outcome the retry replaces. It wraps the policy set
-    /// so far (see [`OnRetry`]), so call it after [`policy`](Self::policy).
+    /// Calls `hook` with each retry's [`RetryArgs`] as it goes out (never
+    /// for a retry that was stopped): the number of the attempt that failed,
+    /// the delay slept before the retry, its cause, and whether the outcome
+    /// it replaces was a response or an error. An [`observer`](Self::observer)
+    /// of [`Event::Retry`](crate::events::Event::Retry) alone: it changes no
+    /// type, and its closure needs no annotation.
     ///
-    /// Like [`retry_if`](crate::retry_if), the closure needs its argument
-    /// types written out here; [`Backoff::on_retry`] on a wrapped service
-    /// infers them instead:
+    /// To see the request or the replaced outcome themselves, implement
+    /// [`Policy::prepare_retry`](crate::Policy::prepare_retry).
     ///
     /// ```
-    /// use std::time::Duration;
     /// use tower_backoff::BackoffLayer;
     ///
     /// let layer = BackoffLayer::builder()
-    ///     .on_retry(|req: &String, attempt: u32, delay: Duration, _: &Result<String, std::io::Error>| {
-    ///         eprintln!("{req}: attempt {attempt} failed, retrying in {delay:?}");
+    ///     .on_retry(|retry| {
+    ///         eprintln!("attempt {} failed, retrying in {:?}", retry.attempt(), retry.delay());
     ///     })
     ///     .build()?;
     /// # drop(layer);
     /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
-    pub fn on_retry<F>(self, hook: F) -> BackoffBuilder<OnRetry<P, F>, T> {
-        BackoffBuilder {
-            policy: OnRetry::new(self.policy, hook),
-            schedule: self.schedule,
-            timeouts: self.timeouts,
-            settings: self.settings,
-        }
+    pub fn on_retry<F>(self, hook: F) -> Self
+    where
+        F: Fn(&RetryArgs) + Send + Sync + 'static,
+    {
+        self.observer(move |event: &Event| {
+            if let Event::Retry(retry) = event {
+                hook(retry)
+            }
+        })
     }
 
     /// Checks every setting and builds the layer.

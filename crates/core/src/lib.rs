@@ -40,7 +40,7 @@ pub use future::ResponseFuture;
 pub use jitter::{Jitter, Rng};
 pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};
 pub use policy::{
-    classify_fn, retry_if, Cause, ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryLimits,
+    classify_fn, retry_if, Cause, ClassifyFn, Decision, Policy, PrepareRetry, RetryIf, RetryLimits,
     RetryOnError,
 };
 pub use retry::{retry, Retry};

@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::RetryArgs;
+
 use tokio::time::Instant;
 
 /// What one attempt's outcome means.
@@ -95,11 +97,11 @@ pub enum Cause {
 }
 
 /// Limits for one request that override the layer's: fewer or more attempts,
-/// no retries at all, or a deadline. A policy hands them to the layer through
-/// [`Policy::limits`]; the HTTP policy reads them from an `http::Request`'s
-/// extensions, so a caller sets them per request with no other layer.
-/// (`reqwest::Request` keeps its extensions private, so over reqwest a
-/// per-request override needs a policy of your own that reads it elsewhere.)
+/// no retries at all, or a deadline. A front-end hands them to the engine
+/// with [`Backoff::call_with_limits`](crate::Backoff::call_with_limits); the
+/// HTTP layer (`tower_backoff::http::HttpRetryLayer`) reads them from an
+/// `http::Request`'s extensions, so a caller sets them per request with no
+/// other layer. The policy has no say: it classifies outcomes.
 ///
 /// ```
 /// use std::time::Duration;
@@ -155,11 +157,13 @@ impl RetryLimits {
 }
 
 /// Classifies outcomes and copies requests for the [`Backoff`](crate::Backoff)
-/// service.
+/// service: two required methods, and one provided.
 ///
 /// Implement it for your own type when the ready-made ones do not fit:
 /// [`RetryOnError`] (the default), [`retry_if`] and [`classify_fn`] cover most
-/// needs without a new type.
+/// needs without a new type. What happens around a retry (counting, logging,
+/// tracing) is for an [`Observer`](crate::events::Observer), which changes no
+/// type: see [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry).
 ///
 /// ```
 /// use tower_backoff::{Decision, Policy};
@@ -188,85 +192,22 @@ pub trait Policy<Req, Res, E> {
     /// A copy of `request` to send again, or `None` when it must not be sent
     /// twice (a streaming body, a non-idempotent call): such a request goes out
     /// once and its outcome is returned untouched, without being classified.
+    ///
+    /// Every attempt goes out as a copy, the last one too, so that the
+    /// request is at hand to classify its outcome and for the one
+    /// transparent retry ([`Cause::NotSent`]) that may follow it.
     fn clone_request(&self, request: &Req) -> Option<Req>;
-
-    /// Called with an outcome that a retry replaces, before it is dropped. The
-    /// default drops it; an HTTP policy can drain a small body here so the
-    /// connection goes back to its pool.
-    fn discard(&self, result: Result<Res, E>) {
-        drop(result);
-    }
-
-    /// Called once with the outcome returned to the caller, with the number of
-    /// attempts made and the total time slept between them. The default does
-    /// nothing; an HTTP policy records both in the response's extensions.
-    fn finish(&self, result: &mut Result<Res, E>, attempts: u32, slept: Duration) {
-        let _ = (result, attempts, slept);
-    }
 
     /// Called once for each retry as it goes out (after its sleep and the
     /// service's readiness, once the budget paid for it), never for a retry
-    /// that was stopped: the request, the number of the attempt that failed (1
-    /// for the first, which is also the number of this retry), the delay slept
-    /// before the retry, and the outcome it replaces. The default does nothing;
-    /// wrap any policy with
-    /// [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry) to hook a
-    /// closure here.
-    fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
-        let _ = (request, attempt, delay, result);
-    }
-
-    /// Called on the copy of the request that is about to go out as attempt
-    /// number `attempt` (2 for the first retry), just before it is sent: the
-    /// place to stamp the attempt number into a header (gRPC's
-    /// `grpc-previous-rpc-attempts`). Copies for later retries are made from
-    /// the unstamped request. The default does nothing.
-    fn prepare_retry(&self, request: &mut Req, attempt: u32) {
-        let _ = (request, attempt);
-    }
-
-    /// Limits for this one request that override the layer's, read once
-    /// when it is called. The default has none; the HTTP policy reads a
-    /// [`RetryLimits`] from the request's extensions.
-    fn limits(&self, request: &Req) -> Option<RetryLimits> {
-        let _ = request;
-        None
-    }
-
-    /// Whether the layer must keep a copy of the request for every attempt:
-    /// because [`classify`](Self::classify) reads it, or because an outcome
-    /// may ask for the transparent retry ([`Cause::NotSent`]), which is
-    /// allowed past `max_attempts`. A policy that needs neither says `false`
-    /// and implements [`classify_outcome`](Self::classify_outcome): the layer
-    /// then sends an attempt that cannot be retried (every attempt under
-    /// `max_attempts(1)`, the last one allowed otherwise) without copying the
-    /// request first, and classifies its outcome without it. The default,
-    /// `true`, copies the request for every attempt.
-    fn needs_request(&self) -> bool {
-        true
-    }
-
-    /// What `result` means, decided without its request; called only when
-    /// [`needs_request`](Self::needs_request) is `false`, and must then decide
-    /// as [`classify`](Self::classify) would. Only the kind of decision is
-    /// used (a success refunds the budget and counts in the stats). The
-    /// default calls a response a success and an error final.
-    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
-        match result {
-            Ok(_) => Decision::Success,
-            Err(_) => Decision::Final,
-        }
-    }
-
-    /// Whether the kept request itself can go out as the last attempt (see
-    /// [`needs_request`](Self::needs_request)), rather than a copy. The
-    /// default says yes; the HTTP policy asks the body: a
-    /// `tower_backoff::http::ReplayBody` says no, since only its newest
-    /// copy may be sent, and then the last attempt gets a copy like the
-    /// others.
-    fn can_resend(&self, request: &Req) -> bool {
-        let _ = request;
-        true
+    /// that was stopped, with the copy about to be sent and the outcome it
+    /// replaces: the place to stamp the attempt number into a header (gRPC's
+    /// `grpc-previous-rpc-attempts`), or to drain the replaced response's
+    /// body so its connection goes back to the pool. Copies for later retries
+    /// are made from the unstamped request. The default drops the replaced
+    /// outcome.
+    fn prepare_retry(&self, retry: PrepareRetry<'_, Req, Res, E>) {
+        drop(retry);
     }
 }
 
@@ -277,32 +218,62 @@ where
     fn classify(&self, request: &Req, result: &Result<Res, E>) -> Decision {
         (**self).classify(request, result)
     }
+    #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         (**self).clone_request(request)
     }
-    fn discard(&self, result: Result<Res, E>) {
-        (**self).discard(result)
+    fn prepare_retry(&self, retry: PrepareRetry<'_, Req, Res, E>) {
+        (**self).prepare_retry(retry)
     }
-    fn finish(&self, result: &mut Result<Res, E>, attempts: u32, slept: Duration) {
-        (**self).finish(result, attempts, slept)
+}
+
+/// A retry going out, as [`Policy::prepare_retry`] sees it: the copy of the
+/// request about to be sent, the outcome it replaces (owned: the policy may
+/// drain it or keep what it needs, and drops it), and the engine's
+/// [`RetryArgs`] (the number of the attempt that failed, the delay slept, the
+/// cause).
+#[derive(Debug)]
+pub struct PrepareRetry<'a, Req, Res, E> {
+    request: &'a mut Req,
+    replaced: Result<Res, E>,
+    args: RetryArgs,
+}
+
+impl<'a, Req, Res, E> PrepareRetry<'a, Req, Res, E> {
+    /// The retry `args` of `request`, replacing `replaced`.
+    pub fn new(request: &'a mut Req, replaced: Result<Res, E>, args: RetryArgs) -> Self {
+        Self {
+            request,
+            replaced,
+            args,
+        }
     }
-    fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
-        (**self).on_retry(request, attempt, delay, result)
+
+    /// The copy of the request about to go out.
+    pub fn request(&self) -> &Req {
+        self.request
     }
-    fn prepare_retry(&self, request: &mut Req, attempt: u32) {
-        (**self).prepare_retry(request, attempt)
+
+    /// The copy of the request about to go out, to change before it is sent.
+    pub fn request_mut(&mut self) -> &mut Req {
+        self.request
     }
-    fn limits(&self, request: &Req) -> Option<RetryLimits> {
-        (**self).limits(request)
+
+    /// The outcome this retry replaces.
+    pub fn replaced(&self) -> &Result<Res, E> {
+        &self.replaced
     }
-    fn needs_request(&self) -> bool {
-        (**self).needs_request()
+
+    /// The outcome this retry replaces, taken; the request's copy is then
+    /// no longer reachable.
+    pub fn into_replaced(self) -> Result<Res, E> {
+        self.replaced
     }
-    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
-        (**self).classify_outcome(result)
-    }
-    fn can_resend(&self, request: &Req) -> bool {
-        (**self).can_resend(request)
+
+    /// What the engine knows of this retry: the same value the observers
+    /// hear as [`Event::Retry`](crate::events::Event::Retry).
+    pub fn args(&self) -> &RetryArgs {
+        &self.args
     }
 }
 
@@ -316,7 +287,10 @@ pub struct RetryOnError;
 
 impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
     fn classify(&self, _request: &Req, result: &Result<Res, E>) -> Decision {
-        <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }
     }
 
     // Inline, so that it is compiled with its callers: compiled on its own,
@@ -325,17 +299,6 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
     #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
-    }
-
-    fn needs_request(&self) -> bool {
-        false
-    }
-
-    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
-        match result {
-            Ok(_) => Decision::Success,
-            Err(_) => Decision::retry(),
-        }
     }
 }
 
@@ -381,25 +344,17 @@ where
     Req: Clone,
 {
     fn classify(&self, _request: &Req, result: &Result<Res, E>) -> Decision {
-        <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
+        match ((self.predicate)(result), result) {
+            (true, _) => Decision::retry(),
+            (false, Ok(_)) => Decision::Success,
+            (false, Err(_)) => Decision::Final,
+        }
     }
 
     // Inline: as `RetryOnError`'s.
     #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
-    }
-
-    fn needs_request(&self) -> bool {
-        false
-    }
-
-    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
-        match ((self.predicate)(result), result) {
-            (true, _) => Decision::retry(),
-            (false, Ok(_)) => Decision::Success,
-            (false, Err(_)) => Decision::Final,
-        }
     }
 }
 
@@ -448,76 +403,5 @@ where
     #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
-    }
-}
-
-/// A policy that calls a closure for each retry, then defers everything to
-/// the policy it wraps. Made by
-/// [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry).
-///
-/// The closure sees the request, the number of the attempt that failed, the
-/// delay before the retry and the outcome that caused it. It is a plain type
-/// parameter: no box, no dynamic call, and nothing at all when unused.
-#[derive(Clone, Copy)]
-pub struct OnRetry<P, F> {
-    policy: P,
-    hook: F,
-}
-
-impl<P, F> OnRetry<P, F> {
-    /// Wraps `policy`, calling `hook` for each retry.
-    pub fn new(policy: P, hook: F) -> Self {
-        Self { policy, hook }
-    }
-
-    /// The wrapped policy.
-    pub fn policy(&self) -> &P {
-        &self.policy
-    }
-}
-
-impl<P: std::fmt::Debug, F> std::fmt::Debug for OnRetry<P, F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OnRetry")
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<P, F, Req, Res, E> Policy<Req, Res, E> for OnRetry<P, F>
-where
-    P: Policy<Req, Res, E>,
-    F: Fn(&Req, u32, Duration, &Result<Res, E>),
-{
-    fn classify(&self, request: &Req, result: &Result<Res, E>) -> Decision {
-        self.policy.classify(request, result)
-    }
-    fn clone_request(&self, request: &Req) -> Option<Req> {
-        self.policy.clone_request(request)
-    }
-    fn discard(&self, result: Result<Res, E>) {
-        self.policy.discard(result)
-    }
-    fn finish(&self, result: &mut Result<Res, E>, attempts: u32, slept: Duration) {
-        self.policy.finish(result, attempts, slept)
-    }
-    fn on_retry(&self, request: &Req, attempt: u32, delay: Duration, result: &Result<Res, E>) {
-        self.policy.on_retry(request, attempt, delay, result);
-        (self.hook)(request, attempt, delay, result);
-    }
-    fn prepare_retry(&self, request: &mut Req, attempt: u32) {
-        self.policy.prepare_retry(request, attempt)
-    }
-    fn limits(&self, request: &Req) -> Option<RetryLimits> {
-        self.policy.limits(request)
-    }
-    fn needs_request(&self) -> bool {
-        self.policy.needs_request()
-    }
-    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
-        self.policy.classify_outcome(result)
-    }
-    fn can_resend(&self, request: &Req) -> bool {
-        self.policy.can_resend(request)
     }
 }

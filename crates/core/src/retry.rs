@@ -390,9 +390,12 @@ where
                     ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
                     let retry = *retry;
                     let kept = kept.take().expect("kept until the retry starts");
-                    let sent =
-                        this.session
-                            .send(&retry, this.budget.as_deref(), Instant::now, |_| Some(()));
+                    let sent = this.session.send(
+                        &retry,
+                        this.budget.as_deref(),
+                        Instant::now,
+                        || Some(()),
+                    );
                     if sent.is_err() {
                         return Poll::Ready(kept);
                     }

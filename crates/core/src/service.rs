@@ -14,7 +14,7 @@ use crate::adaptive::Gate;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::future::{Attempt, RequestLimits, ResponseFuture};
-use crate::policy::{ClassifyFn, Decision, OnRetry, Policy, RetryIf, RetryOnError};
+use crate::policy::{ClassifyFn, Decision, Policy, RetryIf, RetryLimits, RetryOnError};
 use crate::send::{pacing_stamp, poll_ready_to_send};
 
 /// Retries requests to `S` that policy `P` classifies as transient failures,
@@ -139,35 +139,6 @@ impl<S, P, T> Backoff<S, P, T> {
         self.with_policy(|_| crate::classify_fn(classify))
     }
 
-    /// Calls `hook(&request, attempt, delay, &outcome)` for each retry as it
-    /// goes out, as [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry)
-    /// does, with the argument types learnt from the service.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff::{Backoff, BackoffLayer};
-    ///
-    /// let down = service_fn(|name: String| async move { Err::<(), _>(std::io::Error::other(name)) });
-    /// let svc = Backoff::new(down, &BackoffLayer::new()).on_retry(|request, attempt, delay, outcome| {
-    ///     if let Err(e) = outcome {
-    ///         eprintln!("{request}: attempt {attempt} failed ({}), retrying in {delay:?}", e.kind());
-    ///     }
-    /// });
-    /// assert!(svc.oneshot("db".to_string()).await.is_err());
-    /// # }
-    /// ```
-    pub fn on_retry<Req, F>(self, hook: F) -> Backoff<S, OnRetry<P, F>, T>
-    where
-        P: Clone,
-        S: Service<Req>,
-        T: AttemptTimer<S::Error>,
-        F: Fn(&Req, u32, Duration, &Result<S::Response, T::Error>),
-    {
-        self.with_policy(|policy| OnRetry::new(policy, hook))
-    }
-
     fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, T>
     where
         P: Clone,
@@ -216,21 +187,50 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
+        self.call_with(request, None)
+    }
+}
+
+impl<S, P, T> Backoff<S, P, T> {
+    /// Calls the service with `limits` for this one request instead of the
+    /// layer's: how a front-end passes a caller's per-request
+    /// [`RetryLimits`] (the HTTP layer reads them from the request's
+    /// extensions). As [`Service::call`], it needs
+    /// [`poll_ready`](Service::poll_ready) first.
+    pub fn call_with_limits<Req>(
+        &mut self,
+        request: Req,
+        limits: RetryLimits,
+    ) -> ResponseFuture<S, P, Req, T>
+    where
+        S: Service<Req> + Clone,
+        T: AttemptTimer<S::Error>,
+        P: Policy<Req, S::Response, T::Error>,
+    {
+        self.call_with(request, Some(limits))
+    }
+
+    #[inline(always)]
+    fn call_with<Req>(
+        &mut self,
+        request: Req,
+        own: Option<RetryLimits>,
+    ) -> ResponseFuture<S, P, Req, T>
+    where
+        S: Service<Req> + Clone,
+        T: AttemptTimer<S::Error>,
+        P: Policy<Req, S::Response, T::Error>,
+    {
         let config = &*self.config;
-        let own = config.policy.limits(&request);
         // Only a request with limits of its own, a deadline or a pacing stamp
         // is tracked from the call: its first outcome already needs them.
         let tracked = own.is_some() || config.max_elapsed.is_some() || config.pacing.is_some();
         let limits = own.unwrap_or_default();
         let max_attempts = limits.max_attempts.unwrap_or(config.max_attempts);
         let deadline = deadline(config.max_elapsed, limits.deadline);
-        // An attempt that cannot be retried needs no copy, if the policy can
-        // classify its outcome without one.
-        let spare = if max_attempts == 1 && !config.policy.needs_request() {
-            None
-        } else {
-            config.policy.clone_request(&request)
-        };
+        // Kept for classifying every outcome, the last one's too, and for
+        // the transparent retry that may follow even the last attempt.
+        let spare = config.policy.clone_request(&request);
         let timer = config.timeouts.timer(deadline);
         config.on_call();
         let stamp = pacing_stamp(config, &mut self.gate);

@@ -12,8 +12,8 @@ use super::code::CodeSet;
 use super::error::{classify_transport_error, TransportFailure};
 use super::pushback::{parse_pushback, Pushback};
 use super::throttle::RetryThrottle;
-use tower_backoff_core::policy::{Cause, Decision, Policy};
-use tower_backoff_http::{AsStdError, CloneBody, RetryInfo};
+use tower_backoff_core::policy::{Cause, Decision, Policy, PrepareRetry};
+use tower_backoff_http::{AsStdError, CloneBody};
 
 /// The metadata key a retry carries: how many attempts went before it (gRFC
 /// A6). Absent on the first attempt, `1` on the second, and so on.
@@ -62,8 +62,8 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///
 /// Causes: `UNAVAILABLE` and `RESOURCE_EXHAUSTED` from the server are
 /// [`Cause::Throttled`], `DEADLINE_EXCEEDED` is [`Cause::Timeout`], the rest
-/// [`Cause::Transient`]. Responses returned carry a [`RetryInfo`] in their
-/// extensions.
+/// [`Cause::Transient`]. Behind a [`GrpcRetryLayer`](crate::GrpcRetryLayer),
+/// responses returned carry a [`RetryInfo`](tower_backoff_http::RetryInfo) in their extensions.
 ///
 /// ```
 /// use std::time::Duration;
@@ -90,7 +90,6 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 pub struct GrpcPolicy {
     codes: CodeSet,
     max_pushback: Duration,
-    record_info: bool,
     throttle: Option<Arc<RetryThrottle>>,
 }
 
@@ -110,7 +109,6 @@ impl GrpcPolicy {
         Self {
             codes: CodeSet::DEFAULT,
             max_pushback: DEFAULT_MAX_PUSHBACK,
-            record_info: true,
             throttle: None,
         }
     }
@@ -139,13 +137,6 @@ impl GrpcPolicy {
     /// as a negative one does.
     pub fn max_pushback(mut self, max: Duration) -> Self {
         self.max_pushback = max;
-        self
-    }
-
-    /// Stops adding [`RetryInfo`] to responses (it costs one small
-    /// allocation per call).
-    pub fn without_retry_info(mut self) -> Self {
-        self.record_info = false;
         self
     }
 
@@ -260,16 +251,26 @@ where
         request: &Request<ReqBody>,
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
-        let decision = Policy::<Request<ReqBody>, _, _>::classify_outcome(self, result);
         // Past the replay limit the call is committed (A6).
-        tower_backoff_http::unless_spent(decision, request.body())
+        tower_backoff_http::unless_spent(self.judge(result), request.body())
     }
 
-    // `needs_request` stays true: a call refused before it left
-    // (`Cause::NotSent`) is retried transparently even after the last
-    // attempt, and that needs the request.
+    fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
+        tower_backoff_http::copy_request(request)
+    }
 
-    fn classify_outcome(&self, result: &Result<Response<ResBody>, E>) -> Decision {
+    fn prepare_retry(&self, mut retry: PrepareRetry<'_, Request<ReqBody>, Response<ResBody>, E>) {
+        let previous = retry.args().attempt();
+        retry
+            .request_mut()
+            .headers_mut()
+            .insert(PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(previous));
+    }
+}
+
+impl GrpcPolicy {
+    /// What an attempt's outcome means, counted by A6's throttle if on.
+    fn judge<B, E: AsStdError>(&self, result: &Result<Response<B>, E>) -> Decision {
         let (decision, counted) = match result {
             Ok(response) => self.judge_response(response.status(), response.headers()),
             Err(error) => self.judge_error(error.as_std_error()),
@@ -283,30 +284,12 @@ where
         }
         decision
     }
-
-    fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
-        tower_backoff_http::copy_request(request)
-    }
-
-    fn prepare_retry(&self, request: &mut Request<ReqBody>, attempt: u32) {
-        request.headers_mut().insert(
-            PREVIOUS_RPC_ATTEMPTS,
-            HeaderValue::from(attempt.saturating_sub(1)),
-        );
-    }
-
-    fn finish(&self, result: &mut Result<Response<ResBody>, E>, attempts: u32, slept: Duration) {
-        if let (Ok(response), true) = (result, self.record_info) {
-            response
-                .extensions_mut()
-                .insert(RetryInfo::new(attempts, slept));
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower_backoff_core::events::{OutcomeKind, RetryArgs};
     use tower_backoff_http::ReplayBody;
 
     fn trailers_only(status: &str, pushback: Option<&str>) -> HeaderMap {
@@ -433,9 +416,20 @@ mod tests {
     fn retries_carry_the_number_of_previous_attempts() {
         let policy = GrpcPolicy::new();
         let mut request = Request::new(String::new());
-        Policy::<_, Response<()>, std::io::Error>::prepare_retry(&policy, &mut request, 2);
+        // A retry after attempt number `failed`.
+        let prepare = |request: &mut Request<String>, failed: u32| {
+            let replaced: Result<Response<()>, std::io::Error> = Ok(Response::new(()));
+            let args = RetryArgs::new(
+                failed,
+                Duration::ZERO,
+                Cause::Throttled,
+                OutcomeKind::Response,
+            );
+            Policy::prepare_retry(&policy, PrepareRetry::new(request, replaced, args));
+        };
+        prepare(&mut request, 1);
         assert_eq!(request.headers()[PREVIOUS_RPC_ATTEMPTS], "1");
-        Policy::<_, Response<()>, std::io::Error>::prepare_retry(&policy, &mut request, 4);
+        prepare(&mut request, 3);
         assert_eq!(request.headers()[PREVIOUS_RPC_ATTEMPTS], "3");
     }
 

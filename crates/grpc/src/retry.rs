@@ -19,12 +19,12 @@ use super::retry_policy::RetryPolicy;
 use super::service_config::ServiceConfig;
 use super::throttle::RetryThrottle;
 use tower_backoff_core::budget::{Budget, TokenBucket};
+use tower_backoff_core::deadline::NoTimeout;
 use tower_backoff_core::error::ConfigError;
-use tower_backoff_core::future::ResponseFuture;
 use tower_backoff_core::Backoff;
 use tower_backoff_core::BackoffLayer;
 use tower_backoff_core::Stats;
-use tower_backoff_http::{AsStdError, ReplayBody, DEFAULT_REPLAY_LIMIT};
+use tower_backoff_http::{AsStdError, HttpResponseFuture, ReplayBody, DEFAULT_REPLAY_LIMIT};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -69,6 +69,7 @@ type BoxError = Box<dyn Error + Send + Sync>;
 pub struct GrpcRetryLayer {
     routes: Arc<Routes>,
     replay_limit: usize,
+    record_info: bool,
 }
 
 struct Routes {
@@ -100,6 +101,7 @@ impl GrpcRetryLayer {
             budget: None,
             stats: None,
             max_elapsed: None,
+            record_info: true,
         }
     }
 
@@ -139,9 +141,17 @@ pub struct GrpcRetryBuilder {
     budget: Option<Arc<dyn Budget>>,
     stats: Option<Stats>,
     max_elapsed: Option<Duration>,
+    record_info: bool,
 }
 
 impl GrpcRetryBuilder {
+    /// Stops adding [`RetryInfo`](tower_backoff_http::RetryInfo) to
+    /// responses (it costs one small allocation per call).
+    pub fn without_retry_info(mut self) -> Self {
+        self.record_info = false;
+        self
+    }
+
     /// Time limit for a whole call, from its first attempt: no retry starts
     /// whose sleep would end past it. gRPC's deadline spans every attempt;
     /// tonic's per-call timeout (`grpc-timeout`) applies to each attempt
@@ -223,6 +233,7 @@ impl GrpcRetryBuilder {
                 throttle,
             }),
             replay_limit: self.replay_limit,
+            record_info: self.record_info,
         })
     }
 }
@@ -254,9 +265,10 @@ pub struct GrpcRetry<S> {
     layer: GrpcRetryLayer,
 }
 
-/// The response future of [`GrpcRetry`]: its method's [`Backoff`] future.
+/// The response future of [`GrpcRetry`]: its method's [`Backoff`] future,
+/// whose response gets a [`RetryInfo`](tower_backoff_http::RetryInfo).
 pub type GrpcResponseFuture<S, B> =
-    ResponseFuture<TonicBody<S>, GrpcPolicy, Request<ReplayBody<B>>>;
+    HttpResponseFuture<TonicBody<S>, Request<ReplayBody<B>>, NoTimeout, GrpcPolicy>;
 
 impl<S> GrpcRetry<S> {
     /// The wrapped service.
@@ -304,7 +316,7 @@ where
         let mut method = Backoff::new(readied, self.layer.route(request.uri().path()));
         // The method layers have no pacing, so the inner service's readiness
         // is all `Backoff`'s own `poll_ready` would have waited for.
-        method.call(request)
+        HttpResponseFuture::new(method.call(request), self.layer.record_info)
     }
 }
 

@@ -20,14 +20,6 @@ pub trait CloneBody: Sized {
     fn is_replayable(&self) -> bool {
         true
     }
-
-    /// Whether this body itself, rather than a copy of it, may be sent as the
-    /// last attempt. Copies of a recording say no: only the newest copy
-    /// made may be sent, and the kept one is older than the copies sent
-    /// since.
-    fn is_sendable_as_is(&self) -> bool {
-        true
-    }
 }
 
 impl<B: Clone> CloneBody for B {

@@ -2,7 +2,10 @@
 //! says it is transient, after the delay the server asks for.
 //!
 //! [`HttpPolicy`] is the policy to give a [`BackoffLayer`](tower_backoff_core::BackoffLayer)
-//! in front of hyper-util's client or (feature `reqwest`) `reqwest::Client`.
+//! in front of hyper-util's client or (feature `reqwest`) `reqwest::Client`;
+//! [`HttpRetryLayer`] is that layer as an HTTP front-end, which also reads a
+//! caller's [`RetryLimits`](tower_backoff_core::RetryLimits) from each
+//! request's extensions and records a [`RetryInfo`] in each response's.
 //! Streaming request bodies become retryable wrapped in a [`ReplayBody`]
 //! ([`ReplayLayer`] wraps every request's; over reqwest, with
 //! [`IntoReqwestLayer`] behind the retry layer). With the
@@ -10,7 +13,6 @@
 //! retries to `reqwest_middleware` clients. [`HttpPolicy::retry_unsent`]
 //! retries requests that provably never left ([`is_unsent`]), whatever
 //! their method.
-//! Every response returned carries a [`RetryInfo`].
 //! [`BufferBody`] reads response bodies ahead, so the policy can classify a
 //! body and retry one that breaks off ([`HttpPolicy::retry_on_body`]).
 //!
@@ -49,18 +51,18 @@
 //! use http_body_util::Full;
 //! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_backoff::http::{HttpPolicy, RetryInfo};
+//! use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
 //! use tower_backoff::{BackoffLayer, Exponential};
 //!
 //! let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
 //! let svc = ServiceBuilder::new()
-//!     .layer(
+//!     .layer(HttpRetryLayer::from(
 //!         BackoffLayer::builder()
 //!             .policy(HttpPolicy::new())
 //!             .schedule(Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_secs(5)))
 //!             .max_elapsed(Duration::from_secs(30))
 //!             .build()?,
-//!     )
+//!     ))
 //!     .service(client);
 //!
 //! let request = http::Request::get("http://127.0.0.1:8080/").body(Full::default())?;
@@ -138,6 +140,7 @@ mod reqwest;
 #[cfg(feature = "reqwest")]
 mod reqwest_replay;
 mod retry_after;
+mod retry_layer;
 mod status;
 
 pub use body::{copy_request, unless_spent, CloneBody};
@@ -166,4 +169,5 @@ pub use replay_layer::{Replay, ReplayLayer};
 #[cfg(feature = "reqwest")]
 pub use reqwest_replay::{IntoReqwest, IntoReqwestLayer, ReqwestFuture};
 pub use retry_after::parse_retry_after;
+pub use retry_layer::{HttpResponseFuture, HttpRetry, HttpRetryLayer, ResponseExtensions};
 pub use status::StatusSet;

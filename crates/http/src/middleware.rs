@@ -18,6 +18,7 @@ use super::error::AsStdError;
 use super::policy::HttpPolicy;
 use super::replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 use super::reqwest_replay::record;
+use super::retry_layer::HttpResponseFuture;
 use tower_backoff_core::deadline::{self, AttemptTimer, NoTimeout};
 use tower_backoff_core::policy::{Policy, RetryLimits};
 use tower_backoff_core::BackoffLayer;
@@ -63,6 +64,7 @@ type Recorded = Request<ReplayBody<reqwest::Body>>;
 pub struct BackoffMiddleware<P = HttpPolicy, T = NoTimeout> {
     layer: BackoffLayer<P, T>,
     replay_limit: usize,
+    record_info: bool,
 }
 
 impl<P, T> BackoffMiddleware<P, T> {
@@ -71,7 +73,15 @@ impl<P, T> BackoffMiddleware<P, T> {
         Self {
             layer,
             replay_limit: DEFAULT_REPLAY_LIMIT,
+            record_info: true,
         }
+    }
+
+    /// Stops adding [`RetryInfo`](super::RetryInfo) to responses (see
+    /// [`HttpRetryLayer::without_retry_info`](super::HttpRetryLayer::without_retry_info)).
+    pub fn without_retry_info(mut self) -> Self {
+        self.record_info = false;
+        self
     }
 
     /// Records up to `limit` bytes of a streaming body (default
@@ -99,6 +109,7 @@ impl<P, T: fmt::Debug> fmt::Debug for BackoffMiddleware<P, T> {
         f.debug_struct("BackoffMiddleware")
             .field("layer", &self.layer)
             .field("replay_limit", &self.replay_limit)
+            .field("record_info", &self.record_info)
             .finish()
     }
 }
@@ -117,11 +128,9 @@ where
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        let mut request = Request::<reqwest::Body>::try_from(request)?
+        let request = Request::<reqwest::Body>::try_from(request)?
             .map(|body| record(body, self.replay_limit));
-        if let Some(limits) = extensions.get::<RetryLimits>() {
-            request.extensions_mut().insert(*limits);
-        }
+        let limits = extensions.get::<RetryLimits>().copied();
         // Lent to each attempt in turn (attempts never overlap), and given
         // back whatever the middlewares after this one wrote into it.
         let shared = Arc::new(Mutex::new(std::mem::take(extensions)));
@@ -130,7 +139,13 @@ where
             extensions: Arc::clone(&shared),
         });
         let result = match poll_fn(|cx| svc.poll_ready(cx)).await {
-            Ok(()) => svc.call(request).await,
+            Ok(()) => {
+                let call = match limits {
+                    Some(limits) => svc.call_with_limits(request, limits),
+                    None => svc.call(request),
+                };
+                HttpResponseFuture::new(call, self.record_info).await
+            }
             Err(error) => Err(error),
         };
         if let Ok(mut kept) = shared.lock() {

@@ -13,10 +13,9 @@ use super::buffer::BufferedBytes;
 use super::delay_headers::DelayHeaders;
 use super::drain::{drain, DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 use super::error::{classify_error, is_unsent, AsStdError};
-use super::info::RetryInfo;
 use super::method::MethodSet;
 use super::status::StatusSet;
-use tower_backoff_core::policy::{Cause, Decision, Policy, RetryLimits};
+use tower_backoff_core::policy::{Cause, Decision, Policy, PrepareRetry};
 use tower_backoff_core::Rng;
 
 /// The header that makes a non-idempotent request safe to retry, from the IETF
@@ -74,8 +73,8 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 ///
 /// A response retried away has its small body read to the end in the
 /// background so its connection can be reused ([`drain_limit`](Self::drain_limit)).
-/// Every response returned carries a [`RetryInfo`] in its extensions (unless
-/// [`without_retry_info`](Self::without_retry_info)).
+/// Behind an [`HttpRetryLayer`](super::HttpRetryLayer), every response
+/// returned carries a [`RetryInfo`](super::RetryInfo) in its extensions.
 ///
 /// The same policy serves hyper-util's client (`http::Request<B>` /
 /// `http::Response<B>`) and, with the `reqwest` feature, `reqwest::Client`.
@@ -86,7 +85,7 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 /// use std::time::Duration;
 /// use http::{Request, Response, StatusCode};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff::http::{HttpPolicy, RetryInfo};
+/// use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
 /// use tower_backoff::{BackoffLayer, Exponential};
 ///
 /// // Stands in for an HTTP client: busy once, then fine.
@@ -100,12 +99,12 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 /// });
 ///
 /// let svc = ServiceBuilder::new()
-///     .layer(
+///     .layer(HttpRetryLayer::from(
 ///         BackoffLayer::builder()
 ///             .policy(HttpPolicy::new().retry_status(StatusCode::INTERNAL_SERVER_ERROR))
 ///             .schedule(Exponential::new(Duration::from_millis(1)))
 ///             .build()?,
-///     )
+///     ))
 ///     .service(client);
 ///
 /// let response = svc.oneshot(Request::get("http://example.com/").body(String::new())?).await?;
@@ -127,7 +126,6 @@ pub struct HttpPolicy {
     attempt_header: Option<HeaderName>,
     drain_limit: usize,
     drain_timeout: Duration,
-    record_info: bool,
     on_body: Option<BodyClassifier>,
     classify_error: fn(&(dyn Error + 'static)) -> Option<Cause>,
     retry_unsent: bool,
@@ -151,7 +149,6 @@ impl HttpPolicy {
             attempt_header: None,
             drain_limit: DEFAULT_DRAIN_LIMIT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
-            record_info: true,
             on_body: None,
             classify_error,
             retry_unsent: false,
@@ -304,21 +301,6 @@ impl HttpPolicy {
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
-    }
-
-    /// Stops adding [`RetryInfo`] to responses. `http::Extensions` boxes every
-    /// value, so recording it costs one small allocation per request, the only
-    /// one the policy adds to a first-attempt success besides copying the
-    /// request.
-    pub fn without_retry_info(mut self) -> Self {
-        self.record_info = false;
-        self
-    }
-
-    /// Whether responses get a [`RetryInfo`].
-    #[cfg(any(feature = "reqwest", test))]
-    pub(crate) fn records_info(&self) -> bool {
-        self.record_info
     }
 
     /// Also retries a response whose body, read whole by a
@@ -550,7 +532,6 @@ impl fmt::Debug for HttpPolicy {
             .field("attempt_header", &self.attempt_header)
             .field("drain_limit", &self.drain_limit)
             .field("drain_timeout", &self.drain_timeout)
-            .field("record_info", &self.record_info)
             .field("retry_unsent", &self.retry_unsent)
             .finish_non_exhaustive()
     }
@@ -568,68 +549,34 @@ where
         request: &Request<ReqBody>,
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
-        let decision = Policy::<Request<ReqBody>, _, _>::classify_outcome(self, result);
-        self.allow_request_retry(decision, request)
-    }
-
-    /// Statuses, headers and errors decide; the request only says whether it
-    /// may be sent again, which no longer matters for the last attempt. With
-    /// [`retry_unsent`](HttpPolicy::retry_unsent), a request that never left
-    /// may be retried after the last attempt too, and that needs the request.
-    fn needs_request(&self) -> bool {
-        self.retry_unsent_on()
-    }
-
-    fn classify_outcome(&self, result: &Result<Response<ResBody>, E>) -> Decision {
-        match result {
+        let decision = match result {
             Ok(response) => {
                 self.classify_parts(response.status(), response.headers(), response.extensions())
             }
             Err(error) => self.classify_error(error.as_std_error()),
-        }
-    }
-
-    fn can_resend(&self, request: &Request<ReqBody>) -> bool {
-        request.body().is_sendable_as_is()
-    }
-
-    /// A [`RetryLimits`] in the request's extensions overrides the layer's
-    /// limits for that request.
-    fn limits(&self, request: &Request<ReqBody>) -> Option<RetryLimits> {
-        request.extensions().get::<RetryLimits>().copied()
+        };
+        self.allow_request_retry(decision, request)
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
         self.copy_request(request)
     }
 
-    fn discard(&self, result: Result<Response<ResBody>, E>) {
-        if let Ok(response) = result {
+    /// Stamps the attempt header, and drains the replaced response's body
+    /// (unless a [`BufferBody`](super::BufferBody) already read it whole) so
+    /// its connection goes back to the pool.
+    fn prepare_retry(&self, mut retry: PrepareRetry<'_, Request<ReqBody>, Response<ResBody>, E>) {
+        let attempt = retry.args().attempt() + 1;
+        self.stamp_attempt(retry.request_mut().headers_mut(), attempt);
+        if let Ok(response) = retry.into_replaced() {
             if !BufferedBytes::is_in(response.extensions()) {
                 self.discard_body(response.into_body());
             }
         }
     }
-
-    fn finish(&self, result: &mut Result<Response<ResBody>, E>, attempts: u32, slept: Duration) {
-        if let (Ok(response), true) = (result, self.record_info) {
-            response
-                .extensions_mut()
-                .insert(RetryInfo::new(attempts, slept));
-        }
-    }
-
-    fn prepare_retry(&self, request: &mut Request<ReqBody>, attempt: u32) {
-        self.stamp_attempt(request.headers_mut(), attempt);
-    }
 }
 
 impl HttpPolicy {
-    /// Whether [`retry_unsent`](Self::retry_unsent) is on.
-    pub(crate) fn retry_unsent_on(&self) -> bool {
-        self.retry_unsent
-    }
-
     /// Whether a request with this method and these headers is worth a copy:
     /// it may be repeated, or it may be retried should it never leave.
     pub(crate) fn may_retry(&self, method: &Method, headers: &HeaderMap) -> bool {
@@ -696,6 +643,7 @@ fn should_retry(value: &HeaderValue) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower_backoff_core::events::{OutcomeKind, RetryArgs};
 
     fn headers(retry_after: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
@@ -1008,18 +956,31 @@ mod tests {
         );
     }
 
+    /// Prepares `request` as attempt number `attempt` (2 for the first
+    /// retry), replacing a 503.
+    fn prepare(policy: &HttpPolicy, request: &mut Request<String>, attempt: u32) {
+        let replaced: Result<Response<String>, std::io::Error> = Ok(Response::new(String::new()));
+        let args = RetryArgs::new(
+            attempt - 1,
+            Duration::ZERO,
+            Cause::Transient,
+            OutcomeKind::Response,
+        );
+        Policy::prepare_retry(policy, PrepareRetry::new(request, replaced, args));
+    }
+
     #[test]
     fn the_attempt_header_is_stamped_only_when_named() {
         let mut request = Request::get("http://127.0.0.1/")
             .body(String::new())
             .unwrap();
         let plain = HttpPolicy::new();
-        Policy::<_, Response<String>, std::io::Error>::prepare_retry(&plain, &mut request, 2);
+        prepare(&plain, &mut request, 2);
         assert!(request.headers().is_empty());
         let named =
             HttpPolicy::new().attempt_header(HeaderName::from_static("x-envoy-attempt-count"));
-        Policy::<_, Response<String>, std::io::Error>::prepare_retry(&named, &mut request, 2);
-        Policy::<_, Response<String>, std::io::Error>::prepare_retry(&named, &mut request, 3);
+        prepare(&named, &mut request, 2);
+        prepare(&named, &mut request, 3);
         let values: Vec<_> = request
             .headers()
             .get_all("x-envoy-attempt-count")
@@ -1166,27 +1127,6 @@ mod tests {
     }
 
     #[test]
-    fn records_info_follows_without_retry_info() {
-        assert!(HttpPolicy::new().records_info());
-        assert!(!HttpPolicy::new().without_retry_info().records_info());
-    }
-
-    #[test]
-    fn finish_records_attempts_and_sleep_unless_told_not_to() {
-        let finish = |policy: &HttpPolicy| {
-            let mut result: Result<Response<String>, std::io::Error> =
-                Ok(Response::new(String::new()));
-            Policy::<Request<String>, _, _>::finish(policy, &mut result, 3, Duration::from_secs(2));
-            result.unwrap().extensions().get::<RetryInfo>().copied()
-        };
-        assert_eq!(
-            finish(&HttpPolicy::new()),
-            Some(RetryInfo::new(3, Duration::from_secs(2)))
-        );
-        assert_eq!(finish(&HttpPolicy::new().without_retry_info()), None);
-    }
-
-    #[test]
     fn default_is_new() {
         assert_eq!(
             format!("{:?}", HttpPolicy::default()),
@@ -1202,8 +1142,7 @@ mod tests {
             .max_server_delay(Duration::from_secs(9))
             .server_delay_jitter(5, Duration::from_millis(77))
             .attempt_header(HeaderName::from_static("x-attempt"))
-            .ignore_should_retry()
-            .without_retry_info();
+            .ignore_should_retry();
         let shown = format!("{policy:?}");
         for part in [
             "drain_limit: 7",
@@ -1213,7 +1152,6 @@ mod tests {
             "jitter_max: 77ms",
             "should_retry: None",
             "\"x-attempt\"",
-            "record_info: false",
         ] {
             assert!(shown.contains(part), "{part} in {shown}");
         }

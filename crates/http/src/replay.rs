@@ -283,10 +283,6 @@ impl<B> CloneBody for ReplayBody<B> {
             .map(|recording| recording.is_replayable())
             .unwrap_or(false)
     }
-
-    fn is_sendable_as_is(&self) -> bool {
-        false
-    }
 }
 
 impl<B> fmt::Debug for ReplayBody<B> {

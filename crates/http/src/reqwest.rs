@@ -2,16 +2,13 @@
 //! `reqwest::Request`: directly, or behind a [`ReplayLayer`](super::ReplayLayer)
 //! so streaming bodies are retried too.
 
-use std::time::Duration;
-
 use ::http::Request;
 
 use super::body::CloneBody;
 use super::buffer::BufferedBytes;
 use super::error::AsStdError;
-use super::info::RetryInfo;
 use super::policy::HttpPolicy;
-use tower_backoff_core::policy::{Decision, Policy, RetryLimits};
+use tower_backoff_core::policy::{Decision, Policy, PrepareRetry};
 
 /// Classifies `reqwest` outcomes as it does `http` ones: statuses and
 /// `Retry-After` the same way, errors by `is_timeout()` / `is_connect()` and
@@ -49,14 +46,6 @@ where
         self.allow_retry(decision, request.method(), request.headers())
     }
 
-    fn needs_request(&self) -> bool {
-        self.retry_unsent_on()
-    }
-
-    fn classify_outcome(&self, result: &Result<reqwest::Response, E>) -> Decision {
-        classify_outcome(self, result)
-    }
-
     fn clone_request(&self, request: &reqwest::Request) -> Option<reqwest::Request> {
         if !self.may_retry(request.method(), request.headers()) {
             return None;
@@ -64,16 +53,10 @@ where
         request.try_clone()
     }
 
-    fn discard(&self, result: Result<reqwest::Response, E>) {
-        discard(self, result);
-    }
-
-    fn finish(&self, result: &mut Result<reqwest::Response, E>, attempts: u32, slept: Duration) {
-        finish(self, result, attempts, slept);
-    }
-
-    fn prepare_retry(&self, request: &mut reqwest::Request, attempt: u32) {
-        self.stamp_attempt(request.headers_mut(), attempt);
+    fn prepare_retry(&self, mut retry: PrepareRetry<'_, reqwest::Request, reqwest::Response, E>) {
+        let attempt = retry.args().attempt() + 1;
+        self.stamp_attempt(retry.request_mut().headers_mut(), attempt);
+        discard(self, retry.into_replaced());
     }
 }
 
@@ -81,7 +64,7 @@ where
 /// an `http::Request` whose body records what it sends (a
 /// [`ReplayBody`](super::ReplayBody)), answered by `reqwest::Client` through
 /// an [`IntoReqwestLayer`](super::IntoReqwestLayer). Classified and copied as
-/// `http::Request`s are, so a [`RetryLimits`] in its extensions applies.
+/// `http::Request`s are.
 impl<B, E> Policy<Request<B>, reqwest::Response, E> for HttpPolicy
 where
     B: CloneBody,
@@ -91,36 +74,14 @@ where
         self.allow_request_retry(classify_outcome(self, result), request)
     }
 
-    fn limits(&self, request: &Request<B>) -> Option<RetryLimits> {
-        request.extensions().get::<RetryLimits>().copied()
-    }
-
-    fn needs_request(&self) -> bool {
-        self.retry_unsent_on()
-    }
-
-    fn classify_outcome(&self, result: &Result<reqwest::Response, E>) -> Decision {
-        classify_outcome(self, result)
-    }
-
-    fn can_resend(&self, request: &Request<B>) -> bool {
-        request.body().is_sendable_as_is()
-    }
-
     fn clone_request(&self, request: &Request<B>) -> Option<Request<B>> {
         self.copy_request(request)
     }
 
-    fn discard(&self, result: Result<reqwest::Response, E>) {
-        discard(self, result);
-    }
-
-    fn finish(&self, result: &mut Result<reqwest::Response, E>, attempts: u32, slept: Duration) {
-        finish(self, result, attempts, slept);
-    }
-
-    fn prepare_retry(&self, request: &mut Request<B>, attempt: u32) {
-        self.stamp_attempt(request.headers_mut(), attempt);
+    fn prepare_retry(&self, mut retry: PrepareRetry<'_, Request<B>, reqwest::Response, E>) {
+        let attempt = retry.args().attempt() + 1;
+        self.stamp_attempt(retry.request_mut().headers_mut(), attempt);
+        discard(self, retry.into_replaced());
     }
 }
 
@@ -144,18 +105,5 @@ fn discard<E>(policy: &HttpPolicy, result: Result<reqwest::Response, E>) {
         if !BufferedBytes::is_in(response.extensions()) {
             policy.discard_body(reqwest::Body::from(response));
         }
-    }
-}
-
-fn finish<E>(
-    policy: &HttpPolicy,
-    result: &mut Result<reqwest::Response, E>,
-    attempts: u32,
-    slept: Duration,
-) {
-    if let (Ok(response), true) = (result, policy.records_info()) {
-        response
-            .extensions_mut()
-            .insert(RetryInfo::new(attempts, slept));
     }
 }

@@ -75,7 +75,7 @@ pub(super) async fn run<K, Req, V, E, S>(
             }
             Some(decided) => {
                 if session
-                    .send(decided, budget, no_clock, |_| Some(()))
+                    .send(decided, budget, no_clock, || Some(()))
                     .is_err()
                 {
                     let delay = match config.reprobe_after {
@@ -221,9 +221,6 @@ where
         Ok(_) => Failure::Rejected,
         Err(error) => Failure::Error(error.to_string()),
     };
-    if let Some(policy) = &config.policy {
-        policy.discard(result);
-    }
     Err(Failed {
         failure,
         after,

@@ -276,21 +276,13 @@ impl RetryErrors {
 
 impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryErrors {
     fn classify(&self, _: &Req, result: &Result<Res, E>) -> Decision {
-        <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
-    }
-
-    fn clone_request(&self, request: &Req) -> Option<Req> {
-        Some(request.clone())
-    }
-
-    fn needs_request(&self) -> bool {
-        false
-    }
-
-    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
         match result {
             Ok(_) => Decision::Success,
             Err(_) => Decision::retry().because(self.cause),
         }
+    }
+
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        Some(request.clone())
     }
 }

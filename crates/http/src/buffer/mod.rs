@@ -89,7 +89,7 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 /// use http::{Request, Response};
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff::http::{BufferBodyLayer, HttpPolicy, RetryInfo};
+/// use tower_backoff::http::{BufferBodyLayer, HttpPolicy, HttpRetryLayer, RetryInfo};
 /// use tower_backoff::{BackoffLayer, Cause};
 ///
 /// // Stands in for an HTTP client: a full queue once, then the answer.
@@ -104,7 +104,7 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 ///     body.windows(14).any(|w| w == b"queue capacity").then_some(Cause::Throttled)
 /// });
 /// let svc = ServiceBuilder::new()
-///     .layer(BackoffLayer::builder().policy(policy).build()?)
+///     .layer(HttpRetryLayer::from(BackoffLayer::builder().policy(policy).build()?))
 ///     .layer(BufferBodyLayer::new())
 ///     .service(client);
 ///
