@@ -13,10 +13,10 @@ use std::time::Duration;
 use crate::adaptive::AdaptivePacing;
 use crate::budget::{Budget, TokenBucket};
 use crate::deadline::NoTimeout;
+use crate::decision::Cause;
 use crate::engine::Rules;
 use crate::events::{Event, Observer};
 use crate::jitter::{Jitter, Rng};
-use crate::policy::Cause;
 use crate::schedule::AnySchedule;
 use crate::stats::Stats;
 

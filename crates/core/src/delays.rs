@@ -10,11 +10,11 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::budget::Budget;
+use crate::decision::Cause;
 use crate::engine::{Rules, Session};
 use crate::error::ConfigError;
 use crate::jitter::{Jitter, Rng};
 use crate::limits::UNLIMITED_ATTEMPTS;
-use crate::policy::Cause;
 use crate::schedule::{AnySchedule, Schedule};
 
 /// The jittered delays of a [`Schedule`], one per call: an iterator that

@@ -26,9 +26,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::budget::Budget;
+use crate::decision::Cause;
 use crate::error::MAX_DURATION;
 use crate::jitter::{Jitter, Rng};
-use crate::policy::Cause;
 
 pub use crate::limits::UNLIMITED_ATTEMPTS;
 use crate::schedule::Schedule;

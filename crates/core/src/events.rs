@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use crate::policy::Cause;
+use crate::decision::Cause;
 
 pub use crate::engine::Ending;
 

@@ -25,9 +25,10 @@ use crate::adaptive::Gate;
 use crate::budget::Budget;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
+use crate::decision::{Cause, Decision};
 use crate::engine::{Ending, Retry, Session};
 use crate::events::{EndArgs, Event, OutcomeKind, RetryArgs};
-use crate::policy::{Cause, Decision, Policy, PrepareRetry};
+use crate::policy::{Policy, PrepareRetry};
 use crate::send::{pacing_stamp, poll_ready_to_send};
 
 pin_project! {

@@ -15,6 +15,7 @@ pub mod adaptive;
 pub mod budget;
 mod config;
 pub mod deadline;
+mod decision;
 mod delays;
 pub mod engine;
 pub mod error;

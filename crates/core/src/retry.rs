@@ -12,11 +12,11 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use crate::budget::{self, Budget};
+use crate::decision::Cause;
 use crate::engine::{self, Rules, Session};
 use crate::error::{ConfigError, MAX_DURATION};
 use crate::jitter::{Jitter, Rng};
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
-use crate::policy::Cause;
 use crate::schedule::{AnySchedule, Schedule};
 
 /// Calls `operation` until it succeeds, retrying errors after exponential,

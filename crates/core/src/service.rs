@@ -13,8 +13,9 @@ use tower_service::Service;
 use crate::adaptive::Gate;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
+use crate::decision::Decision;
 use crate::future::{Attempt, RequestLimits, ResponseFuture};
-use crate::policy::{ClassifyFn, Decision, Policy, RetryIf, RetryLimits, RetryOnError};
+use crate::policy::{ClassifyFn, Policy, RetryIf, RetryLimits, RetryOnError};
 use crate::send::{pacing_stamp, poll_ready_to_send};
 
 /// Retries requests to `S` that policy `P` classifies as transient failures,

@@ -81,7 +81,7 @@ use tokio::time::Instant;
 pub use builder::AdaptivePacingBuilder;
 pub(crate) use gate::Gate;
 
-use crate::policy::{Cause, Decision};
+use crate::decision::{Cause, Decision};
 use control::{Change, Course, Law, Round};
 
 /// `round_start` when no round runs: pacing is off and idle.

@@ -5,7 +5,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use crate::budget::{Budget, Earn, RatioBudget, TokenBucket};
-use crate::policy::Cause;
+use crate::decision::Cause;
 
 fn bucket(capacity: u64, refill_per_second: u64) -> TokenBucket {
     TokenBucket::builder()

@@ -41,7 +41,7 @@
 
 use std::sync::Arc;
 
-use crate::policy::Cause;
+use crate::decision::Cause;
 
 mod ratio;
 mod token_bucket;

@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::budget::Budget;
+use crate::decision::Cause;
 use crate::error::ConfigError;
-use crate::policy::Cause;
 use crate::sync::{AtomicU64, Ordering};
 
 mod clock;

@@ -5,8 +5,8 @@ use std::fmt;
 use tokio::time::Instant;
 
 use crate::budget::Budget;
+use crate::decision::Cause;
 use crate::error::ConfigError;
-use crate::policy::Cause;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Tokens are kept in thousandths, so a refill of a few tokens per second
