@@ -32,7 +32,7 @@ struct Run {
     attempts: Vec<Duration>,
     /// The delay before each retry.
     delays: Vec<Duration>,
-    /// When the front-end's retry hook fired (`on_retry`, `notify`), if it
+    /// When the front-end's retry hook fired (`on_retry` on the layer and on `retry(..)`), if it
     /// has one.
     hooks: Vec<Duration>,
 }
@@ -109,7 +109,7 @@ async fn through_retry(jitter: Jitter) -> Run {
     .seed(SEED)
     .max_attempts(4)
     .no_budget()
-    .notify(move |_: &usize, delay| hooked.hook(delay))
+    .on_retry(move |_: &usize, delay| hooked.hook(delay))
     .await;
     assert_eq!(outcome, Ok(FAILURES));
     script.run()

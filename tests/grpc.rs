@@ -745,7 +745,7 @@ fn service_config_reads_every_retry_field() {
           "retryThrottling": {"maxTokens": 100, "tokenRatio": 0.5466}
         }"#,
     );
-    let get = config.retry_policy("/pkg.Svc/Get").unwrap();
+    let get = config.retry_config("/pkg.Svc/Get").unwrap();
     assert_eq!(get.max_attempts(), 5, "more than 5 counts as 5");
     assert_eq!(get.initial_backoff(), Duration::from_millis(250));
     assert_eq!(get.max_backoff(), Duration::from_millis(2500));
@@ -755,13 +755,13 @@ fn service_config_reads_every_retry_field() {
         codes,
         [Code::DeadlineExceeded, Code::Aborted, Code::Unavailable]
     );
-    assert_eq!(config.retry_policy("/pkg.Other/Any"), Some(get));
+    assert_eq!(config.retry_config("/pkg.Other/Any"), Some(get));
     assert_eq!(
-        config.retry_policy("/pkg.Svc/Put"),
+        config.retry_config("/pkg.Svc/Put"),
         None,
         "configured without retries"
     );
-    assert_eq!(config.retry_policy("/elsewhere.Svc/Get"), None);
+    assert_eq!(config.retry_config("/elsewhere.Svc/Get"), None);
     let throttling = config.retry_throttling().unwrap();
     assert_eq!(throttling.max_tokens(), 100.0);
     assert_eq!(throttling.token_ratio(), 0.546, "three decimal places");
@@ -775,11 +775,11 @@ fn service_config_accepts_snake_case_and_an_empty_document() {
             "backoff_multiplier": 1, "retryable_status_codes": [14]}}]}"#,
     );
     assert_eq!(
-        config.retry_policy("/any.Svc/Any").unwrap().max_attempts(),
+        config.retry_config("/any.Svc/Any").unwrap().max_attempts(),
         2
     );
     let empty = ServiceConfig::from_json("{}").unwrap();
-    assert!(empty.retry_policy("/any.Svc/Any").is_none());
+    assert!(empty.retry_config("/any.Svc/Any").is_none());
     assert!(empty.retry_throttling().is_none());
 }
 

@@ -342,7 +342,7 @@ async fn clones_draw_independent_delays() {
     let b = Flaky::new(1);
     // Two services of one layer, and a clone: each request draws its own delays.
     let svc_a = layer.layer_service(a.clone());
-    let svc_b = tower_backoff::Backoff::new(b.clone(), &layer);
+    let svc_b = tower_backoff::BackoffRetry::new(b.clone(), &layer);
     let (_, _) = tokio::join!(svc_a.clone().oneshot("req"), svc_b.clone().oneshot("req"));
     let gap = |calls: Vec<Instant>| calls[1] - calls[0];
     assert_ne!(gap(a.calls()), gap(b.calls()));

@@ -46,7 +46,7 @@ async fn does_not_retry_errors_the_predicate_rejects() {
         calls.set(calls.get() + 1);
         async { Err("permission denied") }
     })
-    .when(|e: &&str| e.contains("busy"))
+    .retry_if(|e: &&str| e.contains("busy"))
     .await;
     assert_eq!(result, Err("permission denied"));
     assert_eq!(calls.get(), 1);
@@ -60,7 +60,7 @@ async fn sleeps_the_schedule_and_notifies_each_retry() {
         .schedule(Exponential::new(Duration::from_millis(100)))
         .jitter(Jitter::None)
         .max_attempts(4)
-        .notify(|_: &(), delay| seen.push(delay))
+        .on_retry(|_: &(), delay| seen.push(delay))
         .await;
     assert!(result.is_err());
     assert_eq!(seen, [100, 200, 400].map(Duration::from_millis));
@@ -182,8 +182,8 @@ async fn when_and_notify_infer_their_argument_types() {
     let notified = Cell::new(0);
     let result = retry(|| async { Err::<(), _>(std::io::Error::other("busy")) })
         .schedule(Constant::new(Duration::ZERO))
-        .when(|e| e.kind() == std::io::ErrorKind::Other)
-        .notify(|e, delay| {
+        .retry_if(|e| e.kind() == std::io::ErrorKind::Other)
+        .on_retry(|e, delay| {
             assert_eq!(e.to_string(), "busy");
             assert_eq!(delay, Duration::ZERO);
             notified.set(notified.get() + 1);

@@ -226,7 +226,7 @@ pub fn resilience(
 }
 
 /// Ours with the defaults: exponential from 100 ms with full jitter, 3 attempts.
-pub fn ours_plain(backend: Backend) -> tower_backoff::Backoff<Backend> {
+pub fn ours_plain(backend: Backend) -> tower_backoff::BackoffRetry<Backend> {
     tower::Layer::layer(&tower_backoff::BackoffLayer::new(), backend)
 }
 
@@ -236,7 +236,7 @@ pub fn ours_plain(backend: Backend) -> tower_backoff::Backoff<Backend> {
 /// after its 500-token reserve.
 pub fn ours_plain_zero(
     backend: Backend,
-) -> tower_backoff::Backoff<Backend, tower_backoff::RetryOnError> {
+) -> tower_backoff::BackoffRetry<Backend, tower_backoff::RetryOnError> {
     let layer = tower_backoff::BackoffLayer::builder()
         .schedule(tower_backoff::Constant::new(Duration::ZERO))
         .budget(
@@ -256,7 +256,7 @@ pub fn ours_plain_zero(
 pub fn ours_full(
     backend: Backend,
     zero_delay: bool,
-) -> tower_backoff::Backoff<Backend, tower_backoff::RetryOnError> {
+) -> tower_backoff::BackoffRetry<Backend, tower_backoff::RetryOnError> {
     use tower_backoff::{BackoffLayer, Constant, Jitter, Stats, TokenBucket};
     let delay = if zero_delay {
         Duration::ZERO

@@ -1,4 +1,4 @@
-//! The settings a [`Backoff`](crate::Backoff) service and its response
+//! The settings a [`BackoffRetry`](crate::BackoffRetry) service and its response
 //! futures share: plain data copied into each clone, plus one `Arc` for what
 //! every clone of one layer shares (budget, pacing, stats, jitter seed).
 //!
@@ -20,7 +20,7 @@ use crate::jitter::{Jitter, Rng};
 use crate::schedule::AnySchedule;
 use crate::stats::Stats;
 
-/// Everything a [`Backoff`](crate::Backoff) service and its response futures
+/// Everything a [`BackoffRetry`](crate::BackoffRetry) service and its response futures
 /// read, behind one `Arc` per layer. What the layer's services share (budget,
 /// pacing, observers, the seeded jitter streams) are handles of their own, so
 /// a service that changes its policy keeps sharing them.

@@ -32,7 +32,7 @@ use crate::policy::{Policy, PrepareRetry};
 use crate::send::{pacing_stamp, poll_ready_to_send};
 
 pin_project! {
-    /// The response future of [`Backoff`](crate::Backoff): the attempts of one
+    /// The response future of [`BackoffRetry`](crate::BackoffRetry): the attempts of one
     /// request and the sleeps between them.
     ///
     /// It resolves to the outcome of the last attempt that went out, success

@@ -1,5 +1,5 @@
 //! [`BackoffLayer`], the `tower_layer::Layer` that wraps a service in
-//! [`Backoff`], and its builder.
+//! [`BackoffRetry`], and its builder.
 
 use std::any::Any;
 use std::fmt;
@@ -19,12 +19,12 @@ use crate::jitter::Jitter;
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::RetryOnError;
 use crate::schedule::{AnySchedule, Schedule};
-use crate::service::Backoff;
+use crate::service::BackoffRetry;
 use crate::stats::Stats;
 
 pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 
-/// Wraps services in [`Backoff`], which retries transient failures after
+/// Wraps services in [`BackoffRetry`], which retries transient failures after
 /// exponential, jittered sleeps.
 ///
 /// Defaults: [`RetryOnError`], 3 attempts, [`Exponential`](crate::Exponential) from 100 ms doubling
@@ -121,10 +121,10 @@ impl<P, T> BackoffLayer<P, T> {
 }
 
 impl<Svc, P, T> Layer<Svc> for BackoffLayer<P, T> {
-    type Service = Backoff<Svc, P, T>;
+    type Service = BackoffRetry<Svc, P, T>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        Backoff::from_config(inner, Arc::clone(&self.config))
+        BackoffRetry::from_config(inner, Arc::clone(&self.config))
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`tower-backoff`](https://docs.rs/tower-backoff), which re-exports all of
 //! this crate at its top level: depend on `tower-backoff`, not on this crate.
 //!
-//! What is here: the [`Backoff`] service and its [`BackoffLayer`], the
+//! What is here: the [`BackoffRetry`] service and its [`BackoffLayer`], the
 //! [`Policy`] that says what to retry, the [`Schedule`] and [`Jitter`] that
 //! say when, the [`Budget`] that says how much, [`AdaptivePacing`], and the
 //! other front-ends of the same [engine]: [`retry()`] for async closures and
@@ -44,7 +44,7 @@ pub use policy::{
     classify_fn, retry_if, Cause, ClassifyFn, Decision, Policy, PrepareRetry, RetryIf, RetryLimits,
     RetryOnError,
 };
-pub use retry::{retry, Retry};
+pub use retry::{retry, RetryCall};
 pub use schedule::{AnySchedule, Constant, Exponential, Linear, Schedule, Table};
-pub use service::Backoff;
+pub use service::BackoffRetry;
 pub use stats::{Stats, StatsSnapshot};

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 /// Limits for one request that override the layer's: fewer or more attempts,
 /// no retries at all, or a deadline. A front-end hands them to the engine
-/// with [`Backoff::call_with_limits`](crate::Backoff::call_with_limits); the
+/// with [`BackoffRetry::call_with_limits`](crate::BackoffRetry::call_with_limits); the
 /// HTTP layer (`tower_backoff::http::HttpRetryLayer`) reads them from an
 /// `http::Request`'s extensions, so a caller sets them per request with no
 /// other layer. The policy has no say: it classifies outcomes.
@@ -74,7 +74,7 @@ impl RetryLimits {
     }
 }
 
-/// Classifies outcomes and copies requests for the [`Backoff`](crate::Backoff)
+/// Classifies outcomes and copies requests for the [`BackoffRetry`](crate::BackoffRetry)
 /// service: two required methods, and one provided.
 ///
 /// Implement it for your own type when the ready-made ones do not fit:
@@ -225,7 +225,7 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
 ///
 /// Given to the builder, the closure's argument needs its type written out,
 /// because the layer learns the service's response and error types only
-/// later; [`Backoff::retry_if`](crate::Backoff::retry_if) on a wrapped service
+/// later; [`BackoffRetry::retry_if`](crate::BackoffRetry::retry_if) on a wrapped service
 /// infers it instead:
 ///
 /// ```
@@ -278,7 +278,7 @@ where
 
 /// A policy from a closure that sees the request and the outcome and returns the
 /// whole [`Decision`] (a delay the server asked for, a cause).
-/// [`Backoff::classify`](crate::Backoff::classify) on a wrapped service does
+/// [`BackoffRetry::classify`](crate::BackoffRetry::classify) on a wrapped service does
 /// the same with the argument types inferred.
 ///
 /// ```

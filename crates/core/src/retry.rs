@@ -39,24 +39,24 @@ use crate::schedule::{AnySchedule, Schedule};
 /// })
 /// .max_attempts(5)
 /// .schedule(Exponential::new(Duration::from_millis(10)))
-/// .when(|e| e.contains("failed"))
-/// .notify(|e, delay| println!("{e}; retrying in {delay:?}"))
+/// .retry_if(|e| e.contains("failed"))
+/// .on_retry(|e, delay| println!("{e}; retrying in {delay:?}"))
 /// .await;
 /// assert_eq!(value, Ok(3));
 /// # }
 /// ```
-pub fn retry<F>(operation: F) -> Retry<F> {
-    Retry {
+pub fn retry<F>(operation: F) -> RetryCall<F> {
+    RetryCall {
         operation,
         schedule: AnySchedule::default(),
         limits: Limits::default(),
         budget: BudgetChoice::Default,
-        when: AnyError,
-        notify: NoNotify,
+        retry_if: AnyError,
+        on_retry: NoHook,
     }
 }
 
-/// The budget of a [`Retry`]: unless told otherwise, a new default one,
+/// The budget of a [`RetryCall`]: unless told otherwise, a new default one,
 /// made at its first retry so an operation that succeeds at once allocates
 /// nothing.
 #[derive(Clone)]
@@ -69,16 +69,16 @@ enum BudgetChoice {
 /// A retried operation, not started yet: `.await` it to run it. Made by
 /// [`retry`](fn@crate::retry).
 #[must_use = "nothing runs until it is awaited"]
-pub struct Retry<F, W = AnyError, N = NoNotify> {
+pub struct RetryCall<F, W = AnyError, N = NoHook> {
     operation: F,
     schedule: AnySchedule,
     limits: Limits,
     budget: BudgetChoice,
-    when: W,
-    notify: N,
+    retry_if: W,
+    on_retry: N,
 }
 
-impl<F, W, N> Retry<F, W, N> {
+impl<F, W, N> RetryCall<F, W, N> {
     /// Attempts in all, the first included (default 3). Zero counts as one.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.limits.max_attempts = attempts;
@@ -86,7 +86,7 @@ impl<F, W, N> Retry<F, W, N> {
     }
 
     /// No limit on attempts: the time limit, the budget or the
-    /// [`when`](Self::when) predicate end the retries. Awaiting it with no
+    /// [`retry_if`](Self::retry_if) predicate end the retries. Awaiting it with no
     /// time limit and [`no_budget`](Self::no_budget) retries until success;
     /// [`validate`](Self::validate) reports that.
     pub fn unlimited_attempts(mut self) -> Self {
@@ -131,39 +131,39 @@ impl<F, W, N> Retry<F, W, N> {
 
     /// Retries only the errors for which `predicate` is true; others are
     /// returned at once.
-    pub fn when<W2, Fut, T, E>(self, predicate: W2) -> Retry<F, W2, N>
+    pub fn retry_if<W2, Fut, T, E>(self, predicate: W2) -> RetryCall<F, W2, N>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
         W2: Fn(&E) -> bool,
     {
-        Retry {
+        RetryCall {
             operation: self.operation,
             schedule: self.schedule,
             limits: self.limits,
             budget: self.budget,
-            when: predicate,
-            notify: self.notify,
+            retry_if: predicate,
+            on_retry: self.on_retry,
         }
     }
 
-    /// Calls `notify(&error, delay)` as each retry starts, after its sleep
+    /// Calls `hook(&error, delay)` as each retry starts, after its sleep
     /// (`delay`) and once the budget paid for it, to log or count retries: a
     /// retry that was stopped is never notified. The layer's
     /// [`on_retry`](crate::BackoffBuilder::on_retry) fires at the same moment.
-    pub fn notify<N2, Fut, T, E>(self, notify: N2) -> Retry<F, W, N2>
+    pub fn on_retry<N2, Fut, T, E>(self, hook: N2) -> RetryCall<F, W, N2>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
         N2: FnMut(&E, Duration),
     {
-        Retry {
+        RetryCall {
             operation: self.operation,
             schedule: self.schedule,
             limits: self.limits,
             budget: self.budget,
-            when: self.when,
-            notify,
+            retry_if: self.retry_if,
+            on_retry: hook,
         }
     }
 
@@ -194,9 +194,9 @@ impl<F, W, N> Retry<F, W, N> {
     }
 }
 
-impl<F, W, N> fmt::Debug for Retry<F, W, N> {
+impl<F, W, N> fmt::Debug for RetryCall<F, W, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Retry")
+        f.debug_struct("RetryCall")
             .field("schedule", &self.schedule)
             .field("limits", &self.limits)
             .finish_non_exhaustive()
@@ -204,7 +204,7 @@ impl<F, W, N> fmt::Debug for Retry<F, W, N> {
 }
 
 /// Which errors [`retry`](fn@crate::retry) retries.
-pub trait RetryWhen<E> {
+pub trait Predicate<E> {
     /// Whether `error` is worth another attempt.
     fn should_retry(&self, error: &E) -> bool;
 }
@@ -213,44 +213,44 @@ pub trait RetryWhen<E> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AnyError;
 
-impl<E> RetryWhen<E> for AnyError {
+impl<E> Predicate<E> for AnyError {
     fn should_retry(&self, _error: &E) -> bool {
         true
     }
 }
 
-impl<E, F: Fn(&E) -> bool> RetryWhen<E> for F {
+impl<E, F: Fn(&E) -> bool> Predicate<E> for F {
     fn should_retry(&self, error: &E) -> bool {
         self(error)
     }
 }
 
-/// Told about each retry before its sleep.
-pub trait Notify<E> {
-    /// `error` is being retried after `delay`.
-    fn notify(&mut self, error: &E, delay: Duration);
+/// Told of each retry as it starts, after its sleep.
+pub trait OnRetry<E> {
+    /// `error` is being retried, after `delay` asleep.
+    fn on_retry(&mut self, error: &E, delay: Duration);
 }
 
 /// Tells no one: [`retry`](fn@crate::retry)'s default.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoNotify;
+pub struct NoHook;
 
-impl<E> Notify<E> for NoNotify {
-    fn notify(&mut self, _error: &E, _delay: Duration) {}
+impl<E> OnRetry<E> for NoHook {
+    fn on_retry(&mut self, _error: &E, _delay: Duration) {}
 }
 
-impl<E, F: FnMut(&E, Duration)> Notify<E> for F {
-    fn notify(&mut self, error: &E, delay: Duration) {
+impl<E, F: FnMut(&E, Duration)> OnRetry<E> for F {
+    fn on_retry(&mut self, error: &E, delay: Duration) {
         self(error, delay)
     }
 }
 
-impl<F, Fut, T, E, W, N> IntoFuture for Retry<F, W, N>
+impl<F, Fut, T, E, W, N> IntoFuture for RetryCall<F, W, N>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
-    W: RetryWhen<E>,
-    N: Notify<E>,
+    W: Predicate<E>,
+    N: OnRetry<E>,
 {
     type Output = Result<T, E>;
     type IntoFuture = RetryFuture<F, Fut, W, N>;
@@ -283,10 +283,10 @@ where
 }
 
 pin_project! {
-    /// The future of an awaited [`Retry`].
+    /// The future of an awaited [`RetryCall`].
     ///
     /// A retry is paid for (its budget charged) and
-    /// [`notify`](Retry::notify)'d only when it starts, after its sleep; a
+    /// told to [`on_retry`](RetryCall::on_retry) only when it starts, after its sleep; a
     /// budget that refuses then returns the error of the attempt before, as
     /// does anything else that ends the operation early.
     ///
@@ -299,7 +299,7 @@ pin_project! {
     {
         #[pin]
         state: RetryState<Fut, Fut::Output>,
-        settings: Retry<F, W, N>,
+        settings: RetryCall<F, W, N>,
         // Made at the first retry when the default budget applies.
         budget: Option<Arc<dyn Budget>>,
         session: Session,
@@ -321,8 +321,8 @@ impl<F, Fut, T, E, W, N> Future for RetryFuture<F, Fut, W, N>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
-    W: RetryWhen<E>,
-    N: Notify<E>,
+    W: Predicate<E>,
+    N: OnRetry<E>,
 {
     type Output = Result<T, E>;
 
@@ -341,7 +341,7 @@ where
                         Err(error) => error,
                     };
                     let settings = &*this.settings;
-                    if !settings.when.should_retry(&error) {
+                    if !settings.retry_if.should_retry(&error) {
                         return Poll::Ready(Err(error));
                     }
                     if matches!(settings.budget, BudgetChoice::Default) && this.budget.is_none() {
@@ -400,7 +400,7 @@ where
                         return Poll::Ready(kept);
                     }
                     if let Err(error) = &kept {
-                        this.settings.notify.notify(error, retry.delay);
+                        this.settings.on_retry.on_retry(error, retry.delay);
                     }
                     drop(kept);
                     let attempt = (this.settings.operation)();

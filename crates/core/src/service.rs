@@ -1,4 +1,4 @@
-//! [`Backoff`], the tower `Service` that retries its inner service.
+//! [`BackoffRetry`], the tower `Service` that retries its inner service.
 
 use std::fmt;
 use std::sync::Arc;
@@ -35,10 +35,10 @@ use crate::send::{pacing_stamp, poll_ready_to_send};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// use tower::{service_fn, ServiceExt};
-/// use tower_backoff::{Backoff, BackoffLayer};
+/// use tower_backoff::{BackoffRetry, BackoffLayer};
 ///
 /// let echo = service_fn(|s: String| async move { Ok::<_, std::io::Error>(s) });
-/// let svc = Backoff::new(echo, &BackoffLayer::new());
+/// let svc = BackoffRetry::new(echo, &BackoffLayer::new());
 /// assert_eq!(svc.oneshot("hi".to_string()).await.unwrap(), "hi");
 /// # }
 /// ```
@@ -47,13 +47,13 @@ use crate::send::{pacing_stamp, poll_ready_to_send};
 /// error is the inner service's) or, with
 /// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout), a limit per
 /// attempt (the error is [`deadline::Error`](crate::deadline::Error)).
-pub struct Backoff<S, P = RetryOnError, T = NoTimeout> {
+pub struct BackoffRetry<S, P = RetryOnError, T = NoTimeout> {
     inner: S,
     config: Arc<Config<P, T>>,
     gate: Gate,
 }
 
-impl<S: Clone, P, T> Clone for Backoff<S, P, T> {
+impl<S: Clone, P, T> Clone for BackoffRetry<S, P, T> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -63,7 +63,7 @@ impl<S: Clone, P, T> Clone for Backoff<S, P, T> {
     }
 }
 
-impl<S, P, T> Backoff<S, P, T> {
+impl<S, P, T> BackoffRetry<S, P, T> {
     /// Wraps `inner` with `layer`'s configuration: a
     /// [`BackoffLayer`](crate::BackoffLayer)'s, or that of any layer that makes
     /// this service.
@@ -87,17 +87,17 @@ impl<S, P, T> Backoff<S, P, T> {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff::{Backoff, BackoffLayer};
+    /// use tower_backoff::{BackoffRetry, BackoffLayer};
     ///
     /// let flaky = service_fn(|path: &'static str| async move {
     ///     Err::<String, _>(std::io::Error::new(std::io::ErrorKind::TimedOut, path))
     /// });
-    /// let svc = Backoff::new(flaky, &BackoffLayer::new())
+    /// let svc = BackoffRetry::new(flaky, &BackoffLayer::new())
     ///     .retry_if(|outcome| matches!(outcome, Err(e) if e.kind() == std::io::ErrorKind::TimedOut));
     /// assert!(svc.oneshot("/status").await.is_err());
     /// # }
     /// ```
-    pub fn retry_if<Req, F>(self, predicate: F) -> Backoff<S, RetryIf<F>, T>
+    pub fn retry_if<Req, F>(self, predicate: F) -> BackoffRetry<S, RetryIf<F>, T>
     where
         P: Clone,
         S: Service<Req>,
@@ -116,10 +116,10 @@ impl<S, P, T> Backoff<S, P, T> {
     /// # async fn main() {
     /// use std::time::Duration;
     /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff::{Backoff, BackoffLayer, Cause, Decision};
+    /// use tower_backoff::{BackoffRetry, BackoffLayer, Cause, Decision};
     ///
     /// let store = service_fn(|key: u32| async move { Ok::<u16, std::io::Error>(200 + key as u16) });
-    /// let svc = Backoff::new(store, &BackoffLayer::new()).classify(|key, outcome| match outcome {
+    /// let svc = BackoffRetry::new(store, &BackoffLayer::new()).classify(|key, outcome| match outcome {
     ///     Ok(429) => Decision::retry_after(Duration::from_secs(1)).because(Cause::Throttled),
     ///     Ok(_) => Decision::Success,
     ///     Err(e) if *key == 0 && e.kind() == std::io::ErrorKind::ConnectionRefused => {
@@ -130,7 +130,7 @@ impl<S, P, T> Backoff<S, P, T> {
     /// assert_eq!(svc.oneshot(1).await.unwrap(), 201);
     /// # }
     /// ```
-    pub fn classify<Req, F>(self, classify: F) -> Backoff<S, ClassifyFn<F>, T>
+    pub fn classify<Req, F>(self, classify: F) -> BackoffRetry<S, ClassifyFn<F>, T>
     where
         P: Clone,
         S: Service<Req>,
@@ -140,7 +140,7 @@ impl<S, P, T> Backoff<S, P, T> {
         self.with_policy(|_| crate::classify_fn(classify))
     }
 
-    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Backoff<S, P2, T>
+    fn with_policy<P2>(self, change: impl FnOnce(P) -> P2) -> BackoffRetry<S, P2, T>
     where
         P: Clone,
         T: Clone,
@@ -148,7 +148,7 @@ impl<S, P, T> Backoff<S, P, T> {
         // The settings are shared with the layer's other services: this one
         // gets its own copy, with the same budget, pacing and stats.
         let config = Arc::unwrap_or_clone(self.config).map_policy(change);
-        Backoff {
+        BackoffRetry {
             inner: self.inner,
             config: Arc::new(config),
             gate: self.gate,
@@ -171,7 +171,7 @@ impl<S, P, T> Backoff<S, P, T> {
     }
 }
 
-impl<S, P, T, Req> Service<Req> for Backoff<S, P, T>
+impl<S, P, T, Req> Service<Req> for BackoffRetry<S, P, T>
 where
     S: Service<Req> + Clone,
     T: AttemptTimer<S::Error>,
@@ -192,7 +192,7 @@ where
     }
 }
 
-impl<S, P, T> Backoff<S, P, T> {
+impl<S, P, T> BackoffRetry<S, P, T> {
     /// Calls the service with `limits` for this one request instead of the
     /// layer's: how a front-end passes a caller's per-request
     /// [`RetryLimits`] (the HTTP layer reads them from the request's
@@ -262,9 +262,9 @@ fn deadline(max_elapsed: Option<Duration>, requested: Option<Instant>) -> Option
     }
 }
 
-impl<S: fmt::Debug, P, T: fmt::Debug> fmt::Debug for Backoff<S, P, T> {
+impl<S: fmt::Debug, P, T: fmt::Debug> fmt::Debug for BackoffRetry<S, P, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Backoff")
+        f.debug_struct("BackoffRetry")
             .field("inner", &self.inner)
             .field("config", &self.config)
             .finish()

@@ -65,7 +65,7 @@ mod policy;
 mod pushback;
 mod replay;
 mod retry;
-mod retry_policy;
+mod retry_config;
 mod service_config;
 mod throttle;
 
@@ -75,6 +75,6 @@ pub use policy::{GrpcPolicy, DEFAULT_MAX_PUSHBACK, PREVIOUS_RPC_ATTEMPTS};
 pub use pushback::{parse_pushback, Pushback, RETRY_PUSHBACK_MS};
 pub use replay::{Replay, ReplayLayer, TonicBody, TonicBodyLayer};
 pub use retry::{GrpcResponseFuture, GrpcRetry, GrpcRetryBuilder, GrpcRetryLayer};
-pub use retry_policy::{RetryPolicy, MAX_ATTEMPTS_LIMIT, RETRY_POLICY_JITTER};
+pub use retry_config::{RetryConfig, MAX_ATTEMPTS_LIMIT, RETRY_CONFIG_JITTER};
 pub use service_config::{RetryThrottling, ServiceConfig};
 pub use throttle::RetryThrottle;

@@ -15,14 +15,14 @@ use tower_service::Service;
 
 use super::policy::GrpcPolicy;
 use super::replay::TonicBody;
-use super::retry_policy::RetryPolicy;
+use super::retry_config::RetryConfig;
 use super::service_config::ServiceConfig;
 use super::throttle::RetryThrottle;
 use tower_backoff_core::budget::{Budget, TokenBucket};
 use tower_backoff_core::deadline::NoTimeout;
 use tower_backoff_core::error::ConfigError;
-use tower_backoff_core::Backoff;
 use tower_backoff_core::BackoffLayer;
+use tower_backoff_core::BackoffRetry;
 use tower_backoff_core::Stats;
 use tower_backoff_http::{AsStdError, HttpResponseFuture, ReplayBody, DEFAULT_REPLAY_LIMIT};
 
@@ -32,7 +32,7 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// so that every call is retried as the service config says for its method.
 ///
 /// Each call is routed by its path (`/package.Service/Method`) to its
-/// method's own [`Backoff`]: that method's [`RetryPolicy`] (attempts, backoff,
+/// method's own [`BackoffRetry`]: that method's [`RetryConfig`] (attempts, backoff,
 /// codes) with a [`GrpcPolicy`]. Methods the config gives no retry policy
 /// are not retried, except for A6's transparent retry of a call that never
 /// left the client. Every method of the channel shares one budget: the
@@ -183,7 +183,7 @@ impl GrpcRetryBuilder {
         self
     }
 
-    /// Builds one [`Backoff`] layer per method config, sharing the budget.
+    /// Builds one [`BackoffRetry`] layer per method config, sharing the budget.
     ///
     /// # Errors
     /// A [`ConfigError`] naming `max_elapsed` when it is zero or longer than
@@ -200,7 +200,7 @@ impl GrpcRetryBuilder {
             (None, Some(_)) => None,
             (None, None) => Some(Arc::new(TokenBucket::default())),
         };
-        let build = |retry: &RetryPolicy| {
+        let build = |retry: &RetryConfig| {
             let mut policy = retry.policy();
             if let Some(throttle) = &throttle {
                 policy = policy.throttle(Arc::clone(throttle));
@@ -222,9 +222,9 @@ impl GrpcRetryBuilder {
             .config
             .policies()
             .iter()
-            .map(|policy| build(&policy.unwrap_or(RetryPolicy::transparent_only())))
+            .map(|policy| build(&policy.unwrap_or(RetryConfig::transparent_only())))
             .collect::<Result<_, _>>()?;
-        let unconfigured = build(&RetryPolicy::transparent_only())?;
+        let unconfigured = build(&RetryConfig::transparent_only())?;
         Ok(GrpcRetryLayer {
             routes: Arc::new(Routes {
                 config: self.config,
@@ -265,7 +265,7 @@ pub struct GrpcRetry<S> {
     layer: GrpcRetryLayer,
 }
 
-/// The response future of [`GrpcRetry`]: its method's [`Backoff`] future,
+/// The response future of [`GrpcRetry`]: its method's [`BackoffRetry`] future,
 /// whose response gets a [`RetryInfo`](tower_backoff_http::RetryInfo).
 pub type GrpcResponseFuture<S, B> =
     HttpResponseFuture<TonicBody<S>, Request<ReplayBody<B>>, NoTimeout, GrpcPolicy>;
@@ -313,9 +313,9 @@ where
         let readied = std::mem::replace(&mut self.inner, fresh);
         let limit = self.layer.replay_limit;
         let request = request.map(|body| ReplayBody::with_limit(body, limit));
-        let mut method = Backoff::new(readied, self.layer.route(request.uri().path()));
+        let mut method = BackoffRetry::new(readied, self.layer.route(request.uri().path()));
         // The method layers have no pacing, so the inner service's readiness
-        // is all `Backoff`'s own `poll_ready` would have waited for.
+        // is all `BackoffRetry`'s own `poll_ready` would have waited for.
         HttpResponseFuture::new(method.call(request), self.layer.record_info)
     }
 }

@@ -8,13 +8,13 @@ use tonic::Code;
 
 use super::code::CodeSet;
 use super::duration::parse_duration;
-use super::retry_policy::RetryPolicy;
+use super::retry_config::RetryConfig;
 use super::throttle::RetryThrottle;
 use tower_backoff_core::error::ConfigError;
 
 type Object = Map<String, Value>;
 
-/// The retry settings of a gRPC service config: a [`RetryPolicy`] per
+/// The retry settings of a gRPC service config: a [`RetryConfig`] per
 /// method, service or channel, and the channel's `retryThrottling`.
 ///
 /// Parsed from the JSON that gRPC clients take (gRFC A6), with A6's
@@ -48,10 +48,10 @@ type Object = Map<String, Value>;
 ///   "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
 /// }"#.parse()?;
 ///
-/// let policy = config.retry_policy("/grpc.health.v1.Health/Check").unwrap();
+/// let policy = config.retry_config("/grpc.health.v1.Health/Check").unwrap();
 /// assert_eq!(policy.max_attempts(), 4);
 /// assert_eq!(policy.initial_backoff(), Duration::from_millis(100));
-/// assert!(config.retry_policy("/other.Service/Call").is_none());
+/// assert!(config.retry_config("/other.Service/Call").is_none());
 /// assert_eq!(config.retry_throttling().unwrap().max_tokens(), 10.0);
 /// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
@@ -59,7 +59,7 @@ type Object = Map<String, Value>;
 pub struct ServiceConfig {
     /// One entry per `methodConfig`, in document order; `None` where it has
     /// no retry policy.
-    policies: Vec<Option<RetryPolicy>>,
+    policies: Vec<Option<RetryConfig>>,
     /// `"service/method"` and `"service"` to an index into `policies`.
     by_name: HashMap<String, usize>,
     default: Option<usize>,
@@ -121,7 +121,7 @@ impl ServiceConfig {
 
     /// The retry policy of the method at `path` (`"/package.Service/Method"`,
     /// as in a request's URI), or `None` when it is not retried.
-    pub fn retry_policy(&self, path: &str) -> Option<&RetryPolicy> {
+    pub fn retry_config(&self, path: &str) -> Option<&RetryConfig> {
         self.policies[self.entry(path)?].as_ref()
     }
 
@@ -137,7 +137,7 @@ impl ServiceConfig {
     }
 
     /// Every `methodConfig`'s retry policy, in document order.
-    pub(crate) fn policies(&self) -> &[Option<RetryPolicy>] {
+    pub(crate) fn policies(&self) -> &[Option<RetryConfig>] {
         &self.policies
     }
 
@@ -162,7 +162,7 @@ impl ServiceConfig {
             ));
         }
         let policy = retry
-            .map(|retry| parse_retry_policy(retry, &format!("{at}.retryPolicy")))
+            .map(|retry| parse_retry_config(retry, &format!("{at}.retryPolicy")))
             .transpose()?;
         let entry = self.policies.len();
         self.policies.push(policy);
@@ -243,7 +243,7 @@ fn required<'a>(
     field(object, camel, snake).ok_or_else(|| ConfigError::new(camel, format!("{at}: is required")))
 }
 
-fn parse_retry_policy(value: &Value, at: &str) -> Result<RetryPolicy, ConfigError> {
+fn parse_retry_config(value: &Value, at: &str) -> Result<RetryConfig, ConfigError> {
     let Value::Object(policy) = value else {
         return Err(ConfigError::new(
             "retryPolicy",
@@ -267,7 +267,7 @@ fn parse_retry_policy(value: &Value, at: &str) -> Result<RetryPolicy, ConfigErro
         required(policy, "retryableStatusCodes", "retryable_status_codes", at)?,
         at,
     )?;
-    RetryPolicy::new(max_attempts, initial, max, multiplier, codes)
+    RetryConfig::new(max_attempts, initial, max, multiplier, codes)
         .map_err(|e| ConfigError::new(e.field(), format!("{at}: {}", e.reason())))
 }
 

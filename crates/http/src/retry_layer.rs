@@ -1,5 +1,5 @@
 //! [`HttpRetryLayer`]: the HTTP front-end of the retry engine. Around a
-//! [`Backoff`] with the [`HttpPolicy`], it does what only an HTTP front-end
+//! [`BackoffRetry`] with the [`HttpPolicy`], it does what only an HTTP front-end
 //! can: reads a caller's per-request [`RetryLimits`] from the request's
 //! extensions, and tells the caller what the retries cost in a
 //! [`RetryInfo`] in the response's extensions.
@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tower_backoff_core::deadline::{AttemptTimer, NoTimeout};
 use tower_backoff_core::future::ResponseFuture;
 use tower_backoff_core::policy::{Policy, RetryLimits};
-use tower_backoff_core::{Backoff, BackoffLayer};
+use tower_backoff_core::{BackoffLayer, BackoffRetry};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -126,21 +126,21 @@ impl<S, T> Layer<S> for HttpRetryLayer<T> {
     }
 }
 
-/// The service of an [`HttpRetryLayer`]: a [`Backoff`] with the
+/// The service of an [`HttpRetryLayer`]: a [`BackoffRetry`] with the
 /// [`HttpPolicy`] that reads per-request limits and records [`RetryInfo`].
 pub struct HttpRetry<S, T = NoTimeout> {
-    inner: Backoff<S, HttpPolicy, T>,
+    inner: BackoffRetry<S, HttpPolicy, T>,
     record_info: bool,
 }
 
 impl<S, T> HttpRetry<S, T> {
     /// The retrying service it wraps.
-    pub fn get_ref(&self) -> &Backoff<S, HttpPolicy, T> {
+    pub fn get_ref(&self) -> &BackoffRetry<S, HttpPolicy, T> {
         &self.inner
     }
 
     /// Unwraps the retrying service.
-    pub fn into_inner(self) -> Backoff<S, HttpPolicy, T> {
+    pub fn into_inner(self) -> BackoffRetry<S, HttpPolicy, T> {
         self.inner
     }
 }

@@ -80,7 +80,7 @@ impl<K, Req, V, E> PollerBuilder<K, Req, V, E> {
         self
     }
 
-    /// Classifies each poll's outcome, as for the [`Backoff`](tower_backoff_core::Backoff)
+    /// Classifies each poll's outcome, as for the [`BackoffRetry`](tower_backoff_core::BackoffRetry)
     /// layer: [`Decision::Success`](tower_backoff_core::Decision::Success) on an `Ok` is a
     /// healthy poll, anything else a failure, and a
     /// [`Decision::Retry`](tower_backoff_core::Decision::Retry) with a delay sets the next

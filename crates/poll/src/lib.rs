@@ -4,7 +4,7 @@
 //!
 //! Each provider is a tower [`Service`] under a key of yours. A healthy one is
 //! polled every [`interval`](PollerBuilder::interval); a poll that fails (by
-//! the same [`Policy`](tower_backoff_core::Policy) the [`Backoff`](tower_backoff_core::Backoff) layer
+//! the same [`Policy`](tower_backoff_core::Policy) the [`BackoffRetry`](tower_backoff_core::BackoffRetry) layer
 //! uses, or by timing out) **quarantines** it: its value leaves the [`Board`]
 //! and its next poll waits for the backoff [`Schedule`](tower_backoff_core::Schedule)'s
 //! jittered delay, longer after each failure. After

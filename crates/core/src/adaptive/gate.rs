@@ -73,7 +73,7 @@ impl Drop for Waiting {
 impl AdaptivePacing {
     /// Ready when the service clone owning `gate` may send its next attempt;
     /// it stays ready until [`sent`](Self::sent) consumes the readiness.
-    /// Called from `Backoff::poll_ready`, so pacing is backpressure: the
+    /// Called from `BackoffRetry::poll_ready`, so pacing is backpressure: the
     /// service that was readied is the one that sends, and a clone that waits
     /// holds nothing of the inner service.
     pub(crate) fn poll_send(

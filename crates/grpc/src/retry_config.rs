@@ -1,4 +1,4 @@
-//! [`RetryPolicy`]: one method's `retryPolicy` from a gRPC service config.
+//! [`RetryConfig`]: one method's `retryPolicy` from a gRPC service config.
 
 use std::time::Duration;
 
@@ -15,23 +15,23 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer};
 pub const MAX_ATTEMPTS_LIMIT: u32 = 5;
 
 /// A6's jitter: each delay is multiplied by a random factor in `[0.8, 1.2]`.
-pub const RETRY_POLICY_JITTER: Jitter = Jitter::Proportional(0.2);
+pub const RETRY_CONFIG_JITTER: Jitter = Jitter::Proportional(0.2);
 
 /// A gRPC `retryPolicy`: how many attempts, which codes, and the backoff
 /// between attempts; also the [`Schedule`] of that backoff.
 ///
 /// The delay before retry `n` is `min(initialBackoff × backoffMultiplier^(n−1),
 /// maxBackoff)`, and the layer multiplies it by a random factor in
-/// `[0.8, 1.2]` ([`RETRY_POLICY_JITTER`]), so a delay may end slightly past
+/// `[0.8, 1.2]` ([`RETRY_CONFIG_JITTER`]), so a delay may end slightly past
 /// `maxBackoff`, as A6 says; [`cap`](Schedule::cap) is `1.2 × maxBackoff`.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tonic::Code;
-/// use tower_backoff::grpc::{CodeSet, RetryPolicy};
+/// use tower_backoff::grpc::{CodeSet, RetryConfig};
 /// use tower_backoff::Schedule;
 ///
-/// let policy = RetryPolicy::new(
+/// let policy = RetryConfig::new(
 ///     4,
 ///     Duration::from_millis(100),
 ///     Duration::from_secs(1),
@@ -46,7 +46,7 @@ pub const RETRY_POLICY_JITTER: Jitter = Jitter::Proportional(0.2);
 /// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicy {
+pub struct RetryConfig {
     max_attempts: u32,
     initial_backoff: Duration,
     max_backoff: Duration,
@@ -54,7 +54,7 @@ pub struct RetryPolicy {
     codes: CodeSet,
 }
 
-impl RetryPolicy {
+impl RetryConfig {
     /// A retry policy with A6's rules: `max_attempts` at least 2 (more than
     /// [`MAX_ATTEMPTS_LIMIT`] counts as that), both backoffs longer than
     /// zero, the multiplier a finite number above zero, at least one code.
@@ -157,12 +157,12 @@ impl RetryPolicy {
         BackoffLayer::builder()
             .policy(self.policy())
             .schedule(*self)
-            .jitter(RETRY_POLICY_JITTER)
+            .jitter(RETRY_CONFIG_JITTER)
             .max_attempts(self.max_attempts)
     }
 }
 
-impl Schedule for RetryPolicy {
+impl Schedule for RetryConfig {
     fn delay(&self, retry: u32) -> Duration {
         let exponent = i32::try_from(retry.saturating_sub(1)).unwrap_or(i32::MAX);
         let grown = self.initial_backoff.as_secs_f64() * self.backoff_multiplier.powi(exponent);
@@ -183,8 +183,8 @@ mod tests {
     use super::*;
     use tonic::Code;
 
-    fn policy(attempts: u32, multiplier: f64) -> Result<RetryPolicy, ConfigError> {
-        RetryPolicy::new(
+    fn policy(attempts: u32, multiplier: f64) -> Result<RetryConfig, ConfigError> {
+        RetryConfig::new(
             attempts,
             Duration::from_millis(100),
             Duration::from_secs(1),
@@ -222,27 +222,27 @@ mod tests {
         let codes = CodeSet::DEFAULT;
         let cases = [
             (
-                RetryPolicy::new(3, Duration::ZERO, ms(1), 2.0, codes),
+                RetryConfig::new(3, Duration::ZERO, ms(1), 2.0, codes),
                 "initialBackoff",
             ),
             (
-                RetryPolicy::new(3, ms(1), Duration::ZERO, 2.0, codes),
+                RetryConfig::new(3, ms(1), Duration::ZERO, 2.0, codes),
                 "maxBackoff",
             ),
             (
-                RetryPolicy::new(3, ms(1), ms(1), 0.0, codes),
+                RetryConfig::new(3, ms(1), ms(1), 0.0, codes),
                 "backoffMultiplier",
             ),
             (
-                RetryPolicy::new(3, ms(1), ms(1), f64::NAN, codes),
+                RetryConfig::new(3, ms(1), ms(1), f64::NAN, codes),
                 "backoffMultiplier",
             ),
             (
-                RetryPolicy::new(3, ms(1), ms(1), 2.0, CodeSet::EMPTY),
+                RetryConfig::new(3, ms(1), ms(1), 2.0, CodeSet::EMPTY),
                 "retryableStatusCodes",
             ),
             (
-                RetryPolicy::new(3, ms(1), Duration::from_secs(400 * 86_400), 2.0, codes),
+                RetryConfig::new(3, ms(1), Duration::from_secs(400 * 86_400), 2.0, codes),
                 "maxBackoff",
             ),
         ];
@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn the_layer_uses_the_policy_codes() {
-        let p = RetryPolicy::new(
+        let p = RetryConfig::new(
             3,
             Duration::from_millis(10),
             Duration::from_millis(10),
