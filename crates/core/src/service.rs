@@ -226,13 +226,19 @@ impl<S, P, T> BackoffRetry<S, P, T> {
         // Only a request with limits of its own, a deadline or a pacing stamp
         // is tracked from the call: its first outcome already needs them.
         let tracked = own.is_some() || config.max_elapsed.is_some() || config.pacing.is_some();
-        let limits = own.unwrap_or_default();
-        let max_attempts = limits.max_attempts.unwrap_or(config.max_attempts);
-        let deadline = deadline(config.max_elapsed, limits.deadline);
+        let limits = tracked.then(|| {
+            let own = own.unwrap_or_default();
+            RequestLimits {
+                max_attempts: own.max_attempts.unwrap_or(config.max_attempts),
+                deadline: deadline(config.max_elapsed, own.deadline),
+            }
+        });
         // Kept for classifying every outcome, the last one's too, and for
         // the transparent retry that may follow even the last attempt.
         let spare = config.policy.clone_request(&request);
-        let timer = config.timeouts.timer(deadline);
+        let timer = config
+            .timeouts
+            .timer(limits.and_then(|limits| limits.deadline));
         config.on_call();
         let stamp = pacing_stamp(config, &mut self.gate);
         let future = self.inner.call(request);
@@ -241,10 +247,6 @@ impl<S, P, T> BackoffRetry<S, P, T> {
             timer,
             stamp,
         };
-        let limits = tracked.then_some(RequestLimits {
-            max_attempts,
-            deadline,
-        });
         let inner = self.inner.clone();
         ResponseFuture::new(attempt, spare, limits, inner, Arc::clone(&self.config))
     }
