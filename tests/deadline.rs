@@ -224,9 +224,9 @@ mod over_http {
             .build()
             .unwrap();
         let svc = tower::Layer::layer(&HttpRetryLayer::from(layer), client());
-        let attempts = |response: &::http::Response<hyper::body::Incoming>| {
-            response.extensions().get::<RetryInfo>().unwrap().attempts
-        };
+        let attempts = |response: &::http::Response<
+            tower_backoff::http::BufferedBody<hyper::body::Incoming>,
+        >| { response.extensions().get::<RetryInfo>().unwrap().attempts };
 
         let once = svc
             .clone()

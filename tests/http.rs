@@ -427,7 +427,7 @@ async fn connection_refused_every_time_returns_the_connect_error_after_every_att
         .body(Full::default())
         .unwrap();
     let error = svc.oneshot(request).await.unwrap_err();
-    assert!(error.is_connect(), "{error:?}");
+    assert!(client_error(&error).is_connect(), "{error:?}");
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
 }
 
@@ -672,4 +672,11 @@ async fn rate_limit_inside_each_retry_takes_its_own_slot() {
             "the rate, not the 10 ms backoff: {gap:?}"
         );
     }
+}
+
+/// The hyper-util client's error inside the layer's boxed one.
+fn client_error(error: &tower::BoxError) -> &hyper_util::client::legacy::Error {
+    error
+        .downcast_ref()
+        .unwrap_or_else(|| panic!("a hyper-util client error: {error:?}"))
 }

@@ -177,10 +177,12 @@ async fn per_attempt_tower_timeout_inside_the_layer_retries_a_hung_attempt() {
 // --- bodies and connections ---------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-async fn streaming_body_without_a_replay_layer_goes_out_once() {
+async fn streaming_body_that_cannot_be_recorded_goes_out_once() {
     let server = Server::start(|_, _| status(503)).await;
+    // A zero replay limit records nothing: as reqwest's own `try_clone`,
+    // which cannot copy a streaming body.
     let svc = ServiceBuilder::new()
-        .layer(layer(HttpPolicy::new()))
+        .layer(layer(HttpPolicy::new()).replay_limit(0))
         .service(client());
     let frames = (0..4u8).map(|i| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![i; 1024]))));
     let mut put = request(Method::PUT, &server.url("/upload"));
@@ -209,9 +211,7 @@ fn streaming_put(server: &Server) -> reqwest::Request {
 async fn streaming_body_behind_a_replay_layer_is_retried_byte_identical() {
     let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
     let svc = ServiceBuilder::new()
-        .layer(ReplayLayer::new())
         .layer(layer(HttpPolicy::new()))
-        .layer(IntoReqwestLayer)
         .service(client());
     let response = svc.oneshot(streaming_put(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -225,13 +225,28 @@ async fn streaming_body_behind_a_replay_layer_is_retried_byte_identical() {
     }
 }
 
+/// The parts the layer is made of still compose by hand, for power users:
+/// `ReplayLayer`, a plain `BackoffLayer`, `IntoReqwestLayer`.
+#[tokio::test(start_paused = true)]
+async fn the_parts_compose_by_hand_and_retry_a_streaming_body_byte_identical() {
+    let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(http_server::layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let response = svc.oneshot(streaming_put(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|s| s.body == upload_bytes()));
+}
+
 #[tokio::test(start_paused = true)]
 async fn streaming_body_over_the_replay_limit_is_sent_once_and_its_response_returned() {
     let server = Server::start(|_, _| status(503)).await;
     let svc = ServiceBuilder::new()
-        .layer(ReplayLayer::with_limit(2 * 1024))
-        .layer(layer(HttpPolicy::new()))
-        .layer(IntoReqwestLayer)
+        .layer(layer(HttpPolicy::new()).replay_limit(2 * 1024))
         .service(client());
     let response = svc.oneshot(streaming_put(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -249,9 +264,7 @@ async fn streaming_upload_reaches_the_server_the_same_through_reqwest_as_through
     let script = |n: usize, _: &http_server::Seen| if n < 1 { status(503) } else { status(200) };
     let through_reqwest = Server::start(script).await;
     let svc = ServiceBuilder::new()
-        .layer(ReplayLayer::new())
         .layer(layer(HttpPolicy::new()))
-        .layer(IntoReqwestLayer)
         .service(client());
     let response = svc.oneshot(streaming_put(&through_reqwest)).await.unwrap();
     let reqwest_info = (response.status(), info(&response));
@@ -291,9 +304,7 @@ async fn streaming_upload_reaches_the_server_the_same_through_reqwest_as_through
 async fn an_in_memory_body_larger_than_the_replay_limit_is_still_retried() {
     let server = Server::start(busy_once(503)).await;
     let svc = ServiceBuilder::new()
-        .layer(ReplayLayer::with_limit(16))
-        .layer(layer(HttpPolicy::new()))
-        .layer(IntoReqwestLayer)
+        .layer(layer(HttpPolicy::new()).replay_limit(16))
         .service(client());
     let mut put = request(Method::PUT, &server.url("/doc"));
     *put.body_mut() = Some(upload_bytes().into());
@@ -308,9 +319,7 @@ async fn an_in_memory_body_larger_than_the_replay_limit_is_still_retried() {
 async fn get_behind_a_replay_layer_is_retried_with_its_headers_and_no_body() {
     let server = Server::start(busy_once(503)).await;
     let svc = ServiceBuilder::new()
-        .layer(ReplayLayer::new())
         .layer(layer(HttpPolicy::new()))
-        .layer(IntoReqwestLayer)
         .service(client());
     let mut get = get(&server);
     get.headers_mut().insert("x-trace", "abc".parse().unwrap());
@@ -329,9 +338,7 @@ async fn get_behind_a_replay_layer_is_retried_with_its_headers_and_no_body() {
 async fn the_request_timeout_survives_the_replay_layer() {
     let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
     let svc = ServiceBuilder::new()
-        .layer(ReplayLayer::new())
         .layer(layer(HttpPolicy::new()))
-        .layer(IntoReqwestLayer)
         .service(client());
     let mut get = get(&server);
     *get.timeout_mut() = Some(Duration::from_secs(1));
@@ -354,7 +361,6 @@ async fn the_request_timeout_survives_the_replay_layer() {
 async fn streaming_body_behind_a_replay_layer_with_an_attempt_timeout_is_resent_after_a_hang() {
     let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
     let svc = ServiceBuilder::new()
-        .layer(ReplayLayer::new())
         .layer(HttpRetryLayer::from(
             tower_backoff::BackoffLayer::builder()
                 .policy(HttpPolicy::new())
@@ -364,7 +370,6 @@ async fn streaming_body_behind_a_replay_layer_with_an_attempt_timeout_is_resent_
                 .build()
                 .unwrap(),
         ))
-        .layer(IntoReqwestLayer)
         .service(client());
     let response = svc.oneshot(streaming_put(&server)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -377,9 +382,7 @@ async fn streaming_body_behind_a_replay_layer_with_an_attempt_timeout_is_resent_
 #[tokio::test(start_paused = true)]
 async fn a_url_reqwest_cannot_send_fails_with_its_builder_error_behind_a_replay_layer() {
     let svc = ServiceBuilder::new()
-        .layer(ReplayLayer::new())
         .layer(layer(HttpPolicy::new()))
-        .layer(IntoReqwestLayer)
         .service(client());
     let error = svc
         .oneshot(request(Method::GET, "http://{{hostname}}/"))

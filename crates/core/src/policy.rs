@@ -188,6 +188,13 @@ impl<'a, Req, Res, E> PrepareRetry<'a, Req, Res, E> {
         self.replaced
     }
 
+    /// The request's copy, the replaced outcome and the retry's args, apart:
+    /// how a policy over a wrapper of a request hands the retry on to the
+    /// policy of the request inside.
+    pub fn into_parts(self) -> (&'a mut Req, Result<Res, E>, RetryArgs) {
+        (self.request, self.replaced, self.args)
+    }
+
     /// What the engine knows of this retry: the same value the observers
     /// hear as [`Event::Retry`](crate::events::Event::Retry).
     pub fn args(&self) -> &RetryArgs {

@@ -133,6 +133,8 @@ mod method;
 mod middleware;
 mod per_host;
 mod policy;
+#[cfg(feature = "reqwest")]
+mod recorded;
 mod replay;
 mod replay_layer;
 #[cfg(feature = "reqwest")]
@@ -164,10 +166,15 @@ pub use policy::{
     HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
     IDEMPOTENCY_KEY, X_SHOULD_RETRY,
 };
+#[cfg(feature = "reqwest")]
+pub use recorded::RecordedRequest;
 pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 pub use replay_layer::{Replay, ReplayLayer};
 #[cfg(feature = "reqwest")]
 pub use reqwest_replay::{IntoReqwest, IntoReqwestLayer, ReqwestFuture};
 pub use retry_after::parse_retry_after;
-pub use retry_layer::{HttpResponseFuture, HttpRetry, HttpRetryLayer, ResponseExtensions};
+pub use retry_layer::{
+    HttpResponseFuture, HttpRetry, HttpRetryBuilder, HttpRetryLayer, ResponseExtensions,
+    DEFAULT_RESPONSE_BUFFER_LIMIT,
+};
 pub use status::StatusSet;

@@ -81,12 +81,14 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn main() -> Result<(), tower::BoxError> {
 /// use std::time::Duration;
+/// use bytes::Bytes;
 /// use http::{Request, Response, StatusCode};
+/// use http_body_util::Full;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
 /// use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
-/// use tower_backoff::{BackoffLayer, Exponential};
+/// use tower_backoff::Exponential;
 ///
 /// // Stands in for an HTTP client: busy once, then fine.
 /// let calls = std::sync::atomic::AtomicU32::new(0);
@@ -94,17 +96,18 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 ///     let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 ///     let status = if n == 0 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
 ///     async move {
-///         Ok::<_, std::io::Error>(Response::builder().status(status).body(String::new()).unwrap())
+///         let response = Response::builder().status(status).body(Full::new(Bytes::new()));
+///         Ok::<_, std::io::Error>(response.unwrap())
 ///     }
 /// });
 ///
 /// let svc = ServiceBuilder::new()
-///     .layer(HttpRetryLayer::from(
-///         BackoffLayer::builder()
+///     .layer(
+///         HttpRetryLayer::builder()
 ///             .policy(HttpPolicy::new().retry_status(StatusCode::INTERNAL_SERVER_ERROR))
 ///             .schedule(Exponential::new(Duration::from_millis(1)))
 ///             .build()?,
-///     ))
+///     )
 ///     .service(client);
 ///
 /// let response = svc.oneshot(Request::get("http://example.com/").body(String::new())?).await?;

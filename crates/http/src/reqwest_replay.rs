@@ -154,13 +154,13 @@ pin_project! {
 }
 
 impl<F, E> ReqwestFuture<F, E> {
-    fn called(future: F) -> Self {
+    pub(crate) fn called(future: F) -> Self {
         Self {
             state: State::Called { future },
         }
     }
 
-    fn failed(error: E) -> Self {
+    pub(crate) fn failed(error: E) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
         }

@@ -1,70 +1,111 @@
-//! [`HttpRetryLayer`]: the HTTP front-end of the retry engine. Around a
-//! [`BackoffRetry`] with the [`HttpPolicy`], it does what only an HTTP front-end
-//! can: reads a caller's per-request [`RetryLimits`] from the request's
-//! extensions, and tells the caller what the retries cost in a
-//! [`RetryInfo`] in the response's extensions.
+//! [`HttpRetryLayer`]: the HTTP front-end of the retry engine, one layer for
+//! the whole job. Around a [`BackoffRetry`] with the [`HttpPolicy`], it
+//! - records a reqwest request's streaming body so it can be sent again (up
+//!   to the replay limit; past it the request goes out once);
+//! - reads a response body of known length within the buffer limit whole
+//!   before judging it, so a body cut short is a retryable error, never a
+//!   success; other bodies stream through untouched;
+//! - reads a caller's per-request [`RetryLimits`] from the request's
+//!   extensions, and tells the caller what the retries cost in a
+//!   [`RetryInfo`] in the response's extensions.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use ::http::{Extensions, Request, Response};
 use pin_project_lite::pin_project;
-use tower_backoff_core::deadline::{AttemptTimer, NoTimeout};
+use tower_backoff_core::budget::Budget;
+use tower_backoff_core::deadline::{AttemptTimeout, AttemptTimer, NoTimeout};
+use tower_backoff_core::events::{Observer, RetryArgs};
 use tower_backoff_core::future::ResponseFuture;
 use tower_backoff_core::policy::{Policy, RetryLimits};
-use tower_backoff_core::{BackoffLayer, BackoffRetry};
+use tower_backoff_core::{
+    AdaptivePacing, BackoffBuilder, BackoffLayer, BackoffRetry, ConfigError, Jitter, Schedule,
+    Stats,
+};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::buffer::BufferBody;
 use super::info::RetryInfo;
 use super::policy::HttpPolicy;
+use super::replay::DEFAULT_REPLAY_LIMIT;
 
-const DEFAULTS: &str = "the default settings are valid";
+/// Default most bytes of a response body [`HttpRetryLayer`] reads whole
+/// before judging it: 1 MiB, and only for a body whose `content-length`
+/// says it fits.
+pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 
-/// Retries HTTP requests with the [`HttpPolicy`] and the default budget,
-/// honours a [`RetryLimits`] in a request's extensions, and puts a
-/// [`RetryInfo`] in the extensions of every response it returns.
+/// Retries HTTP requests with the [`HttpPolicy`] and the default budget, in
+/// one layer around `reqwest::Client` (feature `reqwest`), hyper-util's
+/// `Client` or any `Service<http::Request<B>>`.
 ///
-/// It works around any `Service<http::Request<B>>` (hyper-util's `Client`)
-/// and, with the `reqwest` feature, around `reqwest::Client`
-/// (`Service<reqwest::Request>`, whose extensions are private: there only
-/// the `RetryInfo` applies).
+/// What it does, beside the retries themselves:
+/// - **Request bodies.** A `reqwest::Request`'s body is recorded as it is
+///   sent, up to the [replay limit](HttpRetryBuilder::replay_limit) (64 KiB
+///   by default; a body in memory whatever its size), and sent again byte
+///   for byte; a body that outgrows the limit goes out once and the caller
+///   gets the server's real answer. Over hyper-util, a request body is
+///   copied when its type is `Clone` (`Full<Bytes>`, `String`) or a
+///   [`ReplayBody`](super::ReplayBody).
+/// - **Response bodies.** A response whose `content-length` is within the
+///   [buffer limit](HttpRetryBuilder::buffer_limit) (1 MiB by default) is read
+///   whole before it is judged: a body cut short or failing mid-read is a
+///   retryable error (the real error is returned when retries run out),
+///   never a success, and [`HttpPolicy::retry_on_body`] can read it. A
+///   response without a length (chunked, an event stream) or a longer one
+///   streams through untouched, as it arrives. The response body becomes a
+///   [`BufferedBody`](super::BufferedBody) over hyper-util (reqwest keeps its
+///   own types), and the error a `tower::BoxError`.
+/// - **Per request**, a [`RetryLimits`] in an `http::Request`'s extensions
+///   overrides the layer's limits; every response returned carries a
+///   [`RetryInfo`].
 ///
 /// ```
+/// # #[cfg(feature = "reqwest")]
+/// # fn main() -> Result<(), tower_backoff::ConfigError> {
 /// use std::time::Duration;
-/// use tower_backoff::http::{HttpPolicy, HttpRetryLayer};
-/// use tower_backoff::{BackoffLayer, Exponential};
+/// use tower::ServiceBuilder;
+/// use tower_backoff::http::{HttpRetry, HttpRetryLayer};
 ///
-/// // The defaults:
-/// let layer = HttpRetryLayer::new();
-/// # drop(layer);
-/// // Or any retry layer with the HTTP policy:
-/// let layer = HttpRetryLayer::from(
-///     BackoffLayer::builder()
-///         .policy(HttpPolicy::new())
-///         .schedule(Exponential::new(Duration::from_millis(100)))
-///         .build()?,
-/// );
-/// # drop(layer);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// // The type to name in a struct field: the client, retried.
+/// let client: HttpRetry<reqwest::Client> = ServiceBuilder::new()
+///     .layer(HttpRetryLayer::builder().max_attempts(4).build()?)
+///     .service(reqwest::Client::new());
+/// # drop(client);
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "reqwest"))]
+/// # fn main() {}
 /// ```
 pub struct HttpRetryLayer<T = NoTimeout> {
     layer: BackoffLayer<HttpPolicy, T>,
     record_info: bool,
+    replay_limit: usize,
+    buffer_limit: usize,
 }
 
+const DEFAULTS: &str = "the default settings are valid";
+
 impl HttpRetryLayer {
-    /// The HTTP policy's defaults with the layer's: 3 attempts, exponential
-    /// backoff with full jitter, the default budget.
+    /// The defaults: the [`HttpPolicy`]'s, the layer's (3 attempts,
+    /// exponential backoff with full jitter, the default budget), and the
+    /// default replay and buffer limits.
     pub fn new() -> Self {
-        Self::from(
-            BackoffLayer::builder()
-                .policy(HttpPolicy::new())
-                .build()
-                .expect(DEFAULTS),
-        )
+        Self::builder().build().expect(DEFAULTS)
+    }
+
+    /// A builder, starting from [`new`](Self::new)'s defaults.
+    pub fn builder() -> HttpRetryBuilder {
+        HttpRetryBuilder {
+            backoff: BackoffLayer::builder().policy(HttpPolicy::new()),
+            record_info: true,
+            replay_limit: DEFAULT_REPLAY_LIMIT,
+            buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
+        }
     }
 }
 
@@ -82,17 +123,34 @@ impl<T> HttpRetryLayer<T> {
         self
     }
 
+    /// Records up to `bytes` of a streaming request body (see
+    /// [`HttpRetryBuilder::replay_limit`]).
+    pub fn replay_limit(mut self, bytes: usize) -> Self {
+        self.replay_limit = bytes;
+        self
+    }
+
+    /// Reads whole a response body of known length up to `bytes` (see
+    /// [`HttpRetryBuilder::buffer_limit`]).
+    pub fn buffer_limit(mut self, bytes: usize) -> Self {
+        self.buffer_limit = bytes;
+        self
+    }
+
     /// The retry layer it wraps.
     pub fn backoff(&self) -> &BackoffLayer<HttpPolicy, T> {
         &self.layer
     }
 }
 
+/// The layer's retries with the default replay and buffer limits.
 impl<T> From<BackoffLayer<HttpPolicy, T>> for HttpRetryLayer<T> {
     fn from(layer: BackoffLayer<HttpPolicy, T>) -> Self {
         Self {
             layer,
             record_info: true,
+            replay_limit: DEFAULT_REPLAY_LIMIT,
+            buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
         }
     }
 }
@@ -102,6 +160,8 @@ impl<T> Clone for HttpRetryLayer<T> {
         Self {
             layer: self.layer.clone(),
             record_info: self.record_info,
+            replay_limit: self.replay_limit,
+            buffer_limit: self.buffer_limit,
         }
     }
 }
@@ -111,6 +171,8 @@ impl<T: fmt::Debug> fmt::Debug for HttpRetryLayer<T> {
         f.debug_struct("HttpRetryLayer")
             .field("layer", &self.layer)
             .field("record_info", &self.record_info)
+            .field("replay_limit", &self.replay_limit)
+            .field("buffer_limit", &self.buffer_limit)
             .finish()
     }
 }
@@ -119,29 +181,184 @@ impl<S, T> Layer<S> for HttpRetryLayer<T> {
     type Service = HttpRetry<S, T>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        let buffered = BufferBody::with_limit(inner, self.buffer_limit).known_length_only();
         HttpRetry {
-            inner: self.layer.layer(inner),
+            inner: self.layer.layer(buffered),
             record_info: self.record_info,
+            replay_limit: self.replay_limit,
         }
     }
 }
 
-/// The service of an [`HttpRetryLayer`]: a [`BackoffRetry`] with the
-/// [`HttpPolicy`] that reads per-request limits and records [`RetryInfo`].
-pub struct HttpRetry<S, T = NoTimeout> {
-    inner: BackoffRetry<S, HttpPolicy, T>,
+/// Builds an [`HttpRetryLayer`]: the HTTP settings, and the retry layer's
+/// own (each as on [`BackoffBuilder`]).
+#[must_use]
+pub struct HttpRetryBuilder<T = NoTimeout> {
+    backoff: BackoffBuilder<HttpPolicy, T>,
     record_info: bool,
+    replay_limit: usize,
+    buffer_limit: usize,
+}
+
+impl<T> HttpRetryBuilder<T> {
+    /// Classifies with `policy` instead of `HttpPolicy::new()`.
+    pub fn policy(self, policy: HttpPolicy) -> Self {
+        self.map(|backoff| backoff.policy(policy))
+    }
+
+    /// Records up to `bytes` of a streaming request body (default
+    /// [`DEFAULT_REPLAY_LIMIT`], 64 KiB) to send it again; a longer body goes
+    /// out once.
+    pub fn replay_limit(mut self, bytes: usize) -> Self {
+        self.replay_limit = bytes;
+        self
+    }
+
+    /// Reads whole, before judging it, a response body whose
+    /// `content-length` is at most `bytes` (default
+    /// [`DEFAULT_RESPONSE_BUFFER_LIMIT`], 1 MiB); others stream through.
+    pub fn buffer_limit(mut self, bytes: usize) -> Self {
+        self.buffer_limit = bytes;
+        self
+    }
+
+    /// Adds no [`RetryInfo`] to responses.
+    pub fn without_retry_info(mut self) -> Self {
+        self.record_info = false;
+        self
+    }
+
+    /// See [`BackoffBuilder::schedule`].
+    pub fn schedule(self, schedule: impl Schedule + Send + Sync + 'static) -> Self {
+        self.map(|backoff| backoff.schedule(schedule))
+    }
+
+    /// See [`BackoffBuilder::jitter`].
+    pub fn jitter(self, jitter: Jitter) -> Self {
+        self.map(|backoff| backoff.jitter(jitter))
+    }
+
+    /// See [`BackoffBuilder::max_attempts`].
+    pub fn max_attempts(self, attempts: u32) -> Self {
+        self.map(|backoff| backoff.max_attempts(attempts))
+    }
+
+    /// See [`BackoffBuilder::unlimited_attempts`].
+    pub fn unlimited_attempts(self) -> Self {
+        self.map(BackoffBuilder::unlimited_attempts)
+    }
+
+    /// See [`BackoffBuilder::stop_at_cap`].
+    pub fn stop_at_cap(self) -> Self {
+        self.map(BackoffBuilder::stop_at_cap)
+    }
+
+    /// See [`BackoffBuilder::max_elapsed`].
+    pub fn max_elapsed(self, limit: Duration) -> Self {
+        self.map(|backoff| backoff.max_elapsed(limit))
+    }
+
+    /// See [`BackoffBuilder::seed`].
+    pub fn seed(self, seed: u64) -> Self {
+        self.map(|backoff| backoff.seed(seed))
+    }
+
+    /// See [`BackoffBuilder::budget`].
+    pub fn budget(self, budget: impl Budget + 'static) -> Self {
+        self.map(|backoff| backoff.budget(budget))
+    }
+
+    /// See [`BackoffBuilder::no_budget`].
+    pub fn no_budget(self) -> Self {
+        self.map(BackoffBuilder::no_budget)
+    }
+
+    /// See [`BackoffBuilder::pacing`].
+    pub fn pacing(self, pacing: AdaptivePacing) -> Self {
+        self.map(|backoff| backoff.pacing(pacing))
+    }
+
+    /// See [`BackoffBuilder::stats`].
+    pub fn stats(self, stats: Stats) -> Self {
+        self.map(|backoff| backoff.stats(stats))
+    }
+
+    /// See [`BackoffBuilder::observer`].
+    pub fn observer(self, observer: impl Observer + 'static) -> Self {
+        self.map(|backoff| backoff.observer(observer))
+    }
+
+    /// See [`BackoffBuilder::on_retry`]: `hook(&retry)` as each retry goes
+    /// out, no annotation needed.
+    pub fn on_retry<F>(self, hook: F) -> Self
+    where
+        F: Fn(&RetryArgs) + Send + Sync + 'static,
+    {
+        self.map(|backoff| backoff.on_retry(hook))
+    }
+
+    /// See [`BackoffBuilder::attempt_timeout`].
+    pub fn attempt_timeout(self, limit: Duration) -> HttpRetryBuilder<AttemptTimeout> {
+        HttpRetryBuilder {
+            backoff: self.backoff.attempt_timeout(limit),
+            record_info: self.record_info,
+            replay_limit: self.replay_limit,
+            buffer_limit: self.buffer_limit,
+        }
+    }
+
+    /// Checks every setting and builds the layer.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first retry setting that cannot work
+    /// (see [`BackoffBuilder::build`]).
+    pub fn build(self) -> Result<HttpRetryLayer<T>, ConfigError> {
+        Ok(HttpRetryLayer {
+            layer: self.backoff.build()?,
+            record_info: self.record_info,
+            replay_limit: self.replay_limit,
+            buffer_limit: self.buffer_limit,
+        })
+    }
+
+    fn map(
+        mut self,
+        change: impl FnOnce(BackoffBuilder<HttpPolicy, T>) -> BackoffBuilder<HttpPolicy, T>,
+    ) -> Self {
+        self.backoff = change(self.backoff);
+        self
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for HttpRetryBuilder<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpRetryBuilder")
+            .field("backoff", &self.backoff)
+            .field("record_info", &self.record_info)
+            .field("replay_limit", &self.replay_limit)
+            .field("buffer_limit", &self.buffer_limit)
+            .finish()
+    }
+}
+
+/// The service of an [`HttpRetryLayer`]: `S`, retried. Its inner stack (a
+/// [`BackoffRetry`] over a [`BufferBody`]) is an implementation detail;
+/// name this type instead.
+pub struct HttpRetry<S, T = NoTimeout> {
+    inner: BackoffRetry<BufferBody<S>, HttpPolicy, T>,
+    record_info: bool,
+    replay_limit: usize,
 }
 
 impl<S, T> HttpRetry<S, T> {
-    /// The retrying service it wraps.
-    pub fn get_ref(&self) -> &BackoffRetry<S, HttpPolicy, T> {
-        &self.inner
+    /// The client it retries.
+    pub fn get_ref(&self) -> &S {
+        self.inner.get_ref().get_ref()
     }
 
-    /// Unwraps the retrying service.
-    pub fn into_inner(self) -> BackoffRetry<S, HttpPolicy, T> {
-        self.inner
+    /// Unwraps the client it retries.
+    pub fn into_inner(self) -> S {
+        self.inner.into_inner().into_inner()
     }
 }
 
@@ -150,6 +367,7 @@ impl<S: Clone, T> Clone for HttpRetry<S, T> {
         Self {
             inner: self.inner.clone(),
             record_info: self.record_info,
+            replay_limit: self.replay_limit,
         }
     }
 }
@@ -159,23 +377,26 @@ impl<S: fmt::Debug, T: fmt::Debug> fmt::Debug for HttpRetry<S, T> {
         f.debug_struct("HttpRetry")
             .field("inner", &self.inner)
             .field("record_info", &self.record_info)
+            .field("replay_limit", &self.replay_limit)
             .finish()
     }
 }
 
+/// hyper-util's client, or any `Service<http::Request<B>>`.
 impl<S, T, B> Service<Request<B>> for HttpRetry<S, T>
 where
-    S: Service<Request<B>> + Clone,
-    S::Response: ResponseExtensions,
-    T: AttemptTimer<S::Error>,
-    HttpPolicy: Policy<Request<B>, S::Response, T::Error>,
+    S: Clone,
+    BufferBody<S>: Service<Request<B>>,
+    <BufferBody<S> as Service<Request<B>>>::Response: ResponseExtensions,
+    T: AttemptTimer<<BufferBody<S> as Service<Request<B>>>::Error>,
+    HttpPolicy: Policy<Request<B>, <BufferBody<S> as Service<Request<B>>>::Response, T::Error>,
 {
-    type Response = S::Response;
+    type Response = <BufferBody<S> as Service<Request<B>>>::Response;
     type Error = T::Error;
-    type Future = HttpResponseFuture<S, Request<B>, T>;
+    type Future = HttpResponseFuture<BufferBody<S>, Request<B>, T>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        Service::<Request<B>>::poll_ready(&mut self.inner, cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
@@ -188,24 +409,28 @@ where
     }
 }
 
+/// `reqwest::Client`: each request's body is recorded for replay.
 #[cfg(feature = "reqwest")]
 impl<S, T> Service<reqwest::Request> for HttpRetry<S, T>
 where
-    S: Service<reqwest::Request> + Clone,
-    S::Response: ResponseExtensions,
+    S: Service<reqwest::Request, Response = reqwest::Response> + Clone,
+    S::Error: From<reqwest::Error>,
     T: AttemptTimer<S::Error>,
-    HttpPolicy: Policy<reqwest::Request, S::Response, T::Error>,
+    HttpPolicy: Policy<super::RecordedRequest, reqwest::Response, T::Error>,
 {
-    type Response = S::Response;
+    type Response = reqwest::Response;
     type Error = T::Error;
-    type Future = HttpResponseFuture<S, reqwest::Request, T>;
+    type Future = HttpResponseFuture<BufferBody<S>, super::RecordedRequest, T>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        Service::<super::RecordedRequest>::poll_ready(&mut self.inner, cx)
     }
 
     fn call(&mut self, request: reqwest::Request) -> Self::Future {
-        HttpResponseFuture::new(self.inner.call(request), self.record_info)
+        match super::RecordedRequest::record(request, self.replay_limit) {
+            Ok(recorded) => HttpResponseFuture::new(self.inner.call(recorded), self.record_info),
+            Err(error) => HttpResponseFuture::failed(T::inner(S::Error::from(error))),
+        }
     }
 }
 
@@ -218,8 +443,17 @@ pin_project! {
         T: AttemptTimer<S::Error>,
     {
         #[pin]
-        inner: ResponseFuture<S, P, Req, T>,
+        state: State<ResponseFuture<S, P, Req, T>, T::Error>,
         record_info: bool,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, E> {
+        Called { #[pin] inner: F },
+        // The request could not be sent at all: its error, once.
+        Failed { error: Option<E> },
     }
 }
 
@@ -230,7 +464,18 @@ where
 {
     /// Records a [`RetryInfo`] on the response of `inner` if `record_info`.
     pub fn new(inner: ResponseFuture<S, P, Req, T>, record_info: bool) -> Self {
-        Self { inner, record_info }
+        Self {
+            state: State::Called { inner },
+            record_info,
+        }
+    }
+
+    /// A request that failed before its first attempt: `error`.
+    pub fn failed(error: T::Error) -> Self {
+        Self {
+            state: State::Failed { error: Some(error) },
+            record_info: false,
+        }
     }
 }
 
@@ -244,10 +489,17 @@ where
     type Output = Result<S::Response, T::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let mut outcome = ready!(this.inner.as_mut().poll(cx));
+        let this = self.project();
+        let mut inner = match this.state.project() {
+            StateProj::Called { inner } => inner,
+            StateProj::Failed { error } => {
+                // Polled again after it returned: pending, as a fused future.
+                return error.take().map_or(Poll::Pending, |e| Poll::Ready(Err(e)));
+            }
+        };
+        let mut outcome = ready!(inner.as_mut().poll(cx));
         if let (Ok(response), true) = (&mut outcome, *this.record_info) {
-            let info = RetryInfo::new(this.inner.attempts(), this.inner.slept());
+            let info = RetryInfo::new(inner.attempts(), inner.slept());
             response.extensions_mut().insert(info);
         }
         Poll::Ready(outcome)
@@ -260,9 +512,12 @@ where
     T: AttemptTimer<S::Error>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpResponseFuture")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
+        let mut debug = f.debug_struct("HttpResponseFuture");
+        match &self.state {
+            State::Called { inner } => debug.field("inner", inner),
+            State::Failed { .. } => debug.field("failed", &true),
+        };
+        debug.finish_non_exhaustive()
     }
 }
 

@@ -12,6 +12,33 @@ use http_body::Body;
 use super::body::BufferedBody;
 
 /// The body being read, and what has been read of it.
+/// How far a response body is read ahead: up to `limit` bytes, and with
+/// `known_length_only` only a body whose `content-length` says it fits, so
+/// that event streams and chunked downloads pass through untouched.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReadAhead {
+    pub(super) limit: usize,
+    pub(super) known_length_only: bool,
+}
+
+impl ReadAhead {
+    /// The limit to read the body of a response with these headers up to,
+    /// or `None` to hand it on untouched.
+    pub(super) fn limit_for(&self, headers: &HeaderMap) -> Option<usize> {
+        if !self.known_length_only {
+            return Some(self.limit);
+        }
+        let length = headers
+            .get(::http::header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+        (length <= u64::try_from(self.limit).unwrap_or(u64::MAX)).then_some(self.limit)
+    }
+}
+
 pub(super) struct Collect<B> {
     body: B,
     chunks: VecDeque<Bytes>,
@@ -80,6 +107,11 @@ where
 
     /// The body for the caller, once [`poll_collect`](Self::poll_collect)
     /// said how reading ended.
+    /// `body` handed on as it is, nothing read ahead.
+    pub(super) fn untouched(body: B) -> BufferedBody<B> {
+        BufferedBody::streaming(VecDeque::new(), body)
+    }
+
     pub(super) fn into_body(self, collected: Collected) -> BufferedBody<B> {
         match collected {
             Collected::Whole => BufferedBody::whole(concat(self.chunks), self.trailers),

@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tower::BoxError;
 
 use super::body::BufferedBody;
-use super::collect::Collect;
+use super::collect::{Collect, ReadAhead};
 use super::BufferedBytes;
 
 pin_project! {
@@ -29,16 +29,16 @@ pin_project! {
     #[project = StateProj]
     enum State<F, B> {
         /// Waiting for the inner service's response.
-        Called { #[pin] future: F, limit: usize },
+        Called { #[pin] future: F, read_ahead: ReadAhead },
         /// Reading the body; `None` once the response has been returned.
         Reading { reading: Option<(Parts, Collect<B>)> },
     }
 }
 
 impl<F, B> BufferBodyFuture<F, B> {
-    pub(super) fn new(future: F, limit: usize) -> Self {
+    pub(super) fn new(future: F, read_ahead: ReadAhead) -> Self {
         Self {
-            state: State::Called { future, limit },
+            state: State::Called { future, read_ahead },
         }
     }
 }
@@ -56,9 +56,13 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Called { future, limit } => {
+                StateProj::Called { future, read_ahead } => {
                     let (parts, body) = ready!(future.poll(cx)).map_err(Into::into)?.into_parts();
-                    let collect = Collect::new(body, *limit);
+                    let Some(limit) = read_ahead.limit_for(&parts.headers) else {
+                        let body = Collect::untouched(body);
+                        return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                    };
+                    let collect = Collect::new(body, limit);
                     state.set(State::Reading {
                         reading: Some((parts, collect)),
                     });

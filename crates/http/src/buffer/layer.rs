@@ -24,6 +24,7 @@ use super::{BufferBody, DEFAULT_BUFFER_LIMIT};
 #[derive(Debug, Clone, Copy)]
 pub struct BufferBodyLayer {
     limit: usize,
+    known_length_only: bool,
 }
 
 impl BufferBodyLayer {
@@ -31,6 +32,7 @@ impl BufferBodyLayer {
     pub const fn new() -> Self {
         Self {
             limit: DEFAULT_BUFFER_LIMIT,
+            known_length_only: false,
         }
     }
 
@@ -41,6 +43,13 @@ impl BufferBodyLayer {
     /// front, so `usize::MAX` buffers every body whole, however large.
     pub const fn limit(mut self, bytes: usize) -> Self {
         self.limit = bytes;
+        self
+    }
+
+    /// Reads ahead only bodies whose `content-length` is within the limit
+    /// (see [`BufferBody::known_length_only`]).
+    pub const fn known_length_only(mut self) -> Self {
+        self.known_length_only = true;
         self
     }
 }
@@ -55,6 +64,11 @@ impl<S> Layer<S> for BufferBodyLayer {
     type Service = BufferBody<S>;
 
     fn layer(&self, inner: S) -> BufferBody<S> {
-        BufferBody::with_limit(inner, self.limit)
+        let service = BufferBody::with_limit(inner, self.limit);
+        if self.known_length_only {
+            service.known_length_only()
+        } else {
+            service
+        }
     }
 }

@@ -18,6 +18,8 @@ use http_body::Body;
 use tower::BoxError;
 use tower_service::Service;
 
+use collect::ReadAhead;
+
 pub use body::BufferedBody;
 pub use future::BufferBodyFuture;
 pub use layer::BufferBodyLayer;
@@ -117,7 +119,7 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 #[derive(Debug, Clone)]
 pub struct BufferBody<S> {
     inner: S,
-    limit: usize,
+    read_ahead: ReadAhead,
 }
 
 impl<S> BufferBody<S> {
@@ -129,12 +131,26 @@ impl<S> BufferBody<S> {
     /// Buffers bodies of up to `limit` bytes; see
     /// [`BufferBodyLayer::limit`] for what every value means.
     pub const fn with_limit(inner: S, limit: usize) -> Self {
-        Self { inner, limit }
+        Self {
+            inner,
+            read_ahead: ReadAhead {
+                limit,
+                known_length_only: false,
+            },
+        }
+    }
+
+    /// Reads ahead only a body whose `content-length` is within the limit;
+    /// one without a length (chunked, an event stream) or longer is handed
+    /// on untouched, as it arrives.
+    pub const fn known_length_only(mut self) -> Self {
+        self.read_ahead.known_length_only = true;
+        self
     }
 
     /// The most bytes buffered.
     pub const fn limit(&self) -> usize {
-        self.limit
+        self.read_ahead.limit
     }
 
     /// The inner service.
@@ -169,7 +185,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        BufferBodyFuture::new(self.inner.call(request), self.limit)
+        BufferBodyFuture::new(self.inner.call(request), self.read_ahead)
     }
 }
 

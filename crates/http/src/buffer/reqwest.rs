@@ -11,7 +11,7 @@ use reqwest::{ResponseBuilderExt, Url};
 use tower_service::Service;
 
 use super::body::BufferedBody;
-use super::collect::Collect;
+use super::collect::{Collect, ReadAhead};
 use super::{BufferBody, BufferedBytes};
 
 impl<S> Service<reqwest::Request> for BufferBody<S>
@@ -31,7 +31,7 @@ where
         BufferReqwestFuture {
             state: State::Called {
                 future: self.inner.call(request),
-                limit: self.limit,
+                read_ahead: self.read_ahead,
             },
         }
     }
@@ -54,7 +54,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F> {
         /// Waiting for the inner service's response.
-        Called { #[pin] future: F, limit: usize },
+        Called { #[pin] future: F, read_ahead: ReadAhead },
         /// Reading the body; `None` once the response has been returned.
         Reading { reading: Option<Reading> },
     }
@@ -71,11 +71,14 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Called { future, limit } => {
+                StateProj::Called { future, read_ahead } => {
                     let response = ready!(future.poll(cx))?;
+                    let Some(limit) = read_ahead.limit_for(response.headers()) else {
+                        return Poll::Ready(Ok(response));
+                    };
                     let url = response.url().clone();
                     let (parts, body) = ::http::Response::from(response).into_parts();
-                    let collect = Collect::new(body, *limit);
+                    let collect = Collect::new(body, limit);
                     state.set(State::Reading {
                         reading: Some((parts, url, collect)),
                     });
