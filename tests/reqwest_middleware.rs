@@ -15,7 +15,7 @@ use http::{Extensions, StatusCode};
 use http_body_util::StreamBody;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use tokio::time::Instant;
-use tower_backoff::http::{BackoffMiddleware, HttpPolicy, RetryInfo};
+use tower_backoff::http::{BackoffMiddleware, HttpPolicy, HttpRetryLayer, RetryInfo};
 use tower_backoff::{AdaptivePacing, BackoffLayer, Budget, Cause, Constant, Jitter, RetryLimits};
 
 use http_server::{layer, layer_with, status, unused_addr, Reply, Server, STEP};
@@ -469,4 +469,27 @@ async fn a_post_to_a_closed_port_is_retried_only_with_retry_unsent() {
             assert_eq!(server.requests(), 0);
         }
     }
+}
+
+/// The middleware made from the same builder as the tower layer: its
+/// `on_retry` closure takes the engine's `RetryArgs`, no annotation needed.
+#[tokio::test(start_paused = true)]
+async fn the_middleware_from_the_http_builder_takes_an_unannotated_on_retry() {
+    let server = Server::start(busy_once(503)).await;
+    let retried = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = retried.clone();
+    let layer = HttpRetryLayer::builder()
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .on_retry(move |retry| log.lock().unwrap().push((retry.attempt(), retry.delay())))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(cases::client())
+        .with(BackoffMiddleware::from(layer))
+        .build();
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response), RetryInfo::new(2, STEP));
+    assert_eq!(*retried.lock().unwrap(), [(1, STEP)]);
+    assert_eq!(server.requests(), 2);
 }

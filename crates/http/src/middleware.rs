@@ -9,23 +9,20 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use ::http::{Extensions, Request};
+use ::http::Extensions;
 use reqwest_middleware::{Middleware, Next};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::buffer::BufferBody;
 use super::error::AsStdError;
 use super::policy::HttpPolicy;
-use super::replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
-use super::reqwest_replay::record;
-use super::retry_layer::HttpResponseFuture;
+use super::recorded::RecordedRequest;
+use super::replay::DEFAULT_REPLAY_LIMIT;
+use super::retry_layer::{HttpResponseFuture, HttpRetryLayer, DEFAULT_RESPONSE_BUFFER_LIMIT};
 use tower_backoff_core::deadline::{self, AttemptTimer, NoTimeout};
 use tower_backoff_core::policy::{Policy, RetryLimits};
 use tower_backoff_core::BackoffLayer;
-
-/// What the middleware's retry layer sees: the request as an `http::Request`
-/// whose body records what it sends, so streaming bodies are retried too.
-type Recorded = Request<ReplayBody<reqwest::Body>>;
 
 /// Retries requests sent through a `reqwest_middleware::ClientWithMiddleware`
 /// with everything a [`BackoffLayer`] has: its policy, schedule and jitter,
@@ -34,9 +31,12 @@ type Recorded = Request<ReplayBody<reqwest::Body>>;
 /// pacing (with every clone of it, and every other service it wraps): one
 /// budget for every request the client sends.
 ///
-/// Request bodies are recorded as [`ReplayLayer`](super::ReplayLayer) does
-/// (up to [`DEFAULT_REPLAY_LIMIT`] for a stream; a body already in memory
-/// whatever its size), so a streaming upload is retried while it fits.
+/// It does what an [`HttpRetryLayer`](super::HttpRetryLayer) does, and is
+/// made from one with `BackoffMiddleware::from(layer)`: request bodies are
+/// recorded (up to [`DEFAULT_REPLAY_LIMIT`] for a stream; a body already in
+/// memory whatever its size), so a streaming upload is retried while it
+/// fits, and a response whose `content-length` is within the buffer limit
+/// is read whole before it is judged, so a body cut short is retried.
 /// A [`RetryLimits`] given to the request with reqwest-middleware's
 /// `with_extension` overrides the layer's limits for that request. The
 /// middlewares added after this one run once per attempt; those added before
@@ -45,17 +45,17 @@ type Recorded = Request<ReplayBody<reqwest::Body>>;
 /// ```
 /// use std::time::Duration;
 /// use reqwest_middleware::ClientBuilder;
-/// use tower_backoff::http::{BackoffMiddleware, HttpPolicy};
-/// use tower_backoff::{BackoffLayer, Exponential};
+/// use tower_backoff::http::{BackoffMiddleware, HttpRetryLayer};
+/// use tower_backoff::Exponential;
 ///
-/// let layer = BackoffLayer::builder()
-///     .policy(HttpPolicy::new())
+/// let layer = HttpRetryLayer::builder()
 ///     .schedule(Exponential::new(Duration::from_millis(100)))
 ///     .max_attempts(4)
+///     .on_retry(|retry| eprintln!("retrying after attempt {}", retry.attempt()))
 ///     .build()
 ///     .unwrap();
 /// let client = ClientBuilder::new(reqwest::Client::new())
-///     .with(BackoffMiddleware::new(layer))
+///     .with(BackoffMiddleware::from(layer))
 ///     .build();
 /// // client.get(url).send().await, as before.
 /// # drop(client);
@@ -64,6 +64,7 @@ type Recorded = Request<ReplayBody<reqwest::Body>>;
 pub struct BackoffMiddleware<P = HttpPolicy, T = NoTimeout> {
     layer: BackoffLayer<P, T>,
     replay_limit: usize,
+    buffer_limit: usize,
     record_info: bool,
 }
 
@@ -73,8 +74,17 @@ impl<P, T> BackoffMiddleware<P, T> {
         Self {
             layer,
             replay_limit: DEFAULT_REPLAY_LIMIT,
+            buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
             record_info: true,
         }
+    }
+
+    /// Reads whole a response body whose `content-length` is at most
+    /// `bytes` (default [`DEFAULT_RESPONSE_BUFFER_LIMIT`]); others stream
+    /// through.
+    pub fn buffer_limit(mut self, bytes: usize) -> Self {
+        self.buffer_limit = bytes;
+        self
     }
 
     /// Stops adding [`RetryInfo`](super::RetryInfo) to responses (see
@@ -104,11 +114,25 @@ impl<P, T> From<BackoffLayer<P, T>> for BackoffMiddleware<P, T> {
     }
 }
 
+/// The same retries, limits and settings as the layer, as a middleware.
+impl<T> From<HttpRetryLayer<T>> for BackoffMiddleware<HttpPolicy, T> {
+    fn from(layer: HttpRetryLayer<T>) -> Self {
+        let settings = layer.settings();
+        Self {
+            layer: layer.into_backoff(),
+            replay_limit: settings.replay_limit,
+            buffer_limit: settings.buffer_limit,
+            record_info: settings.record_info,
+        }
+    }
+}
+
 impl<P, T: fmt::Debug> fmt::Debug for BackoffMiddleware<P, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackoffMiddleware")
             .field("layer", &self.layer)
             .field("replay_limit", &self.replay_limit)
+            .field("buffer_limit", &self.buffer_limit)
             .field("record_info", &self.record_info)
             .finish()
     }
@@ -117,7 +141,7 @@ impl<P, T: fmt::Debug> fmt::Debug for BackoffMiddleware<P, T> {
 #[async_trait::async_trait]
 impl<P, T> Middleware for BackoffMiddleware<P, T>
 where
-    P: Policy<Recorded, reqwest::Response, T::Error> + Clone + Send + Sync + 'static,
+    P: Policy<RecordedRequest, reqwest::Response, T::Error> + Clone + Send + Sync + 'static,
     T: AttemptTimer<reqwest_middleware::Error> + Send + Sync + 'static,
     T::Timer: Send,
     T::Error: IntoMiddlewareError + Send,
@@ -128,16 +152,18 @@ where
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        let request = Request::<reqwest::Body>::try_from(request)?
-            .map(|body| record(body, self.replay_limit));
+        let request = RecordedRequest::record(request, self.replay_limit)?;
         let limits = extensions.get::<RetryLimits>().copied();
         // Lent to each attempt in turn (attempts never overlap), and given
         // back whatever the middlewares after this one wrote into it.
         let shared = Arc::new(Mutex::new(std::mem::take(extensions)));
-        let mut svc = self.layer.layer(NextService {
+        let next = NextService {
             next,
             extensions: Arc::clone(&shared),
-        });
+        };
+        let mut svc = self
+            .layer
+            .layer(BufferBody::with_limit(next, self.buffer_limit).known_length_only());
         let result = match poll_fn(|cx| svc.poll_ready(cx)).await {
             Ok(()) => {
                 let call = match limits {
@@ -163,7 +189,7 @@ struct NextService<'a> {
     extensions: Arc<Mutex<Extensions>>,
 }
 
-impl<'a> Service<Recorded> for NextService<'a> {
+impl<'a> Service<reqwest::Request> for NextService<'a> {
     type Response = reqwest::Response;
     type Error = reqwest_middleware::Error;
     type Future = Pin<Box<dyn Future<Output = Result<reqwest::Response, Self::Error>> + Send + 'a>>;
@@ -172,11 +198,10 @@ impl<'a> Service<Recorded> for NextService<'a> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Recorded) -> Self::Future {
+    fn call(&mut self, request: reqwest::Request) -> Self::Future {
         let next = self.next.clone();
         let shared = Arc::clone(&self.extensions);
         Box::pin(async move {
-            let request = reqwest::Request::try_from(request.map(reqwest::Body::wrap))?;
             let mut lent = Lent::take(shared);
             next.run(request, &mut lent.extensions).await
         })
