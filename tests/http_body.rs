@@ -24,9 +24,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tower::{BoxError, Layer, ServiceBuilder, ServiceExt};
-use tower_backoff::http::{
-    BufferBodyLayer, HttpPolicy, HttpRetryLayer, RetryInfo, DEFAULT_BUFFER_LIMIT,
-};
+use tower_backoff::http::parts::BufferBodyLayer;
+use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo, DEFAULT_BUFFER_LIMIT};
 use tower_backoff::{BackoffLayer, Cause, Constant, Jitter};
 
 use http_server::{http_layer as layer, STEP};
@@ -36,7 +35,7 @@ use http_server::{http_layer as layer, STEP};
 fn buffered<S>(
     policy: HttpPolicy,
     client: S,
-) -> tower_backoff::http::HttpRetry<tower_backoff::http::BufferBody<S>> {
+) -> tower_backoff::http::HttpRetry<tower_backoff::http::parts::BufferBody<S>> {
     layer(policy).layer(BufferBodyLayer::new().layer(client))
 }
 
@@ -662,7 +661,7 @@ async fn limit_zero_reads_only_empty_bodies_whole_and_a_huge_limit_reads_every_b
 #[test]
 fn the_default_limit_is_64_kib() {
     assert_eq!(DEFAULT_BUFFER_LIMIT, 64 * 1024);
-    let svc = tower_backoff::http::BufferBody::new(());
+    let svc = tower_backoff::http::parts::BufferBody::new(());
     assert_eq!(svc.limit(), DEFAULT_BUFFER_LIMIT);
 }
 

@@ -16,9 +16,8 @@ use http_body::Frame;
 use http_body_util::StreamBody;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{
-    HttpPolicy, HttpRetryLayer, IntoReqwestLayer, ReplayBody, ReplayLayer, RetryInfo,
-};
+use tower_backoff::http::parts::{IntoReqwestLayer, ReplayLayer};
+use tower_backoff::http::{HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo};
 use tower_backoff::{BackoffLayer, Constant};
 
 use http_server::{

@@ -252,11 +252,11 @@ where
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
         // Past the replay limit the call is committed (A6).
-        tower_backoff_http::unless_spent(self.judge(result), request.body())
+        tower_backoff_http::parts::unless_spent(self.judge(result), request.body())
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
-        tower_backoff_http::copy_request(request)
+        tower_backoff_http::parts::copy_request(request)
     }
 
     fn prepare_retry(&self, mut retry: PrepareRetry<'_, Request<ReqBody>, Response<ResBody>, E>) {

@@ -12,7 +12,7 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
-pub use tower_backoff_http::{Replay, ReplayLayer};
+pub use tower_backoff_http::parts::{Replay, ReplayLayer};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 

@@ -29,7 +29,7 @@ const MAX_DEPTH: usize = 32;
 /// - a body cut short, [`Cause::Transient`]: an `io::Error` of kind
 ///   `UnexpectedEof`, which hyper gives when the connection closes before
 ///   `content-length` bytes or the last chunk arrived (read by a
-///   [`BufferBody`](super::BufferBody)).
+///   [`BufferBody`](super::parts::BufferBody)).
 ///
 /// The policy only sends a request twice when its method is idempotent or it
 /// carries an idempotency key, so retrying a reset in the middle of a request

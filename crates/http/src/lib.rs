@@ -1,20 +1,20 @@
 //! Retrying HTTP requests: only what is safe to repeat, only when the outcome
 //! says it is transient, after the delay the server asks for.
 //!
-//! [`HttpPolicy`] is the policy to give a [`BackoffLayer`](tower_backoff_core::BackoffLayer)
-//! in front of hyper-util's client or (feature `reqwest`) `reqwest::Client`;
-//! [`HttpRetryLayer`] is that layer as an HTTP front-end, which also reads a
-//! caller's [`RetryLimits`](tower_backoff_core::RetryLimits) from each
-//! request's extensions and records a [`RetryInfo`] in each response's.
-//! Streaming request bodies become retryable wrapped in a [`ReplayBody`]
-//! ([`ReplayLayer`] wraps every request's; over reqwest, with
-//! [`IntoReqwestLayer`] behind the retry layer). With the
-//! `reqwest-middleware` feature, [`BackoffMiddleware`] brings a layer's
-//! retries to `reqwest_middleware` clients. [`HttpPolicy::retry_unsent`]
-//! retries requests that provably never left ([`is_unsent`]), whatever
-//! their method.
-//! [`BufferBody`] reads response bodies ahead, so the policy can classify a
-//! body and retry one that breaks off ([`HttpPolicy::retry_on_body`]).
+//! [`HttpRetryLayer`] is the one layer to put around `reqwest::Client`
+//! (feature `reqwest`), hyper-util's client or any
+//! `Service<http::Request<B>>`: [`HttpRetryLayer::builder()`] gives the
+//! [`HttpPolicy`], the default budget, replay of streaming reqwest bodies up
+//! to 64 KiB, and responses of known length up to 1 MiB read whole before
+//! they are judged, so a body cut short is retried rather than returned as a
+//! success. It reads a caller's [`RetryLimits`](tower_backoff_core::RetryLimits)
+//! from each request's extensions and records a [`RetryInfo`] in each
+//! response's. With the `reqwest-middleware` feature, [`BackoffMiddleware`]
+//! does the same for `reqwest_middleware` clients, made from the same
+//! builder. [`HttpPolicy::retry_unsent`] retries requests that provably
+//! never left ([`is_unsent`]), whatever their method;
+//! [`HttpPolicy::retry_on_body`] classifies a response on its body. The
+//! pieces the layer is made of are in [`parts`].
 //!
 //! # What each server signal does
 //! [`HttpPolicy`] reads these, each configurable:
@@ -51,18 +51,17 @@
 //! use http_body_util::Full;
 //! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
-//! use tower_backoff::{BackoffLayer, Exponential};
+//! use tower_backoff::http::{HttpRetryLayer, RetryInfo};
+//! use tower_backoff::Exponential;
 //!
 //! let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
 //! let svc = ServiceBuilder::new()
-//!     .layer(HttpRetryLayer::from(
-//!         BackoffLayer::builder()
-//!             .policy(HttpPolicy::new())
+//!     .layer(
+//!         HttpRetryLayer::builder()
 //!             .schedule(Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_secs(5)))
 //!             .max_elapsed(Duration::from_secs(30))
 //!             .build()?,
-//!     ))
+//!     )
 //!     .service(client);
 //!
 //! let request = http::Request::get("http://127.0.0.1:8080/").body(Full::default())?;
@@ -145,12 +144,8 @@ mod retry_after;
 mod retry_layer;
 mod status;
 
-pub use body::{copy_request, unless_spent, CloneBody};
-#[cfg(feature = "reqwest")]
-pub use buffer::BufferReqwestFuture;
-pub use buffer::{
-    BufferBody, BufferBodyFuture, BufferBodyLayer, BufferedBody, DEFAULT_BUFFER_LIMIT,
-};
+pub use body::CloneBody;
+pub use buffer::{BufferedBody, DEFAULT_BUFFER_LIMIT};
 pub use delay_headers::{
     parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_RESET, RETRY_AFTER_MS,
     X_RATELIMIT_RESET,
@@ -166,15 +161,29 @@ pub use policy::{
     HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
     IDEMPOTENCY_KEY, X_SHOULD_RETRY,
 };
-#[cfg(feature = "reqwest")]
-pub use recorded::RecordedRequest;
 pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
-pub use replay_layer::{Replay, ReplayLayer};
-#[cfg(feature = "reqwest")]
-pub use reqwest_replay::{IntoReqwest, IntoReqwestLayer, ReqwestFuture};
 pub use retry_after::parse_retry_after;
 pub use retry_layer::{
     HttpResponseFuture, HttpRetry, HttpRetryBuilder, HttpRetryLayer, ResponseExtensions,
     DEFAULT_RESPONSE_BUFFER_LIMIT,
 };
 pub use status::StatusSet;
+
+/// The pieces [`HttpRetryLayer`] is made of, for power users who compose
+/// them by hand (a `BackoffLayer` with the [`HttpPolicy`] in a stack of their
+/// own, the gRPC layer): recording request bodies for replay, reading
+/// response bodies ahead, turning recorded requests back into reqwest's.
+/// Their order matters and the compiler does not check it:
+/// `ReplayLayer` → `BackoffLayer` → `IntoReqwestLayer` (reqwest only) →
+/// `BufferBodyLayer` → the client.
+pub mod parts {
+    pub use super::body::{copy_request, unless_spent};
+    #[cfg(feature = "reqwest")]
+    pub use super::buffer::BufferReqwestFuture;
+    pub use super::buffer::{BufferBody, BufferBodyFuture, BufferBodyLayer};
+    #[cfg(feature = "reqwest")]
+    pub use super::recorded::RecordedRequest;
+    pub use super::replay_layer::{Replay, ReplayLayer};
+    #[cfg(feature = "reqwest")]
+    pub use super::reqwest_replay::{IntoReqwest, IntoReqwestLayer, ReqwestFuture};
+}

@@ -307,7 +307,7 @@ impl HttpPolicy {
     }
 
     /// Also retries a response whose body, read whole by a
-    /// [`BufferBody`](super::BufferBody) inside the retry layer, makes
+    /// [`BufferBody`](super::parts::BufferBody) inside the retry layer, makes
     /// `classify` return a cause, as `Some(Cause::Throttled)` for a service
     /// that answers `200` with "queue capacity" in the body. Off by default.
     ///
@@ -566,7 +566,7 @@ where
     }
 
     /// Stamps the attempt header, and drains the replaced response's body
-    /// (unless a [`BufferBody`](super::BufferBody) already read it whole) so
+    /// (unless a [`BufferBody`](super::parts::BufferBody) already read it whole) so
     /// its connection goes back to the pool.
     fn prepare_retry(&self, mut retry: PrepareRetry<'_, Request<ReqBody>, Response<ResBody>, E>) {
         let attempt = retry.args().attempt() + 1;

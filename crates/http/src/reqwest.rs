@@ -1,5 +1,5 @@
 //! [`HttpPolicy`] for `reqwest::Client`, which is a tower `Service` of
-//! `reqwest::Request`: directly, or behind a [`ReplayLayer`](super::ReplayLayer)
+//! `reqwest::Request`: directly, or behind a [`ReplayLayer`](super::parts::ReplayLayer)
 //! so streaming bodies are retried too.
 
 use ::http::Request;
@@ -14,7 +14,7 @@ use tower_backoff_core::policy::{Decision, Policy, PrepareRetry};
 /// `Retry-After` the same way, errors by `is_timeout()` / `is_connect()` and
 /// their `source()` chain. Requests are copied with
 /// [`reqwest::Request::try_clone`], so a streaming body goes out once; put a
-/// [`ReplayLayer`](super::ReplayLayer) in front to retry those as well.
+/// [`ReplayLayer`](super::parts::ReplayLayer) in front to retry those as well.
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,10 +60,10 @@ where
     }
 }
 
-/// A reqwest request on its way through a [`ReplayLayer`](super::ReplayLayer):
+/// A reqwest request on its way through a [`ReplayLayer`](super::parts::ReplayLayer):
 /// an `http::Request` whose body records what it sends (a
 /// [`ReplayBody`](super::ReplayBody)), answered by `reqwest::Client` through
-/// an [`IntoReqwestLayer`](super::IntoReqwestLayer). Classified and copied as
+/// an [`IntoReqwestLayer`](super::parts::IntoReqwestLayer). Classified and copied as
 /// `http::Request`s are.
 impl<B, E> Policy<Request<B>, reqwest::Response, E> for HttpPolicy
 where

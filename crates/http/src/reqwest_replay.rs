@@ -19,7 +19,7 @@ use super::replay_layer::Replay;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
-/// `reqwest::Client` behind a [`ReplayLayer`](super::ReplayLayer): the
+/// `reqwest::Client` behind a [`ReplayLayer`](super::parts::ReplayLayer): the
 /// request becomes an `http::Request` whose body is a [`ReplayBody`], so a
 /// streaming body (`reqwest::Body::wrap_stream`) is retried like any other,
 /// up to the replay limit. A body already in memory (bytes, a string, JSON)
@@ -75,7 +75,7 @@ pub(crate) fn record(body: reqwest::Body, limit: usize) -> ReplayBody<reqwest::B
 
 /// Turns `http::Request`s into `reqwest::Request`s, the requests
 /// `reqwest::Client` takes: the inside half of a
-/// [`ReplayLayer`](super::ReplayLayer) in front of reqwest (see the example
+/// [`ReplayLayer`](super::parts::ReplayLayer) in front of reqwest (see the example
 /// there). The body goes in with `reqwest::Body::wrap`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IntoReqwestLayer;

@@ -440,18 +440,18 @@ where
     S: Service<reqwest::Request, Response = reqwest::Response> + Clone,
     S::Error: From<reqwest::Error>,
     T: AttemptTimer<S::Error>,
-    HttpPolicy: Policy<super::RecordedRequest, reqwest::Response, T::Error>,
+    HttpPolicy: Policy<super::recorded::RecordedRequest, reqwest::Response, T::Error>,
 {
     type Response = reqwest::Response;
     type Error = T::Error;
-    type Future = HttpResponseFuture<BufferBody<S>, super::RecordedRequest, T>;
+    type Future = HttpResponseFuture<BufferBody<S>, super::recorded::RecordedRequest, T>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Service::<super::RecordedRequest>::poll_ready(&mut self.inner, cx)
+        Service::<super::recorded::RecordedRequest>::poll_ready(&mut self.inner, cx)
     }
 
     fn call(&mut self, request: reqwest::Request) -> Self::Future {
-        match super::RecordedRequest::record(request, self.replay_limit) {
+        match super::recorded::RecordedRequest::record(request, self.replay_limit) {
             Ok(recorded) => HttpResponseFuture::new(self.inner.call(recorded), self.record_info),
             Err(error) => HttpResponseFuture::failed(T::inner(S::Error::from(error))),
         }

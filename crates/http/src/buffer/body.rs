@@ -1,4 +1,4 @@
-//! [`BufferedBody`]: a response body that [`BufferBody`](super::BufferBody)
+//! [`BufferedBody`]: a response body that [`BufferBody`](super::parts::BufferBody)
 //! read ahead, served to the caller as if it had never been touched.
 
 use std::collections::VecDeque;
@@ -10,7 +10,7 @@ use ::http::HeaderMap;
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 
-/// The body of a response that went through [`BufferBody`](super::BufferBody):
+/// The body of a response that went through [`BufferBody`](crate::parts::BufferBody):
 /// either the whole body, read within the limit, or the part read before the
 /// limit followed by the rest of the original stream.
 ///

@@ -16,7 +16,7 @@ use super::collect::{Collect, ReadAhead};
 use super::BufferedBytes;
 
 pin_project! {
-    /// The response future of [`BufferBody`](super::BufferBody) for
+    /// The response future of [`BufferBody`](super::parts::BufferBody) for
     /// `http::Request`s: the inner service's response with its body read up
     /// to the limit.
     pub struct BufferBodyFuture<F, B> {
