@@ -30,7 +30,8 @@ use super::replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 /// use http_body_util::combinators::BoxBody;
 /// use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::{HttpPolicy, ReplayBody, ReplayLayer};
+/// use tower_backoff::http::{HttpPolicy, ReplayBody};
+/// use tower_backoff::http::parts::ReplayLayer;
 /// use tower_backoff::BackoffLayer;
 ///
 /// type Upload = BoxBody<Bytes, std::io::Error>;

@@ -31,7 +31,8 @@ type BoxError = Box<dyn Error + Send + Sync>;
 ///
 /// ```
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::{HttpPolicy, IntoReqwestLayer, ReplayLayer};
+/// use tower_backoff::http::{HttpPolicy};
+/// use tower_backoff::http::parts::{IntoReqwestLayer, ReplayLayer};
 /// use tower_backoff::BackoffLayer;
 ///
 /// let client = ServiceBuilder::new()

@@ -9,7 +9,8 @@ use super::{BufferBody, DEFAULT_BUFFER_LIMIT};
 ///
 /// ```
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::{BufferBodyLayer, HttpPolicy};
+/// use tower_backoff::http::{HttpPolicy};
+/// use tower_backoff::http::parts::BufferBodyLayer;
 /// use tower_backoff::BackoffLayer;
 ///
 /// # let client = tower::service_fn(|_: http::Request<String>| async {

@@ -91,7 +91,8 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 /// use http::{Request, Response};
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff::http::{BufferBodyLayer, HttpPolicy, HttpRetryLayer, RetryInfo};
+/// use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
+/// use tower_backoff::http::parts::BufferBodyLayer;
 /// use tower_backoff::{BackoffLayer, Cause};
 ///
 /// // Stands in for an HTTP client: a full queue once, then the answer.
