@@ -609,3 +609,47 @@ async fn ratio_budgets_sharing_a_thread_each_count_their_own_window() {
         tokio::time::advance(Duration::from_millis(37)).await;
     }
 }
+
+/// Defect 1 of issue 28: the transparent retry of a request that never left
+/// costs nothing, so the success after it earns the plain refund (1 token),
+/// not the return of a retry's cost (5) that was never paid.
+#[tokio::test(start_paused = true)]
+async fn a_success_after_a_free_transparent_retry_earns_the_plain_refund() {
+    let bucket = Arc::new(TokenBucket::default());
+    let layer = BackoffLayer::builder()
+        .policy(classify_fn(
+            |_: &&str, outcome: &Result<(), &str>| match outcome {
+                Ok(()) => Decision::Success,
+                Err("never left") => Decision::retry().because(Cause::NotSent),
+                Err(_) => Decision::retry(),
+            },
+        ))
+        .schedule(Constant::new(Duration::from_millis(10)))
+        .jitter(Jitter::None)
+        .budget(Arc::clone(&bucket))
+        .build()
+        .unwrap();
+    // A request that fails every attempt spends two paid retries: the bucket
+    // is below its capacity, so a refund shows.
+    let down = layer.layer(service_fn(|_: &str| async { Err::<(), _>("down") }));
+    assert!(down.oneshot("a").await.is_err());
+    let spent = bucket.available();
+    assert_eq!(spent, bucket.capacity() - 2 * 5);
+
+    // Refused before it left, then answered: one free retry, then success.
+    let calls = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&calls);
+    let refused_once = layer.layer(service_fn(move |_: &str| {
+        let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                Err("never left")
+            } else {
+                Ok(())
+            }
+        }
+    }));
+    assert_eq!(refused_once.oneshot("b").await, Ok(()));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(bucket.available(), spent + 1, "the plain success refund");
+}

@@ -187,8 +187,10 @@ impl Session {
         self.deadline
     }
 
-    /// The cause of the last retry sent, if any: what a budget's refund on
-    /// success depends on.
+    /// The cause of the last retry sent, if the budget paid for it: what a
+    /// budget's refund on success depends on. `None` before any retry and
+    /// after the transparent retry, which was free: its success earns the
+    /// plain refund, not the return of a cost never paid.
     pub fn last_retry(&self) -> Option<Cause> {
         self.last_retry
     }
@@ -331,7 +333,7 @@ impl Session {
                 // Saturating: unlimited attempts may count past u32::MAX.
                 self.attempts = self.attempts.saturating_add(1);
                 self.transparent_used |= retry.transparent;
-                self.last_retry = Some(retry.cause);
+                self.last_retry = (!retry.transparent).then_some(retry.cause);
                 Ok(copy)
             }
         }
@@ -599,6 +601,24 @@ mod tests {
             .unwrap();
         assert_eq!(session.last_retry(), None, "decided, not sent yet");
         session.send(&retry, NO_BUDGET, never, || Some(())).unwrap();
+        assert_eq!(session.last_retry(), Some(Cause::Timeout));
+    }
+
+    #[test]
+    fn a_transparent_retry_sent_leaves_no_paid_retry_to_refund() {
+        let schedule = Constant::new(ms(10));
+        let rules = rules(&schedule);
+        let mut session = Session::new(3, None);
+        let free = session
+            .decide(&rules, None, Cause::NotSent, true, never, rng)
+            .unwrap();
+        assert!(free.transparent);
+        session.send(&free, NO_BUDGET, never, || Some(())).unwrap();
+        assert_eq!(session.last_retry(), None, "the free retry was not paid");
+        let paid = session
+            .decide(&rules, None, Cause::Timeout, true, never, rng)
+            .unwrap();
+        session.send(&paid, NO_BUDGET, never, || Some(())).unwrap();
         assert_eq!(session.last_retry(), Some(Cause::Timeout));
     }
 }
