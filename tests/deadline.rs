@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower::{service_fn, Service, ServiceExt};
+use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_backoff::deadline::Error;
 use tower_backoff::{BackoffLayer, Constant, Jitter};
 
@@ -121,6 +121,53 @@ async fn without_attempt_timeouts_the_error_type_is_the_inner_services() {
     let error: std::io::Error = svc.oneshot(()).await.unwrap_err();
     assert_eq!(error.to_string(), "down");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Ready for its first call, then never again (a `ConcurrencyLimit` whose
+/// only permit a hung call holds); every call fails with its number.
+#[derive(Clone, Default)]
+struct ReadyOnce {
+    calls: Arc<AtomicU32>,
+}
+
+impl Service<()> for ReadyOnce {
+    type Response = ();
+    type Error = u32;
+    type Future = std::future::Ready<Result<(), u32>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), u32>> {
+        if self.calls.load(Ordering::SeqCst) == 0 {
+            std::task::Poll::Ready(Ok(()))
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+
+    fn call(&mut self, (): ()) -> Self::Future {
+        std::future::ready(Err(self.calls.fetch_add(1, Ordering::SeqCst) + 1))
+    }
+}
+
+/// Defect 2 of issue 28: a retry waiting for a service that never gets ready
+/// still ends at the request's time limit, with the outcome it kept.
+#[tokio::test(start_paused = true)]
+async fn a_retry_waiting_for_readiness_ends_at_max_elapsed_with_the_kept_outcome() {
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .max_elapsed(secs(1))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(secs(30), layer.layer(ReadyOnce::default()).oneshot(()))
+        .await
+        .expect("ends at its time limit, not when the service is ready");
+    assert_eq!(outcome, Err(1), "the first attempt's real error");
+    let waited = started.elapsed();
+    assert!(
+        waited >= secs(1) && waited <= secs(1) + Duration::from_millis(1),
+        "{waited:?}"
+    );
 }
 
 #[cfg(feature = "http")]

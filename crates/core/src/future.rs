@@ -112,8 +112,10 @@ pin_project! {
         Called { #[pin] future: F, #[pin] timer: Tm },
         // Sleeping before a retry.
         Waiting { #[pin] sleep: Sleep, retry: Retry },
-        // Waiting for the service to be ready to send a retry.
-        Readying { retry: Retry },
+        // Waiting for the service to be ready to send a retry, racing the
+        // request's deadline if it has one: a service that never gets ready
+        // must not hold the kept outcome past it.
+        Readying { retry: Retry, #[pin] deadline: Option<Sleep> },
     }
 }
 
@@ -128,14 +130,18 @@ impl<F, Tm, O> State<F, Tm, O> {
         let tracked = Box::write(
             Box::new_uninit(),
             Tracked {
-                phase: Phase::Readying { retry },
+                // Tracked only from its first retry: no deadline to race.
+                phase: Phase::Readying {
+                    retry,
+                    deadline: None,
+                },
                 kept: Some(kept),
                 progress,
             },
         );
         let mut tracked = Box::into_pin(tracked);
         if !retry.delay.is_zero() {
-            wait(tracked.as_mut().project().phase, retry);
+            wait(tracked.as_mut().project().phase, retry, None);
         }
         State::Tracked { tracked }
     }
@@ -378,19 +384,23 @@ where
                     let retry = *retry;
                     self.on_wake(progress, phase, retry)
                 }
-                PhaseProj::Readying { retry } => {
+                PhaseProj::Readying { retry, deadline } => {
                     let retry = *retry;
                     // Zero-delay retries against a ready service would never
                     // yield: spend tokio's task budget like any I/O would.
                     let coop = ready!(tokio::task::coop::poll_proceed(cx));
-                    let readiness = ready!(poll_ready_to_send(
-                        self.inner,
-                        &mut progress.gate,
-                        self.config,
-                        cx
-                    ));
-                    coop.made_progress();
-                    self.send(progress, readiness, kept, phase, retry)
+                    let ready = poll_ready_to_send(self.inner, &mut progress.gate, self.config, cx);
+                    match ready {
+                        Poll::Ready(readiness) => {
+                            coop.made_progress();
+                            self.send(progress, readiness, kept, phase, retry)
+                        }
+                        Poll::Pending => {
+                            let deadline = deadline.as_pin_mut();
+                            ready!(deadline.map_or(Poll::Pending, |d| d.poll(cx)));
+                            self.end(progress, take(kept), Ending::OutOfTime)
+                        }
+                    }
                 }
             };
             if let ControlFlow::Break(outcome) = flow {
@@ -417,7 +427,7 @@ where
                 match self.retry(&mut progress.session, after, cause) {
                     Ok(retry) => {
                         *kept = Some(outcome);
-                        wait(phase, retry);
+                        wait(phase, retry, progress.session.deadline());
                         return ControlFlow::Continue(());
                     }
                     Err(ending) => ending,
@@ -489,7 +499,7 @@ where
     ) -> Flow<Outcome<S, Req, T>> {
         progress.session.slept_for(&retry);
         self.config.emit(|| Event::Slept(retry.delay));
-        phase.set(Phase::Readying { retry });
+        phase.set(readying(retry, progress.session.deadline()));
         ControlFlow::Continue(())
     }
 
@@ -595,14 +605,22 @@ fn copy_for<Req, Res, E, P: Policy<Req, Res, E>>(policy: &P, request: &Option<Re
 /// Waits `retry`'s delay before readiness for it; a zero delay goes straight
 /// to readiness, with no timer and no clock (tokio's timer would round a zero
 /// sleep up to its 1 ms tick).
-fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry) {
+fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option<Instant>) {
     if retry.delay.is_zero() {
-        phase.set(Phase::Readying { retry });
+        phase.set(readying(retry, deadline));
     } else {
         phase.set(Phase::Waiting {
             sleep: tokio::time::sleep(retry.delay),
             retry,
         });
+    }
+}
+
+/// Waiting for readiness to send `retry`, until `deadline` at the latest.
+fn readying<F, Tm>(retry: Retry, deadline: Option<Instant>) -> Phase<F, Tm> {
+    Phase::Readying {
+        retry,
+        deadline: deadline.map(tokio::time::sleep_until),
     }
 }
 
