@@ -7,11 +7,7 @@ use std::io;
 use tonic::Code;
 
 use tower_backoff_core::policy::Cause;
-use tower_backoff_http::classify_error;
-
-/// How deep [`classify_transport_error`] looks: real chains are a handful of
-/// links, and a cyclic one must not stall the client.
-const MAX_DEPTH: usize = 32;
+use tower_backoff_http::{classify_error, find_in_chain};
 
 /// What an error from the transport (no response at all) means for a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,31 +46,35 @@ pub enum TransportFailure {
 /// assert_eq!(classify_transport_error(&reset), TransportFailure::Status(Code::Unavailable));
 /// ```
 pub fn classify_transport_error(error: &(dyn Error + 'static)) -> TransportFailure {
-    let mut next = Some(error);
     let mut seen_h2 = false;
-    for _ in 0..MAX_DEPTH {
-        let Some(error) = next else { break };
+    // `find_in_chain` looks inside an `io::Error` at the error it wraps (a
+    // refused stream or a `Status` behind an I/O adapter), which `source()`
+    // alone skips.
+    let found = find_in_chain(error, |error| {
         if error.is::<tonic::ConnectError>() {
-            return TransportFailure::NotSent;
+            return Some(TransportFailure::NotSent);
         }
         if let Some(error) = error.downcast_ref::<h2::Error>() {
             if error.reason() == Some(h2::Reason::REFUSED_STREAM) {
-                return TransportFailure::NotSent;
+                return Some(TransportFailure::NotSent);
             }
             seen_h2 = true;
         }
         if let Some(error) = error.downcast_ref::<io::Error>() {
             if error.kind() == io::ErrorKind::ConnectionRefused {
-                return TransportFailure::NotSent;
+                return Some(TransportFailure::NotSent);
             }
         }
         if let Some(status) = error.downcast_ref::<tonic::Status>() {
-            return TransportFailure::Status(status.code());
+            return Some(TransportFailure::Status(status.code()));
         }
         if error.is::<tonic::TimeoutExpired>() {
-            return TransportFailure::Status(Code::DeadlineExceeded);
+            return Some(TransportFailure::Status(Code::DeadlineExceeded));
         }
-        next = error.source();
+        None
+    });
+    if let Some(found) = found {
+        return found;
     }
     match classify_error(error) {
         Some(Cause::Timeout) => TransportFailure::Status(Code::DeadlineExceeded),
@@ -146,6 +146,30 @@ mod tests {
         assert_eq!(
             classify_transport_error(&error),
             TransportFailure::Status(Code::ResourceExhausted)
+        );
+    }
+
+    /// Defect 4 of issue 28: `io::Error::source()` skips the error it wraps;
+    /// the classifier must look at that error itself.
+    #[test]
+    fn a_refused_stream_or_a_status_inside_an_io_error_is_seen() {
+        let refused = io::Error::other(h2::Error::from(h2::Reason::REFUSED_STREAM));
+        assert_eq!(
+            classify_transport_error(&refused),
+            TransportFailure::NotSent
+        );
+        let unavailable = io::Error::other(tonic::Status::unavailable("draining"));
+        assert_eq!(
+            classify_transport_error(&unavailable),
+            TransportFailure::Status(Code::Unavailable)
+        );
+        // Deeper: an io::Error inside a wrapper inside an io::Error.
+        let deep = io::Error::other(Wrapped(Box::new(io::Error::other(tonic::Status::aborted(
+            "conflict",
+        )))));
+        assert_eq!(
+            classify_transport_error(&deep),
+            TransportFailure::Status(Code::Aborted)
         );
     }
 }

@@ -86,11 +86,21 @@ pub fn is_unsent(error: &(dyn Error + 'static)) -> bool {
     find_in_chain(error, |error| proves_unsent(error).then_some(())).is_some()
 }
 
-/// The first answer `look` gives walking down `error`'s chain, at most
-/// [`MAX_DEPTH`] links deep (a chain may be a cycle).
-fn find_in_chain<T>(
-    error: &(dyn Error + 'static),
-    mut look: impl FnMut(&(dyn Error + 'static)) -> Option<T>,
+/// The first answer `look` gives walking down `error`'s chain: `error`, then
+/// its `source()`, and so on, looking inside an `io::Error` at the error it
+/// wraps (its own `source()` skips that one), at most 32 links deep (a chain
+/// may be a cycle). What every classifier of the crate walks.
+///
+/// ```
+/// use std::io;
+/// use tower_backoff::http::find_in_chain;
+///
+/// let wrapped = io::Error::other(std::fmt::Error);
+/// assert!(find_in_chain(&wrapped, |e| e.downcast_ref::<std::fmt::Error>()).is_some());
+/// ```
+pub fn find_in_chain<'a, T>(
+    error: &'a (dyn Error + 'static),
+    mut look: impl FnMut(&'a (dyn Error + 'static)) -> Option<T>,
 ) -> Option<T> {
     let mut next = Some(error);
     for _ in 0..MAX_DEPTH {

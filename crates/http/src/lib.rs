@@ -151,7 +151,7 @@ pub use delay_headers::{
     X_RATELIMIT_RESET,
 };
 pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
-pub use error::{classify_error, is_unsent, AsStdError};
+pub use error::{classify_error, find_in_chain, is_unsent, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
 #[cfg(feature = "reqwest-middleware")]
