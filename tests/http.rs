@@ -286,7 +286,6 @@ async fn hostile_retry_after_values_fall_back_to_the_schedule() {
         "9".repeat(10_000),
         past,
         "Thu, 01 Jan 1970 00:00:00 GMT".to_owned(),
-        "0".to_owned(),
     ];
     for value in hostile {
         let shown = value.chars().take(20).collect::<String>();
@@ -298,6 +297,67 @@ async fn hostile_retry_after_values_fall_back_to_the_schedule() {
         assert!(gap < STEP + Duration::from_millis(50), "{shown}: {gap:?}");
         assert!(started.elapsed() < Duration::from_secs(1), "{shown}");
     }
+}
+
+/// Defect 5 of issue 28: `Retry-After: 0` is "retry now" (RFC 9110), not
+/// "ask the next header" nor "wait the schedule's delay".
+#[tokio::test(start_paused = true)]
+async fn retry_after_zero_retries_at_once_whatever_the_other_headers_say() {
+    let server = Server::start(|n, _| {
+        if n == 0 {
+            status_with(503, &[("retry-after", "0"), ("x-ratelimit-reset", "30")])
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let svc = ServiceBuilder::new()
+        .layer(layer(HttpPolicy::new()))
+        .service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response), RetryInfo::new(2, Duration::ZERO));
+    let seen = server.seen();
+    assert!(seen[1].at - seen[0].at < Duration::from_millis(5));
+}
+
+/// Sends one GET answered 502 with `headers`, then 200: the time slept
+/// before the retry.
+async fn slept_after_502_with(headers: &'static [(&'static str, &'static str)]) -> Duration {
+    let server = Server::start(move |n, _| {
+        if n == 0 {
+            status_with(502, headers)
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let policy = HttpPolicy::new().server_delay_jitter(0, Duration::ZERO);
+    let svc = ServiceBuilder::new().layer(layer(policy)).service(client());
+    let response = svc.oneshot(get(&server)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{headers:?}");
+    info(&response).slept
+}
+
+/// Defect 5 of issue 28: a rate-limit reset is when the quota renews, a
+/// delay only once the quota is spent. GitHub sends both headers on every
+/// response, with thousands of requests left and a reset up to an hour away.
+#[tokio::test(start_paused = true)]
+async fn a_rate_limit_reset_is_a_delay_only_when_no_quota_is_left() {
+    let quota_left = slept_after_502_with(&[
+        ("x-ratelimit-remaining", "4999"),
+        ("x-ratelimit-reset", "1800"),
+        ("ratelimit-remaining", "12"),
+        ("ratelimit-reset", "1800"),
+    ])
+    .await;
+    assert_eq!(quota_left, STEP, "the schedule's delay, not 30 minutes");
+    let spent =
+        slept_after_502_with(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "3")]).await;
+    assert_eq!(spent, Duration::from_secs(3));
+    let spent =
+        slept_after_502_with(&[("ratelimit-remaining", "0"), ("ratelimit-reset", "2")]).await;
+    assert_eq!(spent, Duration::from_secs(2));
 }
 
 #[tokio::test(start_paused = true)]

@@ -21,6 +21,24 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 
 /// A value at least this large is no delay in seconds (that would be 31
 /// years) but a Unix timestamp in seconds: 10⁹ is September 2001.
+/// `RateLimit-Remaining`: the quota left in the current window. A
+/// `RateLimit-Reset` counts as a delay only when this is absent or `0`.
+pub const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+/// `X-RateLimit-Remaining`, paired with `X-RateLimit-Reset` as
+/// [`RATELIMIT_REMAINING`] is with `RateLimit-Reset`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+
+/// Whether a `*-Remaining` value says quota is left: a positive count. An
+/// absent, zero or unreadable value leaves the reset in force, as a 429
+/// without it means the quota is spent.
+fn quota_left(remaining: Option<&HeaderValue>) -> bool {
+    remaining
+        .map(|value| trim(value.as_bytes()))
+        .filter(|value| value.len() <= MAX_LEN && !value.is_empty())
+        .filter(|value| value.iter().all(u8::is_ascii_digit))
+        .is_some_and(|digits| digits.iter().any(|&digit| digit != b'0'))
+}
+
 const TIMESTAMP_SECONDS: f64 = 1e9;
 /// A value at least this large is a Unix timestamp in milliseconds: 10¹² s
 /// would be the year 33658.
@@ -81,12 +99,16 @@ impl DelayHeaders {
             .or_else(|| {
                 read(Self::RETRY_AFTER, &RETRY_AFTER).and_then(|v| parse_retry_after(v, now))
             })
+            // A reset is when the quota renews: a delay only once it is
+            // spent. GitHub sends both on every response, with thousands left.
             .or_else(|| {
                 read(Self::RATELIMIT_RESET, &RATELIMIT_RESET)
+                    .filter(|_| !quota_left(headers.get(&RATELIMIT_REMAINING)))
                     .and_then(|v| parse_rate_limit_reset(v, now))
             })
             .or_else(|| {
                 read(Self::X_RATELIMIT_RESET, &X_RATELIMIT_RESET)
+                    .filter(|_| !quota_left(headers.get(&X_RATELIMIT_REMAINING)))
                     .and_then(|v| parse_rate_limit_reset(v, now))
             })
     }
@@ -358,5 +380,18 @@ mod tests {
             DelayHeaders::RETRY_AFTER | DelayHeaders::RETRY_AFTER,
             DelayHeaders::RETRY_AFTER
         );
+    }
+
+    #[test]
+    fn quota_is_left_only_for_a_positive_count() {
+        let value = |s: &str| HeaderValue::from_str(s).unwrap();
+        for left in ["1", "4999", " 12 ", "007"] {
+            assert!(quota_left(Some(&value(left))), "{left:?}");
+        }
+        let long = "9".repeat(100);
+        for spent in ["0", "000", "", "-3", "abc", "1.5", long.as_str()] {
+            assert!(!quota_left(Some(&value(spent))), "{spent:?}");
+        }
+        assert!(!quota_left(None));
     }
 }

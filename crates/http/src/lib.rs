@@ -30,7 +30,9 @@
 //! | `X-RateLimit-Reset` | as `RateLimit-Reset` | the delay (last choice) |
 //! | a delay > [`max_server_delay`](HttpPolicy::max_server_delay) (default 60 s) | | give up at once: the response is returned |
 //! | a delay past the layer's [`max_elapsed`](tower_backoff_core::BackoffBuilder::max_elapsed) | | give up at once: the response is returned |
-//! | malformed, negative, zero, past, > 64 bytes | | ignored: the schedule's delay |
+//! | `Retry-After: 0` | | retry now (RFC 9110), no other header read |
+//! | a `*-Reset` while its `*-Remaining` is above 0 | quota left | ignored: the reset is when the quota renews |
+//! | malformed, negative, zero (but `Retry-After`), past, > 64 bytes | | ignored: the schedule's delay |
 //!
 //! A server's delay is slept in full, never shortened to the schedule's cap,
 //! plus an upward jitter ([`server_delay_jitter`](HttpPolicy::server_delay_jitter),
@@ -147,8 +149,8 @@ mod status;
 pub use body::CloneBody;
 pub use buffer::{BufferedBody, DEFAULT_BUFFER_LIMIT};
 pub use delay_headers::{
-    parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_RESET, RETRY_AFTER_MS,
-    X_RATELIMIT_RESET,
+    parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_REMAINING,
+    RATELIMIT_RESET, RETRY_AFTER_MS, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
 pub use error::{classify_error, find_in_chain, is_unsent, AsStdError};

@@ -15,12 +15,13 @@ pub(super) const MAX_LEN: usize = 64;
 ///
 /// Both forms of RFC 9110 §10.2.3 are read: delay-seconds (`120`) and an
 /// HTTP-date (`Wed, 21 Oct 2015 07:28:00 GMT`, parsed by `httpdate`, so with
-/// its one-second precision). `None` is returned for:
+/// its one-second precision). `0` is `Some(Duration::ZERO)`: "retry now", as
+/// RFC 9110 says. `None` is returned for:
 /// - a malformed value: `-5`, `1.5`, `abc`, an empty string, anything over
 ///   64 bytes;
-/// - zero, or a date that is not after `now`: the server names no particular
-///   wait, and the schedule's jittered delay spreads clients out where an
-///   immediate retry from all of them would not.
+/// - a date that is not after `now`: a server whose clock is behind names no
+///   wait worth trusting, and the schedule's jittered delay spreads clients
+///   out where an immediate retry from all of them would not.
 ///
 /// An enormous value is returned as it is, and digits that overflow a `u64`
 /// as `Duration::MAX`: the server did say "not before then", and it is the
@@ -38,6 +39,7 @@ pub(super) const MAX_LEN: usize = 64;
 ///     parse_retry_after(&HeaderValue::from_static("2"), now),
 ///     Some(Duration::from_secs(2))
 /// );
+/// assert_eq!(parse_retry_after(&HeaderValue::from_static("0"), now), Some(Duration::ZERO));
 /// assert_eq!(parse_retry_after(&HeaderValue::from_static("-5"), now), None);
 ///
 /// let in_a_minute = httpdate::fmt_http_date(now + Duration::from_secs(60));
@@ -54,12 +56,11 @@ pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duratio
     if value.is_empty() {
         return None;
     }
-    let delay = if value.iter().all(u8::is_ascii_digit) {
-        seconds(value).map_or(Duration::MAX, Duration::from_secs)
-    } else {
-        let date = httpdate::parse_http_date(std::str::from_utf8(value).ok()?).ok()?;
-        date.duration_since(now).ok()?
-    };
+    if value.iter().all(u8::is_ascii_digit) {
+        return Some(seconds(value).map_or(Duration::MAX, Duration::from_secs));
+    }
+    let date = httpdate::parse_http_date(std::str::from_utf8(value).ok()?).ok()?;
+    let delay = date.duration_since(now).ok()?;
     (!delay.is_zero()).then_some(delay)
 }
 
@@ -96,8 +97,9 @@ mod tests {
     }
 
     #[test]
-    fn zero_leaves_the_delay_to_the_schedule() {
-        assert_eq!(parse("0"), None);
+    fn zero_means_retry_now() {
+        assert_eq!(parse("0"), Some(Duration::ZERO));
+        assert_eq!(parse(" 000 "), Some(Duration::ZERO));
     }
 
     #[test]
