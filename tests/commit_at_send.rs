@@ -352,7 +352,9 @@ async fn a_time_limit_passed_while_waiting_for_readiness_returns_the_kept_outcom
         1,
         "no attempt started past the limit"
     );
-    assert_eq!(started.elapsed(), Duration::from_millis(100) + secs(5));
+    // Returned at the time limit, not when the service got ready at last
+    // (5.1 s): the readiness wait races the deadline.
+    assert_eq!(started.elapsed(), secs(1));
     assert_eq!(bucket.available(), 10);
 }
 
