@@ -158,3 +158,37 @@ async fn per_host_budgets_keep_the_other_hosts_retries_through_reqwest() {
     assert_eq!(down.requests(), 3 + 4);
     assert_eq!(flaky.requests(), 2);
 }
+
+/// `HttpRetryLayer` under `PerHostLayer`: each host gets a layer of its own
+/// from the same builder, so its own budget, and one host's outage leaves the
+/// other host its retries.
+#[tokio::test(start_paused = true)]
+async fn per_host_http_retry_layers_keep_the_other_hosts_retries() {
+    let (down, flaky) = two_hosts().await;
+    let svc = ServiceBuilder::new()
+        .layer(PerHostLayer::new(|| {
+            tower_backoff::http::HttpRetryLayer::builder()
+                .schedule(Constant::new(STEP))
+                .jitter(Jitter::None)
+                .budget(TokenBucket::builder().capacity(20).build().unwrap())
+                .build()
+                .unwrap()
+        }))
+        .service(client());
+    let mut svc = svc;
+    for _ in 0..3 {
+        let response = svc.ready().await.unwrap().call(get(&down)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let response = svc.ready().await.unwrap().call(get(&flaky)).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "the flaky host kept its retries"
+    );
+    let info = *response
+        .extensions()
+        .get::<tower_backoff::http::RetryInfo>()
+        .unwrap();
+    assert_eq!(info.attempts, 2);
+}
