@@ -659,19 +659,22 @@ async fn refused_connection_is_retried_transparently_without_counting() {
 
     assert_eq!(status.code(), Code::Unavailable);
     let counts = stats.snapshot();
-    // The transparent retry went out at once and did not count: 2 counted
-    // attempts plus it.
-    assert_eq!(counts.attempts, 3, "{counts:?}");
-    assert!(
-        counts.slept >= Duration::from_millis(800) && counts.slept <= Duration::from_millis(1200),
-        "one backoff, for the counted retry only: {:?}",
-        counts.slept
-    );
+    // The transparent retry went out at once and did not count; past it the
+    // retry policy decides (A6), and UNAVAILABLE is not retryable here: no
+    // ordinary retry, no backoff (issue 28, defect 3).
+    assert_eq!(counts.attempts, 2, "{counts:?}");
+    assert_eq!(counts.retries, 1, "{counts:?}");
+    assert_eq!(counts.slept, Duration::ZERO, "{counts:?}");
 }
 
 /// A bare HTTP/2 server (h2, no gRPC library) that refuses the first stream
 /// with `REFUSED_STREAM`, then answers every health check `SERVING`.
 async fn refusing_server() -> (SocketAddr, Arc<Mutex<u32>>) {
+    refusing_server_for(1).await
+}
+
+/// As [`refusing_server`], refusing the first `refused` streams.
+async fn refusing_server_for(refused: u32) -> (SocketAddr, Arc<Mutex<u32>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let streams = Arc::new(Mutex::new(0));
@@ -685,7 +688,7 @@ async fn refusing_server() -> (SocketAddr, Arc<Mutex<u32>>) {
                 *streams += 1;
                 *streams
             };
-            if n == 1 {
+            if n <= refused {
                 respond.send_reset(h2::Reason::REFUSED_STREAM);
                 continue;
             }
@@ -723,6 +726,39 @@ async fn refused_stream_is_retried_transparently_even_unconfigured() {
     assert_eq!(*streams.lock().unwrap(), 2);
     let counts = stats.snapshot();
     assert_eq!((counts.attempts, counts.slept), (2, Duration::ZERO));
+}
+
+/// Defect 3 of issue 28: A6 allows one transparent retry; past it, the
+/// method's retry policy decides on the UNAVAILABLE a refused stream amounts
+/// to. Streams a call makes when the server refuses every one.
+async fn streams_when_every_stream_is_refused(config: &ServiceConfig) -> u32 {
+    let (addr, streams) = refusing_server_for(u32::MAX).await;
+    let layer = GrpcRetryLayer::new(config).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+    let status = client.check(health_check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let made = *streams.lock().unwrap();
+    made
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_refused_stream_is_not_retried_without_a_retry_policy() {
+    let streams = streams_when_every_stream_is_refused(&ServiceConfig::default()).await;
+    assert_eq!(streams, 2, "the call and its one transparent retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_refused_stream_is_not_retried_when_unavailable_is_not_retryable() {
+    let aborted_only = retry_config(5, "0.1s", r#"["ABORTED"]"#);
+    let streams = streams_when_every_stream_is_refused(&aborted_only).await;
+    assert_eq!(streams, 2, "the call and its one transparent retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_the_transparent_retry_refused_streams_count_against_max_attempts() {
+    let unavailable = retry_config(3, "0.1s", r#"["UNAVAILABLE"]"#);
+    let streams = streams_when_every_stream_is_refused(&unavailable).await;
+    assert_eq!(streams, 4, "3 attempts, and the free transparent one");
 }
 
 // ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 //! [`GrpcPolicy`]: retries gRPC calls the way gRFC A6 specifies.
 
 use std::error::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,7 +54,10 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///   and retried by default. A call that provably never left the client (the
 ///   connection failed, the server refused the stream) is retried once at
 ///   once, without counting against the attempt limit or the budget, whatever
-///   the codes ([`Cause::NotSent`], A6's *transparent retry*).
+///   the codes ([`Cause::NotSent`], A6's *transparent retry*). Behind a
+///   [`GrpcRetryLayer`](crate::GrpcRetryLayer), once that retry is spent a
+///   call that never left again is the `UNAVAILABLE` it amounts to, for the
+///   codes and `maxAttempts` to decide.
 /// - **Retries are marked**: each carries `grpc-previous-rpc-attempts`.
 /// - **Request bodies**: tonic's body is a stream, not `Clone`; wrap it in a
 ///   [`ReplayBody`](tower_backoff_http::ReplayBody) ([`ReplayLayer`](super::ReplayLayer)).
@@ -160,9 +164,10 @@ impl GrpcPolicy {
         self.judge_response(status, headers).0
     }
 
-    /// What an error with no response means.
+    /// What an error with no response means, for a call whose transparent
+    /// retry is still to come.
     pub fn classify_error(&self, error: &(dyn Error + 'static)) -> Decision {
-        self.judge_error(error).0
+        self.judge_error(error, false).0
     }
 
     fn judge_response(&self, status: StatusCode, headers: &HeaderMap) -> (Decision, Counted) {
@@ -200,13 +205,29 @@ impl GrpcPolicy {
         (decision.because(cause), Counted::Failure)
     }
 
-    fn judge_error(&self, error: &(dyn Error + 'static)) -> (Decision, Counted) {
+    /// What a transport error means; `transparent_spent` once the call's
+    /// one transparent retry went out.
+    fn judge_error(
+        &self,
+        error: &(dyn Error + 'static),
+        transparent_spent: bool,
+    ) -> (Decision, Counted) {
         match classify_transport_error(error) {
             // A6: transparent retries do not count for throttling.
-            TransportFailure::NotSent => {
+            TransportFailure::NotSent if !transparent_spent => {
                 (Decision::retry().because(Cause::NotSent), Counted::Neither)
             }
-            TransportFailure::Status(code) if self.codes.contains(code) => {
+            // A6: one transparent retry; past it the retry policy decides,
+            // as on the UNAVAILABLE a call that never left amounts to.
+            TransportFailure::NotSent => self.judge_code(Code::Unavailable),
+            TransportFailure::Status(code) => self.judge_code(code),
+        }
+    }
+
+    /// What a transport failure with `code` means under the retry policy.
+    fn judge_code(&self, code: Code) -> (Decision, Counted) {
+        match code {
+            code if self.codes.contains(code) => {
                 let cause = if code == Code::DeadlineExceeded {
                     Cause::Timeout
                 } else {
@@ -214,8 +235,26 @@ impl GrpcPolicy {
                 };
                 (Decision::retry().because(cause), Counted::Failure)
             }
-            TransportFailure::Status(_) => (Decision::Final, Counted::Neither),
+            _ => (Decision::Final, Counted::Neither),
         }
+    }
+}
+
+/// Whether a call's one transparent retry (A6) went out: shared by the
+/// request [`GrpcRetryLayer`](crate::GrpcRetryLayer) keeps and every copy
+/// of it, so that the policy, which sees the kept request, knows. A call
+/// without it (the policy behind a plain `BackoffLayer`) gets the engine's
+/// rule: a second call that never left is an ordinary retry.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TransparentRetry(Arc<AtomicBool>);
+
+impl TransparentRetry {
+    fn spend(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn is_spent(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
@@ -251,8 +290,12 @@ where
         request: &Request<ReqBody>,
         result: &Result<Response<ResBody>, E>,
     ) -> Decision {
+        let spent = request
+            .extensions()
+            .get::<TransparentRetry>()
+            .is_some_and(TransparentRetry::is_spent);
         // Past the replay limit the call is committed (A6).
-        tower_backoff_http::parts::unless_spent(self.judge(result), request.body())
+        tower_backoff_http::parts::unless_spent(self.judge(result, spent), request.body())
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
@@ -260,6 +303,11 @@ where
     }
 
     fn prepare_retry(&self, mut retry: PrepareRetry<'_, Request<ReqBody>, Response<ResBody>, E>) {
+        if retry.args().is_transparent() {
+            if let Some(transparent) = retry.request().extensions().get::<TransparentRetry>() {
+                transparent.spend();
+            }
+        }
         let previous = retry.args().attempt();
         retry
             .request_mut()
@@ -270,10 +318,14 @@ where
 
 impl GrpcPolicy {
     /// What an attempt's outcome means, counted by A6's throttle if on.
-    fn judge<B, E: AsStdError>(&self, result: &Result<Response<B>, E>) -> Decision {
+    fn judge<B, E: AsStdError>(
+        &self,
+        result: &Result<Response<B>, E>,
+        transparent_spent: bool,
+    ) -> Decision {
         let (decision, counted) = match result {
             Ok(response) => self.judge_response(response.status(), response.headers()),
-            Err(error) => self.judge_error(error.as_std_error()),
+            Err(error) => self.judge_error(error.as_std_error(), transparent_spent),
         };
         if let Some(throttle) = &self.throttle {
             match counted {

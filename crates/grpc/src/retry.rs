@@ -13,7 +13,7 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::policy::GrpcPolicy;
+use super::policy::{GrpcPolicy, TransparentRetry};
 use super::replay::TonicBody;
 use super::retry_config::RetryConfig;
 use super::service_config::ServiceConfig;
@@ -312,7 +312,8 @@ where
         let fresh = self.inner.clone();
         let readied = std::mem::replace(&mut self.inner, fresh);
         let limit = self.layer.replay_limit;
-        let request = request.map(|body| ReplayBody::with_limit(body, limit));
+        let mut request = request.map(|body| ReplayBody::with_limit(body, limit));
+        request.extensions_mut().insert(TransparentRetry::default());
         let mut method = BackoffRetry::new(readied, self.layer.route(request.uri().path()));
         // The method layers have no pacing, so the inner service's readiness
         // is all `BackoffRetry`'s own `poll_ready` would have waited for.
