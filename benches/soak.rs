@@ -62,12 +62,12 @@ impl Service<u64> for Backend {
     fn call(&mut self, request: u64) -> Answer {
         let n = mix(self.calls.fetch_add(1, Ordering::Relaxed));
         Answer {
-            outcome: if n % FAIL_ONE_IN == 0 {
+            outcome: if n.is_multiple_of(FAIL_ONE_IN) {
                 Err(request)
             } else {
                 Ok(request)
             },
-            pending: (n >> 32) % PENDING_ONE_IN == 0,
+            pending: (n >> 32).is_multiple_of(PENDING_ONE_IN),
         }
     }
 }
@@ -176,7 +176,7 @@ where
                 let started = Instant::now();
                 let ready = svc.ready().await.expect("always ready");
                 let mut call = pin!(ready.call(id));
-                if mix(!id) % DROP_ONE_IN == 0 {
+                if mix(!id).is_multiple_of(DROP_ONE_IN) {
                     // Polled once, then dropped: mid-flight if it was pending.
                     let _ = futures::poll!(call.as_mut());
                     tally.dropped.fetch_add(1, Ordering::Relaxed);
