@@ -193,3 +193,26 @@ async fn when_and_notify_infer_their_argument_types() {
     assert!(result.is_err());
     assert_eq!(notified.get(), 2);
 }
+
+/// Issue 27: a `retry(..)` built once and started many times shares one
+/// default budget across its runs, and each run is a `Future` that
+/// `tokio::spawn` takes.
+#[tokio::test(start_paused = true)]
+async fn a_reused_retry_shares_one_budget_across_100_runs_spawned() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = calls.clone();
+    let down = tower_backoff::retry(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        async { Err::<(), _>("down") }
+    })
+    .max_attempts(3)
+    .schedule(tower_backoff::Constant::new(Duration::ZERO));
+    for _ in 0..100 {
+        let outcome = tokio::spawn(down.start()).await.unwrap();
+        assert_eq!(outcome, Err("down"));
+    }
+    // The default bucket (500 tokens, 5 a retry) pays for 100 retries in
+    // all: 100 first attempts and 100 retries, not the 300 attempts of 100
+    // budgets of their own.
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 200);
+}

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -50,25 +50,44 @@ pub fn retry<F>(operation: F) -> RetryCall<F> {
         operation,
         schedule: AnySchedule::default(),
         limits: Limits::default(),
-        budget: BudgetChoice::Default,
+        budget: BudgetChoice::Default(Arc::default()),
         retry_if: AnyError,
         on_retry: NoHook,
     }
 }
 
-/// The budget of a [`RetryCall`]: unless told otherwise, a new default one,
-/// made at its first retry so an operation that succeeds at once allocates
-/// nothing.
+/// The budget of a [`RetryCall`]: unless told otherwise, a default one of its
+/// own, made at its first retry and shared by every run of the call and of
+/// its clones ([`start`](RetryCall::start)).
 #[derive(Clone)]
 enum BudgetChoice {
-    Default,
+    Default(Arc<OnceLock<Arc<dyn Budget>>>),
     Given(Arc<dyn Budget>),
     None,
 }
 
-/// A retried operation, not started yet: `.await` it to run it. Made by
+/// A retried operation, not started yet: `.await` it to run it once, or
+/// [`start`](Self::start) it as many times as you like. Made by
 /// [`retry`](fn@crate::retry).
+///
+/// Built once and reused, every run shares one budget, so that together the
+/// runs cannot multiply the load of an outage:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use tower_backoff::retry;
+///
+/// let fetch = retry(|| async { Ok::<_, std::io::Error>("page") }).max_attempts(5);
+/// for _ in 0..3 {
+///     // A `Future`, `Send` when the operation's is: ready for `tokio::spawn`.
+///     let page = tokio::spawn(fetch.start()).await.unwrap();
+///     assert_eq!(page.unwrap(), "page");
+/// }
+/// # }
+/// ```
 #[must_use = "nothing runs until it is awaited"]
+#[derive(Clone)]
 pub struct RetryCall<F, W = AnyError, N = NoHook> {
     operation: F,
     schedule: AnySchedule,
@@ -182,6 +201,19 @@ impl<F, W, N> RetryCall<F, W, N> {
         self
     }
 
+    /// Runs the operation: a future of its own, with its own attempts and
+    /// delays, sharing this call's budget with every other run. The
+    /// operation and the hooks are cloned for it.
+    pub fn start<Fut, T, E>(&self) -> RetryFuture<F, Fut, W, N>
+    where
+        F: FnMut() -> Fut + Clone,
+        Fut: Future<Output = Result<T, E>>,
+        W: Predicate<E> + Clone,
+        N: OnRetry<E> + Clone,
+    {
+        self.clone().into_future()
+    }
+
     /// Checks the settings the way [`BackoffBuilder::build`] does. Awaiting an
     /// unchecked configuration never panics (delays saturate at the cap), but
     /// this tells you about a mistake at start-up.
@@ -266,12 +298,13 @@ where
         };
         let session = Session::new(self.limits.max_attempts.max(1), deadline).with_rng(rng);
         let budget = match &self.budget {
-            BudgetChoice::Given(budget) => {
-                budget.on_first_attempt();
-                Some(budget.clone())
-            }
-            BudgetChoice::Default | BudgetChoice::None => None,
+            BudgetChoice::Given(budget) => Some(Arc::clone(budget)),
+            BudgetChoice::Default(made) => made.get().cloned(),
+            BudgetChoice::None => None,
         };
+        if let Some(budget) = &budget {
+            budget.on_first_attempt();
+        }
         let attempt = (self.operation)();
         RetryFuture {
             state: RetryState::Running { attempt },
@@ -344,10 +377,12 @@ where
                     if !settings.retry_if.should_retry(&error) {
                         return Poll::Ready(Err(error));
                     }
-                    if matches!(settings.budget, BudgetChoice::Default) && this.budget.is_none() {
-                        let budget: Arc<dyn Budget> = Arc::new(budget::default_budget());
+                    if let (BudgetChoice::Default(made), None) = (&settings.budget, &this.budget) {
+                        let budget = made.get_or_init(|| Arc::new(budget::default_budget()));
+                        // This run's first attempt, told late: the budget did
+                        // not exist yet when it went out.
                         budget.on_first_attempt();
-                        *this.budget = Some(budget);
+                        *this.budget = Some(Arc::clone(budget));
                     }
                     let rules = Rules {
                         schedule: &settings.schedule,
