@@ -653,3 +653,32 @@ async fn a_success_after_a_free_transparent_retry_earns_the_plain_refund() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(bucket.available(), spent + 1, "the plain success refund");
 }
+
+/// Issue 27, item 6: the layer shows its budget, the default one included,
+/// and the budget its balance.
+#[tokio::test(start_paused = true)]
+async fn a_layer_shows_its_budget_and_its_balance() {
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_millis(10)))
+        .build()
+        .unwrap();
+    let budget = layer.budget().expect("the default budget");
+    assert_eq!(budget.balance(), Some(500), "a full default bucket");
+    let down = layer.layer(service_fn(|()| async { Err::<(), _>("down") }));
+    assert!(down.oneshot(()).await.is_err());
+    assert_eq!(
+        layer.budget().and_then(|b| b.balance()),
+        Some(500 - 2 * 5),
+        "two retries paid"
+    );
+    let none = BackoffLayer::builder().no_budget().build().unwrap();
+    assert!(none.budget().is_none());
+    let ratio = BackoffLayer::builder()
+        .budget(RatioBudget::default())
+        .build()
+        .unwrap();
+    assert_eq!(
+        ratio.budget().and_then(|b| b.balance()),
+        Some(RatioBudget::default().available())
+    );
+}

@@ -446,3 +446,30 @@ fn invalid_layer_settings_fail_at_build_time_naming_the_field() {
         .to_string();
     assert!(message.contains("max_attempts"), "{message}");
 }
+
+/// Issue 27, item 3: outside a Tokio runtime, the first retry's sleep panics
+/// with a message that names what is missing: a runtime with tokio's time
+/// driver.
+#[test]
+fn outside_a_tokio_runtime_the_first_retry_names_the_time_driver() {
+    let layer = tower_backoff::BackoffLayer::builder()
+        .schedule(tower_backoff::Constant::new(
+            std::time::Duration::from_millis(10),
+        ))
+        .build()
+        .unwrap();
+    let svc = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|()| async { Err::<(), _>("down") }),
+    );
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        futures::executor::block_on(tower::ServiceExt::oneshot(svc, ()))
+    }))
+    .expect_err("no runtime, no timer");
+    let message = panicked
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(message.contains("no Tokio runtime"), "{message}");
+    assert!(message.contains("enable_time()"), "{message}");
+}

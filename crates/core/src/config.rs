@@ -210,6 +210,13 @@ pub(crate) enum LayerBudget {
 }
 
 impl Budget for LayerBudget {
+    fn balance(&self) -> Option<u64> {
+        match self {
+            LayerBudget::Bucket(bucket) => bucket.balance(),
+            LayerBudget::Given(budget) => budget.balance(),
+        }
+    }
+
     #[inline]
     fn on_first_attempt(&self) {
         match self {

@@ -108,7 +108,7 @@ impl<E> AttemptTimer<E> for AttemptTimeout {
             (None, None) => started + Duration::from_secs(365 * 24 * 60 * 60),
         };
         Expiry {
-            sleep: tokio::time::sleep_until(at),
+            sleep: crate::timer::sleep_until(at),
             after: at.saturating_duration_since(started),
             error: PhantomData,
         }

@@ -30,6 +30,7 @@ use crate::engine::{Ending, Retry, Session};
 use crate::events::{EndArgs, Event, OutcomeKind, RetryArgs};
 use crate::policy::{Policy, PrepareRetry};
 use crate::send::{pacing_stamp, poll_ready_to_send};
+use crate::timer;
 
 pin_project! {
     /// The response future of [`BackoffRetry`](crate::BackoffRetry): the attempts of one
@@ -610,7 +611,7 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option
         phase.set(readying(retry, deadline));
     } else {
         phase.set(Phase::Waiting {
-            sleep: tokio::time::sleep(retry.delay),
+            sleep: timer::sleep(retry.delay),
             retry,
         });
     }
@@ -620,7 +621,7 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option
 fn readying<F, Tm>(retry: Retry, deadline: Option<Instant>) -> Phase<F, Tm> {
     Phase::Readying {
         retry,
-        deadline: deadline.map(tokio::time::sleep_until),
+        deadline: deadline.map(timer::sleep_until),
     }
 }
 

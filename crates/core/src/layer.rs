@@ -118,6 +118,13 @@ impl<P, T> BackoffLayer<P, T> {
     pub fn pacing(&self) -> Option<&AdaptivePacing> {
         self.config.pacing.as_ref()
     }
+
+    /// The retry budget this layer's services share, the default one
+    /// included; `None` after [`no_budget`](BackoffBuilder::no_budget).
+    /// Read its [`balance`](Budget::balance) beside the [`stats`](Self::stats).
+    pub fn budget(&self) -> Option<&dyn Budget> {
+        self.config.budget().map(|budget| budget as &dyn Budget)
+    }
 }
 
 impl<Svc, P, T> Layer<Svc> for BackoffLayer<P, T> {

@@ -32,6 +32,7 @@ mod service;
 mod stats;
 #[doc(hidden)]
 pub mod sync;
+mod timer;
 
 pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
 pub use budget::{Budget, RatioBudget, TokenBucket};

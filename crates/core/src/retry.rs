@@ -18,6 +18,7 @@ use crate::error::{ConfigError, MAX_DURATION};
 use crate::jitter::{Jitter, Rng};
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::schedule::{AnySchedule, Schedule};
+use crate::timer;
 
 /// Calls `operation` until it succeeds, retrying errors after exponential,
 /// jittered sleeps. Awaiting it gives the last attempt's outcome.
@@ -408,7 +409,7 @@ where
                         RetryState::Starting { retry, kept }
                     } else {
                         RetryState::Waiting {
-                            sleep: tokio::time::sleep(retry.delay),
+                            sleep: timer::sleep(retry.delay),
                             retry,
                             kept,
                         }

@@ -165,7 +165,9 @@ impl AdaptivePacing {
                     sleep.as_mut().reset(deadline);
                     sleep
                 }
-                None => w.sleep.insert(Box::pin(tokio::time::sleep_until(deadline))),
+                None => w
+                    .sleep
+                    .insert(Box::pin(crate::timer::sleep_until(deadline))),
             };
             if sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;

@@ -94,6 +94,13 @@ pub trait Budget: Send + Sync {
     fn on_success(&self, last_retry: Option<Cause>) {
         let _ = last_retry;
     }
+
+    /// What the budget holds now, in its own unit, for a dashboard: the
+    /// tokens of a [`TokenBucket`], the retries a [`RatioBudget`] would
+    /// allow. `None` (the default) for a budget that does not say.
+    fn balance(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<B: Budget + ?Sized> Budget for Arc<B> {
@@ -109,6 +116,9 @@ impl<B: Budget + ?Sized> Budget for Arc<B> {
     fn on_success(&self, last_retry: Option<Cause>) {
         (**self).on_success(last_retry)
     }
+    fn balance(&self) -> Option<u64> {
+        (**self).balance()
+    }
 }
 
 impl<B: Budget + ?Sized> Budget for &'static B {
@@ -123,6 +133,9 @@ impl<B: Budget + ?Sized> Budget for &'static B {
     }
     fn on_success(&self, last_retry: Option<Cause>) {
         (**self).on_success(last_retry)
+    }
+    fn balance(&self) -> Option<u64> {
+        (**self).balance()
     }
 }
 

@@ -334,6 +334,10 @@ impl Default for RatioBudget {
 }
 
 impl Budget for RatioBudget {
+    fn balance(&self) -> Option<u64> {
+        Some(self.available())
+    }
+
     fn on_first_attempt(&self) {
         // A ratio of zero deposits nothing: skip the clock.
         if self.earn == Earn::FirstAttempts && self.deposit != 0 {

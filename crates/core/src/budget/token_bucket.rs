@@ -177,6 +177,10 @@ impl Default for TokenBucket {
 }
 
 impl Budget for TokenBucket {
+    fn balance(&self) -> Option<u64> {
+        Some(self.available())
+    }
+
     fn would_allow(&self, cause: Cause) -> bool {
         self.refill_now();
         self.tokens.load(Ordering::Relaxed) >= self.cost(cause)
