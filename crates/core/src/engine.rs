@@ -195,6 +195,12 @@ impl Session {
         self.last_retry
     }
 
+    /// Transparent retries sent: 0, or 1 once the one free retry of a
+    /// request that never left went out.
+    pub fn transparent_retries(&self) -> u32 {
+        u32::from(self.transparent_used)
+    }
+
     /// Attempts that count against `max_attempts`: the transparent retry
     /// does not.
     fn counted(&self) -> u32 {

@@ -111,6 +111,7 @@ impl RetryArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndArgs {
     pub(crate) attempts: u32,
+    pub(crate) transparent_retries: u32,
     pub(crate) slept: Duration,
     pub(crate) ending: Ending,
     pub(crate) outcome: OutcomeKind,
@@ -120,6 +121,12 @@ impl EndArgs {
     /// Attempts sent, the first included.
     pub fn attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// How many of the retries were transparent (free, for a request that
+    /// never left): 0 or 1. The others are `attempts() - 1 - this`.
+    pub fn transparent_retries(&self) -> u32 {
+        self.transparent_retries
     }
 
     /// Time slept between attempts in all (backoff delays, not pacing).

@@ -295,10 +295,22 @@ where
                         // budget's refund, none looked up when counted.
                         Verdict::End(Ending::Success) => {
                             let ending = Ending::Success;
-                            return Poll::Ready(machine.finish(1, Duration::ZERO, outcome, ending));
+                            return Poll::Ready(machine.finish(
+                                1,
+                                0,
+                                Duration::ZERO,
+                                outcome,
+                                ending,
+                            ));
                         }
                         Verdict::End(ending) => {
-                            return Poll::Ready(machine.finish(1, Duration::ZERO, outcome, ending))
+                            return Poll::Ready(machine.finish(
+                                1,
+                                0,
+                                Duration::ZERO,
+                                outcome,
+                                ending,
+                            ))
                         }
                         Verdict::Retry { after, cause } => (after, cause),
                     };
@@ -310,7 +322,13 @@ where
                     match machine.retry(&mut progress.session, after, cause) {
                         Ok(retry) => state.set(State::tracked(retry, outcome, progress)),
                         Err(ending) => {
-                            return Poll::Ready(machine.finish(1, Duration::ZERO, outcome, ending))
+                            return Poll::Ready(machine.finish(
+                                1,
+                                0,
+                                Duration::ZERO,
+                                outcome,
+                                ending,
+                            ))
                         }
                     }
                 }
@@ -571,14 +589,17 @@ where
         ending: Ending,
     ) -> Flow<Outcome<S, Req, T>> {
         let session = &progress.session;
-        ControlFlow::Break(self.finish(session.attempts(), session.slept(), outcome, ending))
+        let (attempts, transparent) = (session.attempts(), session.transparent_retries());
+        ControlFlow::Break(self.finish(attempts, transparent, session.slept(), outcome, ending))
     }
 
-    /// The outcome to return after `attempts` attempts and `slept` asleep.
+    /// The outcome to return after `attempts` attempts (`transparent` of the
+    /// retries free) and `slept` asleep.
     #[inline(always)]
     fn finish(
         &self,
         attempts: u32,
+        transparent: u32,
         slept: Duration,
         outcome: Outcome<S, Req, T>,
         ending: Ending,
@@ -587,6 +608,7 @@ where
         config.emit(|| {
             Event::Ended(EndArgs {
                 attempts,
+                transparent_retries: transparent,
                 slept,
                 ending,
                 outcome: OutcomeKind::of(&outcome),

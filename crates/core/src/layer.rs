@@ -375,7 +375,8 @@ impl<P, T> BackoffBuilder<P, T> {
     /// how each request ended. Any `Fn(&Event) + Send + Sync` closure is an
     /// observer (see [`Observer`]); several can be added, and adding one
     /// changes no type. Under the `tracing` feature every layer has
-    /// [`events::Tracing`](crate::events) among its observers.
+    /// [`events::Tracing`](crate::events) among its observers, and under
+    /// `metrics` the `metrics::Metrics` observer.
     pub fn observer(mut self, observer: impl Observer + 'static) -> Self {
         self.settings.observers.push(Box::new(observer));
         self
@@ -449,6 +450,8 @@ impl<P, T> BackoffBuilder<P, T> {
         };
         #[cfg(feature = "tracing")]
         observers.push(Box::new(crate::events::Tracing));
+        #[cfg(feature = "metrics")]
+        observers.push(Box::new(crate::metrics::Metrics));
         Ok(BackoffLayer {
             config: Arc::new(Config {
                 policy: self.policy,

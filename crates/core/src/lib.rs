@@ -24,6 +24,9 @@ pub mod future;
 mod jitter;
 mod layer;
 mod limits;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 pub mod policy;
 pub mod retry;
 pub mod schedule;

@@ -1,0 +1,59 @@
+//! [`Metrics`]: the layer's events as metrics, through the [`metrics`]
+//! facade (feature `metrics`), which every exporter reads: Prometheus,
+//! OpenTelemetry, StatsD. Every layer has it among its observers under that
+//! feature; without a recorder installed, recording costs a load and a
+//! branch.
+//!
+//! The names follow gRPC's per-call retry metrics (gRFC A96), under this
+//! crate's prefix, so one dashboard reads HTTP and gRPC alike:
+//!
+//! | metric | kind | recorded |
+//! |---|---|---|
+//! | `tower_backoff.call.attempts` | histogram | attempts of each request, the first included |
+//! | `tower_backoff.call.retries` | histogram | retries of each request that had any (A96 reports no 0) |
+//! | `tower_backoff.call.transparent_retries` | histogram | free retries of requests that never left, when any |
+//! | `tower_backoff.call.retry_delay` | histogram | seconds each retried request slept in all |
+//! | `tower_backoff.call.ended` | counter, label `ending` | requests, by how they ended (`success`, `final`, `out_of_attempts`, `out_of_time`, `budget_refused`, `not_replayable`) |
+//! | `tower_backoff.budget.refusals` | counter | retries the budget refused |
+//!
+//! Hedges and circuit-breaker state come with those features.
+//!
+//! The facade was chosen over OpenTelemetry's own API because it is one small
+//! dependency with a global recorder and no runtime of its own; an
+//! OpenTelemetry exporter for it exists.
+
+use crate::engine::Ending;
+use crate::events::{Event, Observer};
+
+/// Records the metrics above from every request's [`Event::Ended`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Metrics;
+
+impl Observer for Metrics {
+    fn on_event(&self, event: &Event) {
+        let Event::Ended(end) = event else { return };
+        let attempts = end.attempts();
+        metrics::histogram!("tower_backoff.call.attempts").record(f64::from(attempts));
+        let retries = attempts.saturating_sub(1);
+        if retries > 0 {
+            metrics::histogram!("tower_backoff.call.retries").record(f64::from(retries));
+            metrics::histogram!("tower_backoff.call.retry_delay").record(end.slept().as_secs_f64());
+        }
+        if end.transparent_retries() > 0 {
+            metrics::histogram!("tower_backoff.call.transparent_retries")
+                .record(f64::from(end.transparent_retries()));
+        }
+        let ending = match end.ending() {
+            Ending::Success => "success",
+            Ending::Final => "final",
+            Ending::OutOfAttempts => "out_of_attempts",
+            Ending::OutOfTime => "out_of_time",
+            Ending::BudgetRefused => "budget_refused",
+            Ending::NotReplayable => "not_replayable",
+        };
+        metrics::counter!("tower_backoff.call.ended", "ending" => ending).increment(1);
+        if end.ending() == Ending::BudgetRefused {
+            metrics::counter!("tower_backoff.budget.refusals").increment(1);
+        }
+    }
+}
