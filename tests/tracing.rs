@@ -73,3 +73,114 @@ async fn each_retry_logs_a_debug_event_and_a_refusal_a_warning() {
     assert_eq!(*level, Level::WARN);
     assert!(fields.contains("attempt=2"), "{fields}");
 }
+
+/// Every span opened and every value recorded on it, by span.
+#[derive(Default)]
+struct Spans {
+    next: std::sync::atomic::AtomicU64,
+    fields: Mutex<Vec<(String, String)>>,
+}
+
+struct CollectSpans(Arc<Spans>);
+
+impl Subscriber for CollectSpans {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attributes: &span::Attributes<'_>) -> span::Id {
+        let id = self
+            .0
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        let mut fields = format!("{} ", attributes.metadata().name());
+        attributes.record(&mut |field: &Field, value: &dyn std::fmt::Debug| {
+            let _ = write!(fields, "{}={:?} ", field.name(), value);
+        });
+        self.0.fields.lock().unwrap().push((id.to_string(), fields));
+        span::Id::from_u64(id)
+    }
+    fn record(&self, id: &span::Id, values: &span::Record<'_>) {
+        let mut spans = self.0.fields.lock().unwrap();
+        let Some((_, fields)) = spans
+            .iter_mut()
+            .find(|(s, _)| *s == id.into_u64().to_string())
+        else {
+            return;
+        };
+        values.record(&mut |field: &Field, value: &dyn std::fmt::Debug| {
+            let _ = write!(fields, "{}={:?} ", field.name(), value);
+        });
+    }
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &span::Id) {}
+    fn exit(&self, _: &span::Id) {}
+}
+
+/// Issue 27: a span per attempt, with its number, OpenTelemetry's
+/// `http.request.resend_count`, a retry's delay and cause, and the outcome.
+#[tokio::test(start_paused = true)]
+async fn each_attempt_has_a_span_with_its_number_resend_count_and_outcome() {
+    let spans = Arc::new(Spans::default());
+    let _guard = tracing::subscriber::set_default(CollectSpans(spans.clone()));
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .build()
+        .unwrap();
+    let calls = Arc::new(Mutex::new(0));
+    let svc = layer.layer(service_fn(move |()| {
+        let n = {
+            let mut calls = calls.lock().unwrap();
+            *calls += 1;
+            *calls
+        };
+        async move {
+            if n < 3 {
+                Err("busy")
+            } else {
+                Ok(())
+            }
+        }
+    }));
+    assert_eq!(svc.oneshot(()).await, Ok(()));
+    let attempts: Vec<String> = spans
+        .fields
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, fields)| fields.clone())
+        .filter(|fields| fields.starts_with("attempt "))
+        .collect();
+    assert_eq!(attempts.len(), 3, "{attempts:#?}");
+    for (i, expected) in [
+        [
+            "attempt=1 ",
+            "http.request.resend_count=0 ",
+            "outcome=\"error\"",
+        ],
+        [
+            "attempt=2 ",
+            "http.request.resend_count=1 ",
+            "outcome=\"error\"",
+        ],
+        [
+            "attempt=3 ",
+            "http.request.resend_count=2 ",
+            "outcome=\"response\"",
+        ],
+    ]
+    .iter()
+    .enumerate()
+    {
+        for part in expected {
+            assert!(attempts[i].contains(part), "{part} in {}", attempts[i]);
+        }
+    }
+    assert!(
+        attempts[1].contains("delay=100ms") && attempts[1].contains("cause=Transient"),
+        "{}",
+        attempts[1]
+    );
+}

@@ -30,6 +30,7 @@ use crate::engine::{Ending, Retry, Session};
 use crate::events::{EndArgs, Event, OutcomeKind, RetryArgs};
 use crate::policy::{Policy, PrepareRetry};
 use crate::send::{pacing_stamp, poll_ready_to_send};
+use crate::span::{self, Traced};
 use crate::timer;
 
 pin_project! {
@@ -74,7 +75,7 @@ pin_project! {
         T: AttemptTimer<S::Error>,
     {
         #[pin]
-        state: State<S::Future, T::Timer, Result<S::Response, T::Error>>,
+        state: State<Traced<S::Future>, T::Timer, Result<S::Response, T::Error>>,
         // The request, kept to classify outcomes and to copy for each retry;
         // `None` when the policy would not copy it.
         request: Option<Req>,
@@ -203,7 +204,7 @@ where
 {
     #[inline(always)]
     pub(crate) fn new(
-        first: Attempt<S::Future, T::Timer>,
+        first: Attempt<Traced<S::Future>, T::Timer>,
         request: Option<Req>,
         limits: Option<RequestLimits>,
         inner: S,
@@ -288,7 +289,7 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::First { future, timer } => {
-                    let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
+                    let outcome = ready!(poll_attempt::<_, _, _, T>(future, timer, cx));
                     let (after, cause) = match machine.judge(&outcome, 0, None) {
                         // A success apart, its ending a constant where it is
                         // told: no ending kept in a register across the
@@ -340,15 +341,20 @@ where
 
 /// An attempt's outcome: its own, or its timer's error if that ends first.
 #[inline(always)]
-fn poll_attempt<Res, E, T: AttemptTimer<E>>(
-    future: Pin<&mut impl Future<Output = Result<Res, E>>>,
+fn poll_attempt<F, Res, E, T: AttemptTimer<E>>(
+    mut future: Pin<&mut Traced<F>>,
     timer: Pin<&mut T::Timer>,
     cx: &mut Context<'_>,
-) -> Poll<Result<Res, T::Error>> {
-    match future.poll(cx) {
-        Poll::Ready(outcome) => Poll::Ready(outcome.map_err(T::inner)),
-        Poll::Pending => Poll::Ready(Err(ready!(timer.poll(cx)))),
-    }
+) -> Poll<Result<Res, T::Error>>
+where
+    F: Future<Output = Result<Res, E>>,
+{
+    let outcome = match future.as_mut().poll(cx) {
+        Poll::Ready(outcome) => outcome.map_err(T::inner),
+        Poll::Pending => Err(ready!(timer.poll(cx))),
+    };
+    span::outcome(&*future, OutcomeKind::of(&outcome));
+    Poll::Ready(outcome)
 }
 
 fn take<O>(kept: &mut Option<O>) -> O {
@@ -359,10 +365,12 @@ const KEPT: &str = "an outcome is kept from a retry's decision until it is sent"
 
 type Outcome<S, Req, T> =
     Result<<S as Service<Req>>::Response, <T as AttemptTimer<<S as Service<Req>>::Error>>::Error>;
-type PhaseOf<S, Req, T> =
-    Phase<<S as Service<Req>>::Future, <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer>;
+type PhaseOf<S, Req, T> = Phase<
+    Traced<<S as Service<Req>>::Future>,
+    <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
+>;
 type TrackedOf<S, Req, T> = Tracked<
-    <S as Service<Req>>::Future,
+    Traced<<S as Service<Req>>::Future>,
     <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
     Outcome<S, Req, T>,
 >;
@@ -395,7 +403,7 @@ where
             let mut phase = this.phase;
             let flow = match phase.as_mut().project() {
                 PhaseProj::Called { future, timer } => {
-                    let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
+                    let outcome = ready!(poll_attempt::<_, _, _, T>(future, timer, cx));
                     self.on_outcome(progress, kept, phase, outcome)
                 }
                 PhaseProj::Waiting { sleep, retry } => {
@@ -575,7 +583,7 @@ where
         // first, it would be copied once more (measured: 36 instructions per
         // retry).
         phase.set(Phase::Called {
-            future: self.inner.call(copy),
+            future: span::retry(self.inner.call(copy), attempt + 1, &retry),
             timer,
         });
         ControlFlow::Continue(())

@@ -32,6 +32,7 @@ pub mod retry;
 pub mod schedule;
 mod send;
 mod service;
+mod span;
 mod stats;
 #[doc(hidden)]
 pub mod sync;
