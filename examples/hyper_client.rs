@@ -24,7 +24,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{HttpPolicy, ReplayBody, RetryInfo};
+use tower_backoff::http::{HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo};
 use tower_backoff::{BackoffLayer, Exponential};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -38,7 +38,7 @@ async fn main() -> Result<(), BoxError> {
 
     let client = Client::builder(TokioExecutor::new()).build_http::<RequestBody>();
     let svc = ServiceBuilder::new()
-        .layer(
+        .layer(HttpRetryLayer::from(
             BackoffLayer::builder()
                 .policy(HttpPolicy::new())
                 .schedule(
@@ -47,7 +47,7 @@ async fn main() -> Result<(), BoxError> {
                 .max_attempts(4)
                 .max_elapsed(Duration::from_secs(5))
                 .build()?,
-        )
+        ))
         // Inside the retry layer, so they see every attempt.
         .map_request(|request: Request<RequestBody>| {
             println!("  -> {} {}", request.method(), request.uri().path());
@@ -91,7 +91,7 @@ fn report<B>(response: &Response<B>) {
     let info = response
         .extensions()
         .get::<RetryInfo>()
-        .expect("set by HttpPolicy");
+        .expect("set by HttpRetryLayer");
     println!(
         "  = {} after {} attempt(s), {:?} asleep\n",
         response.status(),

@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{HttpPolicy, RetryInfo, IDEMPOTENCY_KEY};
+use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo, IDEMPOTENCY_KEY};
 use tower_backoff::{BackoffLayer, Exponential};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -35,13 +35,13 @@ async fn main() -> Result<(), BoxError> {
 
     let client = reqwest::Client::builder().no_proxy().build()?;
     let svc = ServiceBuilder::new()
-        .layer(
+        .layer(HttpRetryLayer::from(
             BackoffLayer::builder()
                 .policy(HttpPolicy::new())
                 .schedule(Exponential::new(Duration::from_millis(50)))
                 .max_attempts(3)
                 .build()?,
-        )
+        ))
         // Inside the retry layer, so they see every attempt.
         .map_request(|request: reqwest::Request| {
             println!("  -> {} {}", request.method(), request.url());
@@ -81,7 +81,7 @@ fn report(result: Result<reqwest::Response, reqwest::Error>) {
             let info = response
                 .extensions()
                 .get::<RetryInfo>()
-                .expect("set by HttpPolicy");
+                .expect("set by HttpRetryLayer");
             println!(
                 "  = {} after {} attempt(s), {:?} asleep\n",
                 response.status(),
