@@ -1,4 +1,4 @@
-//! What the layer shows while it works: a span per attempt (with
+//! What the layer shows while it works: a span per retry (with
 //! `http.request.resend_count`), printed as each closes, and the retry
 //! metrics in Prometheus text format.
 //!

@@ -75,7 +75,7 @@ pin_project! {
         T: AttemptTimer<S::Error>,
     {
         #[pin]
-        state: State<Traced<S::Future>, T::Timer, Result<S::Response, T::Error>>,
+        state: State<S::Future, Traced<S::Future>, T::Timer, Result<S::Response, T::Error>>,
         // The request, kept to classify outcomes and to copy for each retry;
         // `None` when the policy would not copy it.
         request: Option<Req>,
@@ -87,9 +87,9 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, Tm, O> {
+    enum State<F1, F, Tm, O> {
         // The first attempt, and nothing to track beside it: the happy path.
-        First { #[pin] future: F, #[pin] timer: Tm },
+        First { #[pin] future: F1, #[pin] timer: Tm },
         // Everything else, in its own allocation so the happy path's future
         // stays small.
         Tracked { tracked: Pin<Box<Tracked<F, Tm, O>>> },
@@ -121,7 +121,7 @@ pin_project! {
     }
 }
 
-impl<F, Tm, O> State<F, Tm, O> {
+impl<F1, F, Tm, O> State<F1, F, Tm, O> {
     /// A request tracked from its first retry on, in its own allocation:
     /// `kept` waits for `retry`.
     #[inline(always)]
@@ -204,7 +204,7 @@ where
 {
     #[inline(always)]
     pub(crate) fn new(
-        first: Attempt<Traced<S::Future>, T::Timer>,
+        first: Attempt<S::Future, T::Timer>,
         request: Option<Req>,
         limits: Option<RequestLimits>,
         inner: S,
@@ -218,7 +218,8 @@ where
             // measured 33 instructions more on the happy path.
             let tracked = Box::pin(Tracked {
                 phase: Phase::Called {
-                    future: first.future,
+                    // The first attempt: the caller's span, none of its own.
+                    future: span::untraced(first.future),
                     timer: first.timer,
                 },
                 kept: None,
@@ -289,7 +290,7 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::First { future, timer } => {
-                    let outcome = ready!(poll_attempt::<_, _, _, T>(future, timer, cx));
+                    let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
                     let (after, cause) = match machine.judge(&outcome, 0, None) {
                         // A success apart, its ending a constant where it is
                         // told: no ending kept in a register across the
@@ -341,20 +342,15 @@ where
 
 /// An attempt's outcome: its own, or its timer's error if that ends first.
 #[inline(always)]
-fn poll_attempt<F, Res, E, T: AttemptTimer<E>>(
-    mut future: Pin<&mut Traced<F>>,
+fn poll_attempt<Res, E, T: AttemptTimer<E>>(
+    future: Pin<&mut impl Future<Output = Result<Res, E>>>,
     timer: Pin<&mut T::Timer>,
     cx: &mut Context<'_>,
-) -> Poll<Result<Res, T::Error>>
-where
-    F: Future<Output = Result<Res, E>>,
-{
-    let outcome = match future.as_mut().poll(cx) {
-        Poll::Ready(outcome) => outcome.map_err(T::inner),
-        Poll::Pending => Err(ready!(timer.poll(cx))),
-    };
-    span::outcome(&*future, OutcomeKind::of(&outcome));
-    Poll::Ready(outcome)
+) -> Poll<Result<Res, T::Error>> {
+    match future.poll(cx) {
+        Poll::Ready(outcome) => Poll::Ready(outcome.map_err(T::inner)),
+        Poll::Pending => Poll::Ready(Err(ready!(timer.poll(cx)))),
+    }
 }
 
 fn take<O>(kept: &mut Option<O>) -> O {
@@ -402,8 +398,9 @@ where
             let (progress, kept) = (this.progress, this.kept);
             let mut phase = this.phase;
             let flow = match phase.as_mut().project() {
-                PhaseProj::Called { future, timer } => {
-                    let outcome = ready!(poll_attempt::<_, _, _, T>(future, timer, cx));
+                PhaseProj::Called { mut future, timer } => {
+                    let outcome = ready!(poll_attempt::<_, _, T>(future.as_mut(), timer, cx));
+                    span::outcome(&*future, OutcomeKind::of(&outcome));
                     self.on_outcome(progress, kept, phase, outcome)
                 }
                 PhaseProj::Waiting { sleep, retry } => {

@@ -17,7 +17,6 @@ use crate::decision::Decision;
 use crate::future::{Attempt, RequestLimits, ResponseFuture};
 use crate::policy::{ClassifyFn, Policy, RetryIf, RetryLimits, RetryOnError};
 use crate::send::{pacing_stamp, poll_ready_to_send};
-use crate::span;
 
 /// Retries requests to `S` that policy `P` classifies as transient failures,
 /// sleeping between attempts as the layer's schedule and jitter say.
@@ -242,7 +241,7 @@ impl<S, P, T> BackoffRetry<S, P, T> {
             .timer(limits.and_then(|limits| limits.deadline));
         config.on_call();
         let stamp = pacing_stamp(config, &mut self.gate);
-        let future = span::first(self.inner.call(request));
+        let future = self.inner.call(request);
         let attempt = Attempt {
             future,
             timer,

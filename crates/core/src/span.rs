@@ -1,9 +1,11 @@
-//! A `tracing` span per attempt (feature `tracing`): the attempt's number,
-//! `http.request.resend_count` as OpenTelemetry's HTTP conventions name it,
-//! for a retry its delay and cause, and the outcome once it is in. Created
-//! where the attempt is sent, so the first attempt's span nests in the
-//! caller's span, and a retry's in whatever span polls the response future.
-//! Without the feature an attempt is its bare future: nothing is added.
+//! A `tracing` span per retry (feature `tracing`): the attempt's number,
+//! `http.request.resend_count` as OpenTelemetry's HTTP conventions name it
+//! (they set it on resends only), the delay, the cause, and the outcome once
+//! it is in. Created where the retry is sent, so it nests in whatever span
+//! polls the response future, the caller's. The first attempt runs in the
+//! caller's own span, with no span added: its future stays in place, and the
+//! happy path's future stays the size of `tower::retry`'s. Without the
+//! feature a retry is its bare future.
 
 #[cfg(feature = "tracing")]
 use crate::engine::Retry;
@@ -15,24 +17,6 @@ pub(crate) type Traced<F> = tracing::instrument::Instrumented<F>;
 /// An attempt's future, in its span under the `tracing` feature.
 #[cfg(not(feature = "tracing"))]
 pub(crate) type Traced<F> = F;
-
-/// The first attempt's future, in its span.
-#[inline(always)]
-pub(crate) fn first<F>(future: F) -> Traced<F> {
-    #[cfg(feature = "tracing")]
-    {
-        use tracing::Instrument;
-        let span = tracing::debug_span!(
-            "attempt",
-            attempt = 1u32,
-            http.request.resend_count = 0u32,
-            outcome = tracing::field::Empty,
-        );
-        future.instrument(span)
-    }
-    #[cfg(not(feature = "tracing"))]
-    future
-}
 
 /// Attempt number `attempt`'s future (2 for the first retry), sent as
 /// `retry`, in its span.
@@ -52,6 +36,19 @@ pub(crate) fn retry<F>(future: F, attempt: u32, retry: &crate::engine::Retry) ->
             outcome = tracing::field::Empty,
         );
         future.instrument(span)
+    }
+    #[cfg(not(feature = "tracing"))]
+    future
+}
+
+/// The first attempt's future where a retry's is kept: in no span of its
+/// own (a disabled one, which records nothing and allocates nothing).
+#[inline(always)]
+pub(crate) fn untraced<F>(future: F) -> Traced<F> {
+    #[cfg(feature = "tracing")]
+    {
+        use tracing::Instrument;
+        future.instrument(tracing::Span::none())
     }
     #[cfg(not(feature = "tracing"))]
     future
