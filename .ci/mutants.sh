@@ -34,13 +34,16 @@ fi
 
 CORE=(
     crates/core/src/engine.rs
+    crates/core/src/policy.rs
     crates/core/src/future.rs
     crates/core/src/budget/
     crates/core/src/jitter.rs
     crates/core/src/schedule/
     crates/http/src/retry_after.rs
+    crates/http/src/delay_headers.rs
     crates/http/src/policy.rs
     crates/http/src/replay.rs
+    crates/grpc/src/policy.rs
 )
 
 # The test binaries that exercise each file (`cargo test` target options).
@@ -52,8 +55,14 @@ tests_for() {
         crates/core/src/budget/)
             echo "--lib --test budget --test layer --test sim"
             ;;
-        crates/http/src/retry_after.rs)
-            echo "--lib --test http"
+        crates/http/src/retry_after.rs | crates/http/src/delay_headers.rs)
+            echo "--lib --test http --test http_signals --test proptest_parsers"
+            ;;
+        crates/core/src/policy.rs)
+            echo "--test layer --test observability --test commit_at_send --test last_attempt"
+            ;;
+        crates/grpc/src/policy.rs)
+            echo "--lib --test grpc"
             ;;
         crates/http/src/policy.rs)
             echo "--lib --test http --test hyper_client --test reqwest"
