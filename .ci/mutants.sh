@@ -93,12 +93,14 @@ for file in "${files[@]}"; do
     echo "== cargo mutants: $file (${targets[*]})"
     # shellcheck disable=SC2086  # MUTANTS_ARGS is split into arguments on purpose
     # The integration tests live in the root package, the unit tests beside
-    # the code: test the whole workspace, whichever crate the file is in.
+    # the code: test the file's crate and the root package (not the whole
+    # workspace: with --workspace, `--lib` would rebuild and rerun the unit
+    # tests of every crate that links the mutated one, for every mutant).
     # cargo-mutants mutates only the package named: the crate the file is in.
     crate=${file#crates/}
     package="tower-backoff-${crate%%/*}"
-    cargo mutants --all-features --in-place --baseline skip --test-workspace=true \
-        --package "$package" \
+    cargo mutants --all-features --in-place --baseline skip \
+        --package "$package" --test-package "$package" --test-package tower-backoff \
         --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout "${MUTANTS_BUILD_TIMEOUT:-900}" \
         --file "$glob" --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} ||
         true # a missed mutant is a finding to report, not a script failure
