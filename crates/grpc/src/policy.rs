@@ -501,4 +501,70 @@ mod tests {
         assert_eq!(copy.headers()["te"], "trailers");
         assert!(!copy.headers().contains_key(PREVIOUS_RPC_ATTEMPTS));
     }
+
+    // Mutation testing (issue 28): the boundaries and mappings below were
+    // left untested by the cases above.
+
+    #[test]
+    fn a_pushback_of_exactly_the_maximum_is_honoured() {
+        let policy = GrpcPolicy::new().max_pushback(Duration::from_secs(10));
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &trailers_only("14", Some("10000"))),
+            Decision::retry_after(Duration::from_secs(10)).because(Cause::Throttled)
+        );
+    }
+
+    #[test]
+    fn a_deadline_exceeded_is_a_timeout_and_other_codes_transient() {
+        let policy = GrpcPolicy::new()
+            .retry_code(Code::DeadlineExceeded)
+            .retry_code(Code::Aborted);
+        // In a response.
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &trailers_only("4", None)),
+            Decision::retry().because(Cause::Timeout)
+        );
+        assert_eq!(
+            policy.classify_response(StatusCode::OK, &trailers_only("10", None)),
+            Decision::retry().because(Cause::Transient)
+        );
+        // As a transport error.
+        assert_eq!(
+            policy.classify_error(&tonic::Status::deadline_exceeded("late")),
+            Decision::retry().because(Cause::Timeout)
+        );
+        assert_eq!(
+            policy.classify_error(&tonic::Status::aborted("conflict")),
+            Decision::retry().because(Cause::Transient)
+        );
+    }
+
+    #[test]
+    fn http_statuses_without_a_grpc_status_map_to_their_codes() {
+        for (status, code) in [
+            (StatusCode::BAD_REQUEST, Code::Internal),
+            (StatusCode::UNAUTHORIZED, Code::Unauthenticated),
+            (StatusCode::FORBIDDEN, Code::PermissionDenied),
+            (StatusCode::NOT_FOUND, Code::Unimplemented),
+            (StatusCode::TOO_MANY_REQUESTS, Code::Unavailable),
+            (StatusCode::BAD_GATEWAY, Code::Unavailable),
+            (StatusCode::GATEWAY_TIMEOUT, Code::Unavailable),
+            (StatusCode::IM_A_TEAPOT, Code::Unknown),
+        ] {
+            let only = GrpcPolicy::new().codes(CodeSet::EMPTY.with(code));
+            assert!(
+                only.classify_response(status, &HeaderMap::new()).is_retry(),
+                "{status} is {code:?}"
+            );
+            // And only that code: Unknown is not what these map to.
+            if code != Code::Unknown {
+                let unknown = GrpcPolicy::new().codes(CodeSet::EMPTY.with(Code::Unknown));
+                assert_eq!(
+                    unknown.classify_response(status, &HeaderMap::new()),
+                    Decision::Final,
+                    "{status}"
+                );
+            }
+        }
+    }
 }
