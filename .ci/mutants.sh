@@ -59,7 +59,7 @@ tests_for() {
             echo "--lib --test http --test http_signals --test proptest_parsers"
             ;;
         crates/core/src/policy.rs)
-            echo "--test layer --test observability --test commit_at_send --test last_attempt"
+            echo "--lib --test layer --test observability --test commit_at_send --test last_attempt --test deadline"
             ;;
         crates/grpc/src/policy.rs)
             echo "--lib --test grpc"
