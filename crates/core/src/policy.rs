@@ -330,3 +330,68 @@ where
         Some(request.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    // Mutation testing (issue 28) found these left untested by the
+    // integration tests.
+    use super::*;
+    use crate::events::OutcomeKind;
+    use crate::Cause;
+
+    #[test]
+    fn retry_limits_set_what_they_say() {
+        assert_eq!(RetryLimits::new().max_attempts, None);
+        assert_eq!(RetryLimits::no_retries().max_attempts, Some(1));
+        assert_eq!(RetryLimits::new().max_attempts(5).max_attempts, Some(5));
+        assert_eq!(RetryLimits::new().max_attempts(0).max_attempts, Some(1));
+        let at = Instant::now() + Duration::from_secs(3);
+        assert_eq!(RetryLimits::new().deadline(at).deadline, Some(at));
+        let before = Instant::now();
+        let deadline = RetryLimits::new()
+            .timeout(Duration::from_secs(2))
+            .deadline
+            .unwrap();
+        assert!(deadline >= before + Duration::from_secs(2));
+        assert!(deadline <= Instant::now() + Duration::from_secs(2));
+    }
+
+    #[test]
+    fn an_enormous_timeout_is_a_deadline_far_ahead() {
+        let before = Instant::now();
+        let deadline = RetryLimits::new().timeout(Duration::MAX).deadline.unwrap();
+        assert!(deadline >= before + crate::error::MAX_DURATION);
+    }
+
+    /// Counts the retries it prepares into the request.
+    struct Stamp;
+
+    impl Policy<u32, (), ()> for Stamp {
+        fn classify(&self, _: &u32, _: &Result<(), ()>) -> Decision {
+            Decision::Success
+        }
+        fn clone_request(&self, request: &u32) -> Option<u32> {
+            Some(*request)
+        }
+        fn prepare_retry(&self, mut retry: PrepareRetry<'_, u32, (), ()>) {
+            *retry.request_mut() += 1;
+        }
+    }
+
+    #[test]
+    fn an_arc_forwards_prepare_retry() {
+        let policy = Arc::new(Stamp);
+        let mut request = 0;
+        let args = RetryArgs::new(1, Duration::ZERO, Cause::Transient, OutcomeKind::Response);
+        Policy::prepare_retry(&policy, PrepareRetry::new(&mut request, Ok(()), args));
+        assert_eq!(request, 1);
+    }
+
+    #[test]
+    fn closure_policies_name_themselves_in_debug() {
+        let retry = retry_if(|_: &Result<(), ()>| true);
+        assert_eq!(format!("{retry:?}"), "RetryIf");
+        let classify = classify_fn(|_: &(), _: &Result<(), ()>| Decision::Success);
+        assert_eq!(format!("{classify:?}"), "ClassifyFn");
+    }
+}
