@@ -341,3 +341,38 @@ impl TokenBucketBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bucket of 100 whose retries cost 10, drained to empty.
+    fn drained(builder: TokenBucketBuilder) -> TokenBucket {
+        let bucket = builder.capacity(100).retry_cost(10).build().unwrap();
+        while bucket.try_retry(Cause::Transient) {}
+        bucket
+    }
+
+    #[test]
+    fn a_refill_pays_only_the_time_since_the_last_one() {
+        // One token a second. The real clock has moved a few milliseconds
+        // since the bucket was built: only these calls refill it.
+        let bucket = drained(TokenBucket::builder().refill_per_second(1));
+        assert_eq!(bucket.available(), 0);
+        bucket.refill_to(5_000);
+        assert_eq!(bucket.available(), 5);
+        bucket.refill_to(12_000);
+        assert_eq!(bucket.available(), 12, "7 s more: 7 tokens, not 17");
+        bucket.refill_to(12_000);
+        assert_eq!(bucket.available(), 12, "no time, no tokens");
+    }
+
+    #[test]
+    fn a_success_without_retries_puts_back_the_refund_set() {
+        let bucket = drained(TokenBucket::builder().success_refund(7));
+        bucket.on_success(None);
+        assert_eq!(bucket.available(), 7);
+        bucket.on_success(Some(Cause::Transient));
+        assert_eq!(bucket.available(), 7 + 10, "after a retry: its cost");
+    }
+}
