@@ -117,7 +117,7 @@ pin_project! {
         // Waiting for the service to be ready to send a retry, racing the
         // request's deadline if it has one: a service that never gets ready
         // must not hold the kept outcome past it.
-        Readying { retry: Retry, #[pin] deadline: Option<Sleep> },
+        Readying { retry: Retry, deadline: Option<Instant>, #[pin] alarm: Option<Sleep> },
     }
 }
 
@@ -136,6 +136,7 @@ impl<F1, F, Tm, O> State<F1, F, Tm, O> {
                 phase: Phase::Readying {
                     retry,
                     deadline: None,
+                    alarm: None,
                 },
                 kept: Some(kept),
                 progress,
@@ -408,7 +409,11 @@ where
                     let retry = *retry;
                     self.on_wake(progress, phase, retry)
                 }
-                PhaseProj::Readying { retry, deadline } => {
+                PhaseProj::Readying {
+                    retry,
+                    deadline,
+                    mut alarm,
+                } => {
                     let retry = *retry;
                     // Zero-delay retries against a ready service would never
                     // yield: spend tokio's task budget like any I/O would.
@@ -420,8 +425,15 @@ where
                             self.send(progress, readiness, kept, phase, retry)
                         }
                         Poll::Pending => {
-                            let deadline = deadline.as_pin_mut();
-                            ready!(deadline.map_or(Poll::Pending, |d| d.poll(cx)));
+                            let Some(at) = *deadline else {
+                                return Poll::Pending;
+                            };
+                            // Armed only once readiness keeps the retry
+                            // waiting: a service ready at once costs no timer.
+                            if alarm.is_none() {
+                                alarm.set(Some(timer::sleep_until(at)));
+                            }
+                            ready!(alarm.as_pin_mut().map_or(Poll::Pending, |a| a.poll(cx)));
                             self.end(progress, take(kept), Ending::OutOfTime)
                         }
                     }
@@ -648,7 +660,8 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option
 fn readying<F, Tm>(retry: Retry, deadline: Option<Instant>) -> Phase<F, Tm> {
     Phase::Readying {
         retry,
-        deadline: deadline.map(timer::sleep_until),
+        deadline,
+        alarm: None,
     }
 }
 
