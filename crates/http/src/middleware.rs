@@ -117,12 +117,11 @@ impl<P, T> From<BackoffLayer<P, T>> for BackoffMiddleware<P, T> {
 /// The same retries, limits and settings as the layer, as a middleware.
 impl<T> From<HttpRetryLayer<T>> for BackoffMiddleware<HttpPolicy, T> {
     fn from(layer: HttpRetryLayer<T>) -> Self {
-        let settings = layer.settings();
         Self {
-            layer: layer.into_backoff(),
-            replay_limit: settings.replay_limit,
-            buffer_limit: settings.buffer_limit,
-            record_info: settings.record_info,
+            layer: layer.layer,
+            replay_limit: layer.replay_limit,
+            buffer_limit: layer.buffer_limit,
+            record_info: layer.record_info,
         }
     }
 }

@@ -82,10 +82,11 @@ pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 /// # fn main() {}
 /// ```
 pub struct HttpRetryLayer<T = NoTimeout> {
-    layer: BackoffLayer<HttpPolicy, T>,
-    record_info: bool,
-    replay_limit: usize,
-    buffer_limit: usize,
+    // Read by the middleware made from this layer, too.
+    pub(crate) layer: BackoffLayer<HttpPolicy, T>,
+    pub(crate) record_info: bool,
+    pub(crate) replay_limit: usize,
+    pub(crate) buffer_limit: usize,
 }
 
 const DEFAULTS: &str = "the default settings are valid";
@@ -141,30 +142,6 @@ impl<T> HttpRetryLayer<T> {
     pub fn backoff(&self) -> &BackoffLayer<HttpPolicy, T> {
         &self.layer
     }
-
-    /// The HTTP settings, for the middleware made from this layer.
-    #[cfg(feature = "reqwest-middleware")]
-    pub(crate) fn settings(&self) -> Settings {
-        Settings {
-            record_info: self.record_info,
-            replay_limit: self.replay_limit,
-            buffer_limit: self.buffer_limit,
-        }
-    }
-
-    /// The retry layer it wraps, unwrapped.
-    #[cfg(feature = "reqwest-middleware")]
-    pub(crate) fn into_backoff(self) -> BackoffLayer<HttpPolicy, T> {
-        self.layer
-    }
-}
-
-/// What the layer adds to its retry layer's settings.
-#[cfg(feature = "reqwest-middleware")]
-pub(crate) struct Settings {
-    pub(crate) record_info: bool,
-    pub(crate) replay_limit: usize,
-    pub(crate) buffer_limit: usize,
 }
 
 /// The layer's retries with the default replay and buffer limits.
