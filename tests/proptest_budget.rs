@@ -23,6 +23,7 @@ fn cause() -> impl Strategy<Value = Cause> {
         Just(Cause::Timeout),
         Just(Cause::Throttled),
         Just(Cause::NotSent),
+        Just(Cause::Conflict),
     ]
 }
 
@@ -163,7 +164,7 @@ proptest! {
         let cost = |cause| match cause {
             Cause::Timeout => timeout,
             Cause::Throttled => throttled,
-            Cause::Transient | Cause::NotSent => retry,
+            Cause::Transient | Cause::NotSent | Cause::Conflict => retry,
         };
         let tally = run(&bucket, &steps, cost, |last| last.map_or(refund, cost));
         prop_assert!(bucket.available() <= capacity);

@@ -85,4 +85,11 @@ pub enum Cause {
     /// limit and costs no budget, since the server saw nothing. A second one
     /// counts as an ordinary retry.
     NotSent,
+    /// The server answered and the request lost a race: an optimistic write
+    /// found the record changed (HTTP 409/412 with a version check, gRPC
+    /// `ABORTED`). The server is up and keeping pace, so the retry costs no
+    /// budget: a budget protects capacity, and a caller it refused would
+    /// only re-send at once, without the backoff that spreads the racers.
+    /// It counts against the attempt limit and waits its delay as usual.
+    Conflict,
 }

@@ -84,6 +84,13 @@ pub struct Retry {
 }
 
 impl Retry {
+    /// Whether the budget pays for it: not for the transparent retry, which
+    /// the server never saw, nor for a [conflict](Cause::Conflict), which
+    /// the server answered promptly.
+    pub fn paid(&self) -> bool {
+        !self.transparent && self.cause != Cause::Conflict
+    }
+
     /// A retry whose time the front-end sets itself, with no delay of the
     /// engine's: the poller's re-probe of a provider it evicted.
     pub fn planned(cause: Cause) -> Self {
@@ -189,8 +196,8 @@ impl Session {
 
     /// The cause of the last retry sent, if the budget paid for it: what a
     /// budget's refund on success depends on. `None` before any retry and
-    /// after the transparent retry, which was free: its success earns the
-    /// plain refund, not the return of a cost never paid.
+    /// after a free one (the transparent retry, a conflict): its success
+    /// earns the plain refund, not the return of a cost never paid.
     pub fn last_retry(&self) -> Option<Cause> {
         self.last_retry
     }
@@ -255,7 +262,8 @@ impl Session {
                 _ => return Err(Ending::OutOfTime),
             }
         }
-        if !transparent && rules.budget.is_some_and(|b| !b.would_allow(cause)) {
+        let paid = !transparent && cause != Cause::Conflict;
+        if paid && rules.budget.is_some_and(|b| !b.would_allow(cause)) {
             return Err(Ending::BudgetRefused);
         }
         self.previous_delay = delay;
@@ -332,14 +340,14 @@ impl Session {
         // first, it would be moved twice.
         match copy() {
             None => Err(Ending::NotReplayable),
-            Some(_) if !retry.transparent && budget.is_some_and(|b| !b.try_retry(retry.cause)) => {
+            Some(_) if retry.paid() && budget.is_some_and(|b| !b.try_retry(retry.cause)) => {
                 Err(Ending::BudgetRefused)
             }
             Some(copy) => {
                 // Saturating: unlimited attempts may count past u32::MAX.
                 self.attempts = self.attempts.saturating_add(1);
                 self.transparent_used |= retry.transparent;
-                self.last_retry = (!retry.transparent).then_some(retry.cause);
+                self.last_retry = retry.paid().then_some(retry.cause);
                 Ok(copy)
             }
         }
@@ -626,5 +634,37 @@ mod tests {
             .unwrap();
         session.send(&paid, NO_BUDGET, never, || Some(())).unwrap();
         assert_eq!(session.last_retry(), Some(Cause::Timeout));
+    }
+
+    #[test]
+    fn a_conflict_is_retried_with_its_delay_and_an_empty_budget_charging_nothing() {
+        let bucket = TokenBucket::builder()
+            .capacity(5)
+            .retry_cost(5)
+            .timeout_cost(5)
+            .build()
+            .unwrap();
+        assert!(bucket.try_retry(Cause::Transient), "empties the bucket");
+        let schedule = Constant::new(ms(10));
+        let rules = Rules {
+            budget: Some(&bucket),
+            ..rules(&schedule)
+        };
+        let mut session = Session::new(3, None);
+        let conflict = session
+            .decide(&rules, None, Cause::Conflict, true, never, rng)
+            .unwrap();
+        assert!(!conflict.paid());
+        assert_eq!(conflict.delay, ms(10), "a conflict waits like any retry");
+        session
+            .send(&conflict, rules.budget, never, || Some(()))
+            .unwrap();
+        assert_eq!(session.last_retry(), None, "nothing to refund");
+        assert_eq!(session.attempts(), 2, "it counts as an attempt");
+        assert_eq!(
+            session.decide(&rules, None, Cause::Transient, true, never, rng),
+            Err(Ending::BudgetRefused),
+            "other causes still pay"
+        );
     }
 }

@@ -101,6 +101,9 @@ impl TokenBucket {
             // The layer charges nothing for a transparent retry; a second one
             // is an ordinary failure to connect.
             Cause::NotSent => self.retry_cost,
+            // The layer charges nothing for a conflict either; a budget
+            // asked directly charges it as any retry.
+            Cause::Conflict => self.retry_cost,
         }
     }
 
