@@ -307,11 +307,15 @@ fn a_timeout_shorter_than_the_latency_fails_every_attempt() {
 // README's "10/10" are `#[ignore]`d (about a minute in a debug build):
 // `cargo test --all-features --test sim -- --ignored`.
 
-use tower_backoff_sim::{BudgetKind, PartialFailure};
+use tower_backoff::{classify_fn, Cause, Decision, Exponential};
+use tower_backoff_sim::{
+    BudgetKind, Conflict, ContentionReport, PartialFailure, Write, CONTENTION_FIRST_DELAY,
+    CONTENTION_MAX_DELAY,
+};
 
-/// The default budget's reserve: a full `TokenBucket` of 500 tokens pays for
-/// 100 retries of 5 (the default policy reports errors as transient).
-const DEFAULT_RESERVE: u64 = 100;
+/// What the default budget starts with: one retry (the default policy
+/// reports errors as transient), and no reserve.
+const DEFAULT_START: u64 = 1;
 
 #[test]
 fn defaults_keep_a_full_outage_at_1_02_attempts_per_request_at_10_100_and_1000_clones() {
@@ -322,10 +326,10 @@ fn defaults_keep_a_full_outage_at_1_02_attempts_per_request_at_10_100_and_1000_c
             .unwrap();
         assert!(report.requests > 25_000, "{report:?}");
         assert_eq!(report.unfinished, 0);
-        // The documented bound: the reserve, then nothing while nothing
-        // succeeds.
+        // The documented bound: the one retry it starts with, then nothing
+        // while nothing succeeds.
         assert!(
-            report.attempts <= report.requests + DEFAULT_RESERVE,
+            report.attempts <= report.requests + DEFAULT_START,
             "{clones} clones: {report:?}"
         );
         assert!(report.attempts_per_request() <= 1.02, "{report:?}");
@@ -359,19 +363,113 @@ fn defaults_succeed_for_99_5_percent_at_1_12x_load_when_a_tenth_of_attempts_fail
 }
 
 #[test]
-fn defaults_retry_every_failure_when_three_tenths_of_attempts_fail() {
-    // Successes refund more than the retries cost: the bucket never limits,
-    // so the figures are those of three attempts with no budget.
+fn defaults_retry_nearly_every_failure_when_three_tenths_of_attempts_fail() {
+    // Each first-try success earns a retry: the bucket refuses only in the
+    // first second, before it has measured the traffic its capacity grows
+    // to.
     let p = PartialFailure::new().failure_rate(0.3);
     let defaults = p.run_with(BudgetKind::Default, 1).unwrap();
     let unbudgeted = p.run_with(BudgetKind::None, 1).unwrap();
-    assert_eq!(defaults, unbudgeted);
-    assert!(defaults.success_share() > 0.97, "{defaults:?}");
+    let lost = unbudgeted.success_share() - defaults.success_share();
+    assert!(lost <= 0.002, "{defaults:?} {unbudgeted:?}");
     assert!(defaults.attempts_per_request() < 1.40, "{defaults:?}");
     // The ratio budgets (20 %) cap the load instead, and fail more requests.
     let ratio = p.run_with(BudgetKind::RatioOfFirstAttempts, 1).unwrap();
     assert!(ratio.attempts_per_request() < 1.22, "{ratio:?}");
     assert!(ratio.success_share() < 0.9, "{ratio:?}");
+}
+
+// ---- A fleet: one layer per process (issue 25) ----
+
+/// 1,000 processes, each with its own layer, sending 1 request a second
+/// each, for 60 s of outage.
+fn fleet_outage() -> Amplification {
+    Amplification::new()
+        .clones(1000)
+        .duration(Duration::from_secs(60))
+}
+
+#[test]
+fn defaults_keep_an_outage_of_1000_independent_processes_at_1_02_attempts_per_request() {
+    let report = fleet_outage()
+        .run_independent(BudgetKind::Default, 1)
+        .unwrap();
+    assert!(report.requests > 55_000, "{report:?}");
+    // One retry each, at most: what each bucket starts with.
+    assert!(report.attempts <= report.requests + 1000, "{report:?}");
+    assert!(report.attempts_per_request() <= 1.02, "{report:?}");
+    // After the first 10 s nothing is left to spend: at most 1 % of the
+    // 1,000 requests a second offered.
+    let late_seconds = 60 - 10;
+    assert!(report.late_retries <= 10 * late_seconds, "{report:?}");
+    // The AWS reserve of 500 tokens each spends 100 retries per process.
+    let aws = fleet_outage()
+        .run_independent(BudgetKind::TokenBucket, 1)
+        .unwrap();
+    assert!(aws.attempts_per_request() > 2.5, "{aws:?}");
+}
+
+#[test]
+fn defaults_keep_an_outage_after_30_s_of_healthy_traffic_at_1_05_attempts_per_request() {
+    let warm = fleet_outage().healthy_for(Duration::from_secs(30));
+    let report = warm.run_independent(BudgetKind::Default, 1).unwrap();
+    assert!(report.requests > 55_000, "{report:?}");
+    // The capacity each earned back: two retries (and a few requests in
+    // flight as the outage began retry too).
+    assert!(report.attempts <= report.requests + 2000 + 10, "{report:?}");
+    assert!(report.attempts_per_request() <= 1.05, "{report:?}");
+    // One layer shared by all: the same two retries, for all of them.
+    let shared = warm.run_with(BudgetKind::Default, 1).unwrap();
+    assert!(shared.attempts <= shared.requests + 2, "{shared:?}");
+}
+
+/// Failed requests with the default budget and without one, summed over
+/// `seeds`, each seed a run of 60,000 requests with a tenth of attempts
+/// failing.
+fn failed_at_a_tenth(independent: bool, seeds: std::ops::Range<u64>) -> (u64, u64, u64) {
+    let mut totals = (0, 0, 0);
+    for seed in seeds {
+        let p = PartialFailure::new().clones(1000).seed(seed);
+        let run = |kind| match independent {
+            true => p.run_independent(kind, seed).unwrap(),
+            false => p.run_with(kind, seed).unwrap(),
+        };
+        let (defaults, none) = (run(BudgetKind::Default), run(BudgetKind::None));
+        totals.0 += defaults.requests;
+        totals.1 += defaults.requests - defaults.succeeded;
+        totals.2 += none.requests - none.succeeded;
+    }
+    totals
+}
+
+#[test]
+fn one_shared_layer_succeeds_as_often_as_no_budget_when_a_tenth_of_attempts_fail() {
+    let (requests, with_budget, without) = failed_at_a_tenth(false, 1..3);
+    let gap = (with_budget as f64 - without as f64) / requests as f64;
+    assert!(
+        gap <= 0.0003,
+        "{with_budget} vs {without} failed of {requests}"
+    );
+}
+
+#[test]
+fn independent_layers_lose_at_most_0_06_points_of_success_when_a_tenth_of_attempts_fail() {
+    // The goal is 0.03 points; measured 0.033 over these three seeds, 0.02
+    // to 0.07 per seed (the run without a budget alone varies by ±0.03
+    // points between seeds, so one seed cannot tell). What each
+    // process loses: the retries a bucket of one retry cannot pay at its
+    // start (the price of a fleet's outage at 1.02), and the retry after a
+    // request that failed twice, before a success earns another.
+    let (requests, with_budget, without) = failed_at_a_tenth(true, 1..4);
+    let gap = (with_budget as f64 - without as f64) / requests as f64;
+    println!(
+        "independent layers: {with_budget} vs {without} failed of {requests}: {:.3} points",
+        100.0 * gap
+    );
+    assert!(
+        gap <= 0.0006,
+        "{with_budget} vs {without} failed of {requests}"
+    );
 }
 
 fn recovers(strategy: Strategy, storm: &Storm, seeds: std::ops::Range<u64>) -> u64 {
@@ -435,6 +533,31 @@ fn defaults_recover_from_a_retransmitted_outage_at_250_requests_per_second() {
     );
     let summary = Strategy::Defaults.run(&storm, 1).unwrap().summary();
     assert!(summary.recovery.is_some(), "{summary:?}");
+}
+
+#[test]
+fn defaults_recover_from_a_retransmitted_outage_within_3_s_of_a_client_that_never_retries() {
+    // The metastable case: what arrived during the outage lands at once
+    // when it ends, and the server stays overloaded for a while with no
+    // retries at all. Retries must not make that longer.
+    let storm = Storm::new().server(
+        ServerModel::new()
+            .retransmit(true)
+            .outage(Duration::from_secs(20), Duration::from_secs(10)),
+    );
+    let none = Strategy::NoRetries.run(&storm, 1).unwrap().summary();
+    let defaults = Strategy::Defaults.run(&storm, 1).unwrap().summary();
+    println!(
+        "recovery: no retries {:?}, defaults {:?}",
+        none.recovery, defaults.recovery
+    );
+    let (Some(none_at), Some(defaults_at)) = (none.recovery, defaults.recovery) else {
+        panic!("both recover: {none:?} {defaults:?}");
+    };
+    assert!(
+        defaults_at <= none_at + Duration::from_secs(3),
+        "{defaults:?} {none:?}"
+    );
 }
 
 /// The default storm, cut at 45 s (the outage ends at 30 s; recovery is
@@ -509,5 +632,75 @@ fn at_backlog_1024_defaults_add_no_load_to_no_retries_and_neither_recovers() {
     assert!(
         defaults.attempts <= none.attempts + 100,
         "{defaults:?} {none:?}"
+    );
+}
+
+// ---- Conflicts are not overload (issue 25) ----
+
+/// The contention race through `layer`, each client re-sending at once
+/// whatever the layer gives up on, until it wins: a caller that must get
+/// its write through.
+fn race_until_won<P>(layer: &BackoffLayer<P>) -> ContentionReport
+where
+    P: tower_backoff::Policy<Write, (), Conflict> + Clone + 'static,
+{
+    Contention::new()
+        .run_with(|record| {
+            let svc = tower_layer::Layer::layer(layer, record);
+            tower::service_fn(move |write: Write| {
+                let svc = svc.clone();
+                async move {
+                    loop {
+                        if svc.clone().oneshot(write).await.is_ok() {
+                            return Ok::<(), Conflict>(());
+                        }
+                    }
+                }
+            })
+        })
+        .unwrap()
+}
+
+fn racing_layer<P>(policy: P, budget: bool) -> BackoffLayer<P> {
+    let builder = BackoffLayer::builder()
+        .policy(policy)
+        .schedule(Exponential::new(CONTENTION_FIRST_DELAY).max_delay(CONTENTION_MAX_DELAY))
+        .unlimited_attempts()
+        .max_elapsed(Duration::from_secs(60))
+        .seed(1);
+    match budget {
+        true => builder.build().unwrap(),
+        false => builder.no_budget().build().unwrap(),
+    }
+}
+
+#[test]
+fn the_default_budget_makes_an_optimistic_write_race_no_worse_than_no_budget() {
+    let conflicts = classify_fn(|_: &Write, result: &Result<(), Conflict>| match result {
+        Ok(()) => Decision::Success,
+        Err(Conflict) => Decision::retry().because(Cause::Conflict),
+    });
+    let unbudgeted = race_until_won(&racing_layer(conflicts, false));
+    let defaults = race_until_won(&racing_layer(conflicts, true));
+    println!("no budget {unbudgeted:?}\ndefaults {defaults:?}");
+    assert_eq!(defaults.succeeded, defaults.clients);
+    let calls = defaults.write_calls as f64 / unbudgeted.write_calls as f64;
+    let time = defaults.last_success.as_secs_f64() / unbudgeted.last_success.as_secs_f64();
+    assert!(
+        (0.95..=1.05).contains(&calls),
+        "{defaults:?} {unbudgeted:?}"
+    );
+    assert!((0.95..=1.05).contains(&time), "{defaults:?} {unbudgeted:?}");
+    // Charged as overload instead, the budget is spent in the first round
+    // and every refused caller re-sends at once, without backoff.
+    let transient = classify_fn(|_: &Write, result: &Result<(), Conflict>| match result {
+        Ok(()) => Decision::Success,
+        Err(Conflict) => Decision::retry(),
+    });
+    let charged = race_until_won(&racing_layer(transient, true));
+    println!("charged {charged:?}");
+    assert!(
+        charged.write_calls > 2 * unbudgeted.write_calls,
+        "{charged:?} {unbudgeted:?}"
     );
 }

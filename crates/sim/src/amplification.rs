@@ -13,7 +13,7 @@ use super::connection::{Connection, Request};
 use super::server::{Server, ServerModel};
 use super::strategy::storm_budget;
 use super::workload::{check_open_load, issue, ClientLog};
-use tower_backoff_core::error::ConfigError;
+use tower_backoff_core::error::{check_duration, ConfigError};
 use tower_backoff_core::BackoffLayer;
 
 /// How the clones of a client hold their retry budget.
@@ -74,6 +74,7 @@ pub struct Amplification {
     duration: Duration,
     drain: Duration,
     attempt_timeout: Duration,
+    healthy_for: Duration,
     seed: u64,
 }
 
@@ -89,6 +90,10 @@ pub struct AmplificationReport {
     /// Logical requests still retrying when the run ended: a schedule whose
     /// waits outlast the drain time. Their later attempts are not counted.
     pub unfinished: u64,
+    /// Retries that reached the server from 10 s after the outage began to
+    /// the end of the run (attempts then, less the requests issued then):
+    /// what still goes out once the first seconds of an outage are over.
+    pub late_retries: u64,
     /// How long requests were issued.
     pub duration: Duration,
 }
@@ -119,8 +124,20 @@ impl Amplification {
             duration: Duration::from_secs(30),
             drain: Duration::from_secs(60),
             attempt_timeout: Duration::from_secs(1),
+            healthy_for: Duration::ZERO,
             seed: 1,
         }
+    }
+
+    /// Lets the server answer every attempt at once for `healthy_for`
+    /// (whole seconds) before the outage begins (default zero: down from
+    /// the start), so
+    /// budgets start the outage with what healthy traffic earned them. The
+    /// report counts only what happens from the outage on: requests issued
+    /// and attempts received after it began.
+    pub const fn healthy_for(mut self, healthy_for: Duration) -> Self {
+        self.healthy_for = healthy_for;
+        self
     }
 
     /// How many clones of the client send requests.
@@ -149,6 +166,13 @@ impl Amplification {
 
     /// Checks every setting; each error names the setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.healthy_for.subsec_nanos() != 0 {
+            return Err(ConfigError::new(
+                "healthy_for",
+                format!("must be whole seconds, got {:?}", self.healthy_for),
+            ));
+        }
+        check_duration("healthy_for", self.healthy_for)?;
         check_open_load(self.clones, self.rate, self.duration)
     }
 
@@ -208,6 +232,30 @@ impl Amplification {
         self.run(|c| tower_layer::Layer::layer(&layer, c))
     }
 
+    /// Runs the outage with the layer's defaults and `kind` of budget, a
+    /// layer **per clone**: independent processes, each with its own budget,
+    /// as a fleet is. Clone `i` seeds its jitter with `seed + i`.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming a setting that cannot work.
+    pub fn run_independent(
+        &self,
+        kind: BudgetKind,
+        seed: u64,
+    ) -> Result<AmplificationReport, ConfigError> {
+        let layers = (0..self.clones as u64)
+            .map(|i| {
+                kind.apply(BackoffLayer::builder().seed(seed.wrapping_add(i)))?
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut layers = layers.iter();
+        self.run(|c| {
+            let layer = layers.next().expect("one layer per clone");
+            tower_layer::Layer::layer(layer, c)
+        })
+    }
+
     /// Runs the outage with a client made by `make_client` for each clone,
     /// from a [`Connection`] to the server. Return services of one layer to
     /// share its budget between clones; build a layer per clone to give each
@@ -221,33 +269,46 @@ impl Amplification {
         S: Service<Request> + Clone + 'static,
     {
         self.validate()?;
-        let horizon = self.duration + self.drain;
-        // Down from the start to past the end, with no backlog: every attempt
-        // is lost and times out.
+        let healthy = self.healthy_for;
+        let horizon = healthy + self.duration + self.drain;
+        // Down from the end of the healthy spell to past the end, with no
+        // backlog: every attempt is lost and times out. Healthy, it answers
+        // in about a millisecond, far below its capacity.
         let model = ServerModel::new()
             .backlog(0)
-            .outage(Duration::ZERO, horizon * 2);
+            .base_latency(Duration::from_millis(1))
+            .outage(healthy, horizon * 2);
         let runtime = super::paused_runtime();
         let report = LocalSet::new().block_on(&runtime, async {
-            let server = Server::start(&model, self.seed, horizon, horizon);
+            let second = Duration::from_secs(1);
+            let server = Server::start(&model, self.seed, second, horizon);
             let connection = Connection::new(server.clone(), self.attempt_timeout);
             let clients: Rc<[S]> = (0..self.clones)
                 .map(|_| make_client(connection.clone()))
                 .collect();
             let start = server.started();
-            let log = Rc::new(RefCell::new(ClientLog::new(start, horizon, horizon)));
+            let log = Rc::new(RefCell::new(ClientLog::new(start, second, horizon)));
             let rate_per_clone = self.rate / self.clones as f64;
-            let stop = start + self.duration;
+            let stop = start + healthy + self.duration;
             issue(clients, rate_per_clone, stop, self.seed, log.clone()).await;
             tokio::time::sleep_until(start + horizon).await;
             let clients = log.borrow().samples();
-            let requests: u64 = clients.iter().map(|c| c.started).sum();
-            let done: u64 = clients.iter().map(|c| c.succeeded + c.failed).sum();
+            // Counted by the second, from the outage on.
+            let skip = healthy.as_secs() as usize;
+            let outage = clients.iter().skip(skip);
+            let requests: u64 = outage.clone().map(|c| c.started).sum();
+            let done: u64 = outage.map(|c| c.succeeded + c.failed).sum();
+            let arrivals: Vec<u64> = server.samples().iter().map(|s| s.arrivals).collect();
+            let attempts = arrivals.iter().skip(skip).sum();
+            let late = skip + 10;
+            let late_attempts: u64 = arrivals.iter().skip(late).sum();
+            let late_requests: u64 = clients.iter().skip(late).map(|c| c.started).sum();
             AmplificationReport {
                 clones: self.clones,
                 requests,
-                attempts: server.samples().iter().map(|s| s.arrivals).sum(),
-                unfinished: requests - done,
+                attempts,
+                unfinished: requests.saturating_sub(done),
+                late_retries: late_attempts.saturating_sub(late_requests),
                 duration: self.duration,
             }
         });

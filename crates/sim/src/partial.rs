@@ -159,6 +159,30 @@ impl PartialFailure {
         self.run(|c| tower_layer::Layer::layer(&layer, c))
     }
 
+    /// Runs the scenario with the layer's defaults and `kind` of budget, a
+    /// layer **per clone**: independent processes, each with its own budget.
+    /// Clone `i` seeds its jitter with `seed + i`.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming a setting that cannot work.
+    pub fn run_independent(
+        &self,
+        kind: BudgetKind,
+        seed: u64,
+    ) -> Result<PartialFailureReport, ConfigError> {
+        let layers = (0..self.clones as u64)
+            .map(|i| {
+                kind.apply(BackoffLayer::builder().seed(seed.wrapping_add(i)))?
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut layers = layers.iter();
+        self.run(|c| {
+            let layer = layers.next().expect("one layer per clone");
+            tower_layer::Layer::layer(layer, c)
+        })
+    }
+
     /// Runs the scenario with a client made by `make_client` for each clone,
     /// from the [`FlakyServer`]. Blocks until done, on a fresh runtime with a
     /// paused clock.

@@ -144,5 +144,5 @@ impl<B: Budget + ?Sized> Budget for &'static B {
 /// one relaxed load: `on_first_attempt` is empty, and a success's refund
 /// finds the bucket full.
 pub(crate) fn default_budget() -> TokenBucket {
-    TokenBucket::default()
+    TokenBucket::fleet_safe()
 }
