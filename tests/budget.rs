@@ -682,3 +682,90 @@ async fn a_layer_shows_its_budget_and_its_balance() {
         Some(RatioBudget::default().available())
     );
 }
+
+// ---- The fleet-safe default (issue 25) ----
+
+#[test]
+fn the_fleet_safe_bucket_starts_with_one_retry_and_a_success_earns_another() {
+    let bucket = TokenBucket::fleet_safe();
+    assert_eq!((bucket.available(), bucket.capacity()), (5, 10));
+    assert!(!bucket.would_allow(Cause::Timeout), "a timeout costs two");
+    bucket.on_success(None);
+    assert_eq!(bucket.available(), 10, "one first-try success: one retry");
+    bucket.on_success(None);
+    assert_eq!(bucket.available(), 10, "never above the capacity");
+    assert!(bucket.try_retry(Cause::Transient));
+    assert!(bucket.try_retry(Cause::Transient));
+    assert!(
+        !bucket.try_retry(Cause::Transient),
+        "two retries, then none"
+    );
+    bucket.on_success(Some(Cause::Transient));
+    assert_eq!(
+        bucket.available(),
+        5,
+        "a retry that worked gives its cost back"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_growing_capacity_follows_the_traffic_measured_after_a_retry() {
+    let bucket = TokenBucket::fleet_safe();
+    // No retry, no measurement: a busy service's capacity stays at two.
+    for _ in 0..1000 {
+        bucket.on_success(None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+    assert_eq!(bucket.capacity(), 10);
+    // A retry opens one: 1,024 successes over 1.024 s, 1,000 a second,
+    // and a tenth of 10 s of them is 1,000 retries of 5 tokens.
+    assert!(bucket.try_retry(Cause::Transient));
+    for _ in 0..1024 {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.capacity(), 5000);
+    // Earned one success at a time, not granted at once.
+    assert!(bucket.available() < 100, "{bucket:?}");
+    // The traffic falls to 2 a second: the next measurement shrinks the
+    // capacity back to its floor and the bucket gives up what is above it.
+    for _ in 0..1000 {
+        bucket.on_success(None);
+    }
+    assert!(bucket.available() > 1000, "{bucket:?}");
+    assert!(bucket.try_retry(Cause::Transient));
+    for _ in 0..8 {
+        tokio::time::advance(Duration::from_millis(500)).await;
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.capacity(), 10);
+    assert_eq!(bucket.available(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_shorter_than_a_second_is_not_measured_as_a_rate() {
+    let bucket = TokenBucket::fleet_safe();
+    bucket.on_success(None);
+    assert!(bucket.try_retry(Cause::Transient));
+    // 64 successes within 64 ms: too short to be a rate.
+    for _ in 0..64 {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.capacity(), 10);
+}
+
+#[test]
+fn a_bucket_refuses_a_start_above_its_capacity_and_a_share_outside_0_to_1() {
+    let field = |b: tower_backoff::budget::TokenBucketBuilder| b.build().unwrap_err().field();
+    let start = TokenBucket::builder().capacity(10).initial_tokens(11);
+    assert_eq!(field(start), "initial_tokens");
+    for share in [0.0, -0.1, 1.5, f64::NAN, f64::INFINITY] {
+        let growth = TokenBucket::builder().grow_with_traffic(share);
+        assert_eq!(field(growth), "grow_with_traffic", "{share}");
+    }
+    assert!(TokenBucket::builder()
+        .grow_with_traffic(1.0)
+        .build()
+        .is_ok());
+}

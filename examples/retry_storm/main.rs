@@ -187,8 +187,8 @@ fn simulate(options: &Options) -> Result<(), String> {
             * options.seeds;
     let steps = storm_runs * horizon_secs
         + (CONTENDERS.len() * JITTERS.len()
-            + CLONES.len() * (BUDGETS.len() + 1)
-            + BudgetKind::ALL.len() * (CLONES.len() + FAILURE_RATES.len())) as u64;
+            + CLONES.len() * (BUDGETS.len() + 2)
+            + BudgetKind::ALL.len() * (CLONES.len() + FAILURE_RATES.len() + 2)) as u64;
     let bar = ProgressBar::new(steps).with_style(
         ProgressStyle::with_template("{msg:<40} [{bar:40}] {percent:>3}% {elapsed}")
             .expect("a valid template")
@@ -441,6 +441,12 @@ fn amplification(
                     .map_err(|e| e.to_string())?,
             );
             tick();
+            reports.push(
+                scenario
+                    .run_independent(BudgetKind::Default, seed)
+                    .map_err(|e| e.to_string())?,
+            );
+            tick();
             Ok((clones, reports))
         })
         .collect()
@@ -450,12 +456,13 @@ fn print_amplification(rows: &[(usize, Vec<AmplificationReport>)]) {
     println!(
         "Amplification: the server is down for good; 1,000 requests/s in all for 30 s, \
          the layer's defaults (3 attempts, 100 ms doubling, full jitter); the budget columns \
-         a ratio budget of 10 % (+ a reserve of 100), \"defaults\" the layer as built with no option.\n"
+         a ratio budget of 10 % (+ a reserve of 100), \"defaults\" the layer as built with no option: \
+         one layer for all clones, or a layer per clone (independent processes).\n"
     );
     let mut table = Table::new(
         std::iter::once("clones")
             .chain(BUDGETS.map(BudgetSharing::name))
-            .chain(["defaults"]),
+            .chain(["defaults, one layer", "defaults, a layer per clone"]),
     );
     for (clones, reports) in rows {
         table.row(
@@ -478,7 +485,13 @@ struct BudgetRow {
     kind: BudgetKind,
     amplification: Vec<AmplificationReport>,
     partial: Vec<PartialFailureReport>,
+    /// A full outage and p = 0.1 with a layer per clone: 1,000
+    /// independent processes.
+    fleet: (AmplificationReport, PartialFailureReport),
 }
+
+/// Independent processes in the budget table: a layer each.
+const PROCESSES: usize = 1000;
 
 fn budgets(seed: u64, mut tick: impl FnMut()) -> Result<Vec<BudgetRow>, String> {
     BudgetKind::ALL
@@ -496,10 +509,21 @@ fn budgets(seed: u64, mut tick: impl FnMut()) -> Result<Vec<BudgetRow>, String> 
                 partial.push(scenario.run_with(kind, seed).map_err(|e| e.to_string())?);
                 tick();
             }
+            let outage = Amplification::new().clones(PROCESSES).seed(seed);
+            let outage = outage
+                .run_independent(kind, seed)
+                .map_err(|e| e.to_string())?;
+            tick();
+            let flaky = PartialFailure::new().clones(PROCESSES).seed(seed);
+            let flaky = flaky
+                .run_independent(kind, seed)
+                .map_err(|e| e.to_string())?;
+            tick();
             Ok(BudgetRow {
                 kind,
                 amplification,
                 partial,
+                fleet: (outage, flaky),
             })
         })
         .collect()
@@ -508,7 +532,7 @@ fn budgets(seed: u64, mut tick: impl FnMut()) -> Result<Vec<BudgetRow>, String> 
 fn print_budgets(rows: &[BudgetRow], storms: &[Run], retransmits: &[Run], options: &Options) {
     println!(
         "Budgets compared, each with its type's defaults, on the layer's defaults otherwise \
-         (one layer, so one budget, for all clients).\n\
+         (one layer, so one budget, for all clients, except in the \"processes\" columns: a layer each).\n\
          Full outage: attempts per request at 10 / 100 / 1000 clones. Partial failure: each attempt \
          fails with probability p; requests that succeeded and attempts per request. \
          Storm and retransmit: recovered seeds and, for seed {}, the time to recover.\n",
@@ -520,6 +544,8 @@ fn print_budgets(rows: &[BudgetRow], storms: &[Run], retransmits: &[Run], option
         header.push(format!("p = {p}: succeeded"));
         header.push(format!("p = {p}: load"));
     }
+    header.push(format!("outage, {PROCESSES} processes"));
+    header.push(format!("p = 0.1, {PROCESSES} processes: succeeded"));
     header.push("storm: recovered".into());
     header.push("retransmit: recovered".into());
     header.push("retransmit: after".into());
@@ -535,6 +561,9 @@ fn print_budgets(rows: &[BudgetRow], storms: &[Run], retransmits: &[Run], option
             cells.push(format!("{:.2} %", 100.0 * r.success_share()));
             cells.push(format!("{:.3}x", r.attempts_per_request()));
         }
+        let (outage, flaky) = &row.fleet;
+        cells.push(format!("{:.3}", outage.attempts_per_request()));
+        cells.push(format!("{:.2} %", 100.0 * flaky.success_share()));
         cells.push(format!("{}/{}", storm.recovered, options.seeds));
         cells.push(format!("{}/{}", retransmit.recovered, options.seeds));
         cells.push(match retransmit.summary().recovery {

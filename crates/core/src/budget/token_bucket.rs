@@ -34,7 +34,8 @@ const GROWTH_WINDOW_SECS: f64 = 10.0;
 /// it only drains.
 ///
 /// # The bound
-/// The bucket starts full: its capacity is a **reserve**, not a rate. A cold
+/// The bucket starts full (unless [`initial_tokens`](TokenBucketBuilder::initial_tokens)
+/// says otherwise): its capacity is a **reserve**, not a rate. A cold
 /// burst may spend it at once, `capacity / cost` retries (100 transient or 50
 /// timeout retries with the defaults), and after that every retry is paid by
 /// a success or the refill. Over any run, the tokens retries took are at most
@@ -120,20 +121,19 @@ impl TokenBucket {
     /// process of a fleet builds its own layer.
     ///
     /// It starts with one retry (5 tokens), not a reserve; a first-try
-    /// success earns 1 token; a retry costs 5, or 10 after a timeout, and
-    /// its success gives its cost back. The capacity is two retries, growing
-    /// with the layer's own traffic to a tenth of the first-try successes of
-    /// the last 10 s (as retries), so one busy shared layer rides out bursts
-    /// of failures while a process that sends little banks little. In an
-    /// outage a process's retries are bounded by that capacity: what its own
-    /// recent successes earned, or two.
+    /// success earns one retry (5 tokens); a retry costs 5, or 10 after a
+    /// timeout, and its success gives its cost back. The capacity is two
+    /// retries, growing with the layer's own traffic to a tenth of the
+    /// first-try successes of the last 10 s (as retries), so one busy shared
+    /// layer rides out bursts of failures while a process that sends little
+    /// banks little. In an outage a process's retries are bounded by that
+    /// capacity: what its own recent successes earned, or two.
     ///
-    /// Measured in the simulation (`crates/sim`, `tests/sim.rs`): a full
-    /// outage where each of 1,000 processes at 1 request per second has its
-    /// own layer makes 1.017 attempts per request over 60 s (1.033 after
-    /// 30 s of healthy traffic), where the AWS reserve of [`new`](Self::new)
-    /// makes 2.66; and with a tenth of attempts failing, it succeeds as
-    /// often as no budget at all, to within 0.03 percentage points.
+    /// Measured in the simulation (see [the module docs](super) for the
+    /// table): a full outage where each of 1,000 processes at 1 request per
+    /// second has its own layer makes 1.017 attempts per request over 60 s
+    /// (1.033 after 30 s of healthy traffic), where the AWS reserve of
+    /// [`new`](Self::new) makes 2.65.
     pub fn fleet_safe() -> Self {
         Self::fleet_safe_builder()
             .build()
