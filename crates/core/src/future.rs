@@ -547,13 +547,6 @@ where
         cause: Cause,
     ) -> Result<Retry, Ending> {
         let config = self.config;
-        // An open breaker would stop the retry when it is to go out: end now
-        // with the outcome, rather than after the sleep.
-        if config.breaker().is_some_and(|b| !b.would_admit()) {
-            let attempt = session.attempts() + 1;
-            config.emit(|| Event::Rejected(RejectArgs { attempt }));
-            return Err(Ending::BreakerOpen);
-        }
         let decided = session.decide(
             &config.rules(),
             after,
@@ -562,6 +555,14 @@ where
             Instant::now,
             || config.new_rng(),
         );
+        // An open breaker would stop the retry when it is to go out: end now
+        // with the outcome, rather than after the sleep.
+        let stopped = |retry: &Retry| config.breaker().is_some_and(|b| !b.would_admit(retry.delay));
+        if decided.as_ref().is_ok_and(stopped) {
+            let attempt = session.attempts() + 1;
+            config.emit(|| Event::Rejected(RejectArgs { attempt }));
+            return Err(Ending::BreakerOpen);
+        }
         decided
     }
 

@@ -260,12 +260,15 @@ impl CircuitBreaker {
         self.admit_at(self.shared.now_ms())
     }
 
-    /// Whether an attempt would be let out now, without taking the probe of a
-    /// half-open breaker: what a retry is decided on.
+    /// Whether an attempt sent `after` from now could be let out, as far as
+    /// the breaker knows now (without taking the probe of a half-open
+    /// breaker): what a retry is decided on, so that a retry an open breaker
+    /// would stop ends at once, and one due after the break may be the probe.
     #[inline]
-    pub fn would_admit(&self) -> bool {
+    pub fn would_admit(&self, after: Duration) -> bool {
         let word = self.shared.state.load(Ordering::Acquire);
-        word == CLOSED || self.shared.now_ms() >= word >> 2
+        let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        word == CLOSED || self.shared.now_ms().saturating_add(after_ms) >= word >> 2
     }
 
     /// [`admit`](Self::admit) at `now_ms` since the breaker was made.
