@@ -74,10 +74,15 @@ fn breaker(min: u32) -> CircuitBreaker {
 }
 
 /// Every event the layer tells, in order.
-fn recorder() -> (Arc<Mutex<Vec<Event>>>, impl Fn(&Event) + Send + Sync + 'static) {
+fn recorder() -> (
+    Arc<Mutex<Vec<Event>>>,
+    impl Fn(&Event) + Send + Sync + 'static,
+) {
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
-    (events, move |event: &Event| seen.lock().unwrap().push(*event))
+    (events, move |event: &Event| {
+        seen.lock().unwrap().push(*event)
+    })
 }
 
 fn breaker_events(events: &Mutex<Vec<Event>>) -> Vec<BreakerState> {
@@ -107,12 +112,21 @@ async fn opens_at_the_failure_ratio_once_the_minimum_throughput_is_reached() {
     }
     host.set_down(true);
     for n in 0..9 {
-        assert!(svc.clone().oneshot(n).await.unwrap_err().get_ref().is_some());
+        assert!(svc
+            .clone()
+            .oneshot(n)
+            .await
+            .unwrap_err()
+            .get_ref()
+            .is_some());
         assert_eq!(breaker.state(), BreakerState::Closed, "{} of 20", 11 + n);
     }
     // The 20th attempt, the 10th failure: half of the minimum.
     let error = svc.clone().oneshot(9).await.unwrap_err();
-    assert!(error.get_ref().is_some(), "the attempt that opened it is real");
+    assert!(
+        error.get_ref().is_some(),
+        "the attempt that opened it is real"
+    );
     assert_eq!(breaker.state(), BreakerState::Open);
     assert_eq!(breaker.window(), (20, 10));
 }
@@ -132,7 +146,11 @@ async fn counts_attempts_not_requests() {
     for n in 0..4 {
         svc.clone().oneshot(n).await.unwrap_err();
     }
-    assert_eq!(breaker.window(), (16, 16), "four requests, four attempts each");
+    assert_eq!(
+        breaker.window(),
+        (16, 16),
+        "four requests, four attempts each"
+    );
     svc.clone().oneshot(4).await.unwrap_err();
     assert_eq!(breaker.state(), BreakerState::Open, "at the 20th attempt");
     assert_eq!(host.calls(), 20);
@@ -262,7 +280,9 @@ async fn a_retry_stopped_by_an_open_breaker_returns_the_previous_response() {
         .circuit_breaker(breaker(1))
         .build()
         .unwrap();
-    let svc = layer.layer(busy).retry_if(|outcome| matches!(outcome, Ok(503)));
+    let svc = layer
+        .layer(busy)
+        .retry_if(|outcome| matches!(outcome, Ok(503)));
     let balance = layer.budget().unwrap().balance();
     assert_eq!(svc.clone().oneshot(()).await.unwrap(), 503);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -301,8 +321,7 @@ async fn half_open_lets_exactly_one_probe_out() {
     host.set_down(false);
     tokio::time::sleep(BREAK).await;
     let calls = host.calls();
-    let outcomes =
-        futures::future::join_all((0..5).map(|n| svc.clone().oneshot(n))).await;
+    let outcomes = futures::future::join_all((0..5).map(|n| svc.clone().oneshot(n))).await;
     assert_eq!(host.calls(), calls + 1, "one probe");
     let rejected = outcomes
         .iter()
@@ -329,7 +348,13 @@ async fn a_probes_success_closes_it_and_a_failure_opens_it_again() {
 
     // Still down at the probe: open for another whole break.
     tokio::time::sleep(BREAK).await;
-    assert!(svc.clone().oneshot(10).await.unwrap_err().get_ref().is_some());
+    assert!(svc
+        .clone()
+        .oneshot(10)
+        .await
+        .unwrap_err()
+        .get_ref()
+        .is_some());
     assert_eq!(breaker.state(), BreakerState::Open);
     tokio::time::sleep(BREAK - Duration::from_millis(1)).await;
     assert!(svc.clone().oneshot(11).await.unwrap_err().is_breaker_open());
@@ -436,7 +461,11 @@ async fn a_request_stopped_by_the_breaker_ends_as_breaker_open() {
         .circuit_breaker(breaker(1))
         .build()
         .unwrap();
-    layer.layer(Host::down().service()).oneshot(0).await.unwrap_err();
+    layer
+        .layer(Host::down().service())
+        .oneshot(0)
+        .await
+        .unwrap_err();
     let ended = events.lock().unwrap().iter().find_map(|e| match e {
         Event::Ended(end) => Some(end.ending()),
         _ => None,

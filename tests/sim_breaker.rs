@@ -20,7 +20,10 @@ const NEXT_REQUEST: Duration = Duration::from_millis(100);
 #[test]
 fn once_open_a_dead_host_gets_under_5_percent_of_its_requests() {
     for seed in 1..=5 {
-        let report = BreakerScenario::new().seed(seed).run(Guard::Breaker).unwrap();
+        let report = BreakerScenario::new()
+            .seed(seed)
+            .run(Guard::Breaker)
+            .unwrap();
         let opened = report.first_open().expect("it opens");
         assert!(
             (Duration::from_secs(10)..Duration::from_secs(15)).contains(&opened),
@@ -34,7 +37,10 @@ fn once_open_a_dead_host_gets_under_5_percent_of_its_requests() {
 #[test]
 fn traffic_returns_within_the_break_time_and_a_round_trip_of_recovery() {
     for seed in 1..=10 {
-        let report = BreakerScenario::new().seed(seed).run(Guard::Breaker).unwrap();
+        let report = BreakerScenario::new()
+            .seed(seed)
+            .run(Guard::Breaker)
+            .unwrap();
         let closed = report.closed_after_recovery().expect("it closes");
         assert!(
             closed <= DEFAULT_BREAK_DURATION + report.rtt() + NEXT_REQUEST,
@@ -137,4 +143,49 @@ fn at_backlog_1024_a_breaker_per_client_never_opens_and_does_not_help() {
     assert!(breakers
         .iter()
         .all(|b| b.state() == tower_backoff::breaker::BreakerState::Closed));
+}
+
+/// The table of the README and of the breaker's module docs:
+/// `cargo test --test sim_breaker breaker_table -- --ignored --nocapture`.
+#[test]
+#[ignore = "prints the comparison table"]
+fn breaker_table() {
+    let outages = [
+        (
+            "30 s",
+            BreakerScenario::new().duration(Duration::from_secs(1_200)),
+        ),
+        (
+            "5 min",
+            BreakerScenario::new()
+                .dead(Some(Duration::from_secs(10)..Duration::from_secs(310)))
+                .duration(Duration::from_secs(1_200)),
+        ),
+    ];
+    println!("| outage | guard | opened after | calls per request once open (others: from 10 s in) | calls per request, whole outage | traffic back after recovery |");
+    println!("|---|---|---|---|---|---|");
+    for (outage, scenario) in &outages {
+        for guard in [Guard::Defaults, Guard::Breaker, Guard::Throttle { k: 2.0 }] {
+            let report = scenario.run(guard).unwrap();
+            let dead = if *outage == "30 s" {
+                Duration::from_secs(10)..Duration::from_secs(40)
+            } else {
+                Duration::from_secs(10)..Duration::from_secs(310)
+            };
+            let opened = report.first_open().map_or("–".to_string(), |at| {
+                format!("{:.1} s", (at - dead.start).as_secs_f64())
+            });
+            let back = report
+                .traffic_back_after()
+                .map_or("not within the run".to_string(), |d| {
+                    format!("{:.1} s", d.as_secs_f64())
+                });
+            println!(
+                "| {outage} | {} | {opened} | {:.3} | {:.3} | {back} |",
+                guard.name(),
+                report.dead_calls_per_request().unwrap(),
+                report.calls_per_request(dead),
+            );
+        }
+    }
 }

@@ -557,7 +557,11 @@ where
         );
         // An open breaker would stop the retry when it is to go out: end now
         // with the outcome, rather than after the sleep.
-        let stopped = |retry: &Retry| config.breaker().is_some_and(|b| !b.would_admit(retry.delay));
+        let stopped = |retry: &Retry| {
+            config
+                .breaker()
+                .is_some_and(|b| !b.would_admit(retry.delay))
+        };
         if decided.as_ref().is_ok_and(stopped) {
             let attempt = session.attempts() + 1;
             config.emit(|| Event::Rejected(RejectArgs { attempt }));

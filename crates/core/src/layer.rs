@@ -9,10 +9,10 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
+use crate::breaker::CircuitBreaker;
 use crate::budget::{self, Budget, TokenBucket};
 use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
-use crate::breaker::CircuitBreaker;
 use crate::deadline::{AttemptTimeout, NoTimeout, WithRejection};
 use crate::error::{check_duration, ConfigError};
 use crate::events::{Event, Observer, RetryArgs};

@@ -24,8 +24,8 @@
 //! dependency with a global recorder and no runtime of its own; an
 //! OpenTelemetry exporter for it exists.
 
-use crate::engine::Ending;
 use crate::breaker::BreakerState;
+use crate::engine::Ending;
 use crate::events::{Event, Observer};
 
 /// The counter of requests by how they ended.

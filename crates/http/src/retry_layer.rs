@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use ::http::{Extensions, Request, Response};
 use pin_project_lite::pin_project;
-use tower_backoff_core::budget::Budget;
 use tower_backoff_core::breaker::CircuitBreaker;
+use tower_backoff_core::budget::Budget;
 use tower_backoff_core::deadline::{AttemptTimeout, AttemptTimer, NoTimeout, WithRejection};
 use tower_backoff_core::events::{Observer, RetryArgs};
 use tower_backoff_core::future::ResponseFuture;

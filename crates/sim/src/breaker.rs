@@ -353,7 +353,8 @@ impl BreakerReport {
     /// every second after it.
     pub fn traffic_back_after(&self) -> Option<Duration> {
         let dead = self.dead.clone()?;
-        let per_second = (Duration::from_secs(1).as_millis() / BREAKER_INTERVAL.as_millis()) as usize;
+        let per_second =
+            (Duration::from_secs(1).as_millis() / BREAKER_INTERVAL.as_millis()) as usize;
         let first = Self::index(dead.end);
         let end = self.samples.len() - per_second;
         let back = |i: usize| {
@@ -390,7 +391,11 @@ impl BreakerReport {
     }
 
     fn horizon(&self) -> Duration {
-        let issued = self.samples.iter().rposition(|s| s.requests > 0).unwrap_or(0);
+        let issued = self
+            .samples
+            .iter()
+            .rposition(|s| s.requests > 0)
+            .unwrap_or(0);
         BREAKER_INTERVAL * issued as u32
     }
 }
@@ -484,7 +489,9 @@ impl ThrottleState {
     }
 
     fn slot(&mut self) -> &mut (u64, u64, u64) {
-        let second = Instant::now().saturating_duration_since(self.start).as_secs();
+        let second = Instant::now()
+            .saturating_duration_since(self.start)
+            .as_secs();
         let slot = &mut self.ring[(second % THROTTLE_SECONDS as u64) as usize];
         if slot.0 != second {
             *slot = (second, 0, 0);
@@ -494,7 +501,9 @@ impl ThrottleState {
 
     /// Counts a request; whether it may go out.
     fn admit(&mut self) -> bool {
-        let second = Instant::now().saturating_duration_since(self.start).as_secs();
+        let second = Instant::now()
+            .saturating_duration_since(self.start)
+            .as_secs();
         let (requests, accepts) = self
             .ring
             .iter()
