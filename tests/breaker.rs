@@ -535,3 +535,47 @@ mod per_host {
         assert_eq!(breakers[1].state(), BreakerState::Closed);
     }
 }
+
+/// The `metrics` observer's breaker state and rejections.
+#[cfg(feature = "metrics")]
+#[test]
+fn metrics_record_the_breaker_state_and_its_rejections() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::MetricKind;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let layer = BackoffLayer::builder()
+                .max_attempts(1)
+                .circuit_breaker(breaker(1))
+                .build()
+                .unwrap();
+            let svc = layer.layer(Host::down().service());
+            svc.clone().oneshot(0).await.unwrap_err();
+            svc.clone().oneshot(1).await.unwrap_err();
+            svc.oneshot(2).await.unwrap_err();
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let read = |kind: MetricKind, name: &str| {
+        snapshot.iter().find_map(|(key, _, _, value)| {
+            (key.kind() == kind && key.key().name() == name).then_some(value)
+        })
+    };
+    assert_eq!(
+        read(MetricKind::Gauge, "tower_backoff.breaker.state"),
+        Some(&DebugValue::Gauge(1.0.into())),
+        "open"
+    );
+    assert_eq!(
+        read(MetricKind::Counter, "tower_backoff.breaker.rejections"),
+        Some(&DebugValue::Counter(2))
+    );
+}
