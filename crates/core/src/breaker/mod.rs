@@ -24,7 +24,11 @@
 //! attempt, and only that one, goes out as a probe; its success closes the
 //! breaker (with its window forgotten), its failure opens it again. A probe
 //! whose outcome never comes (its request was dropped, or not classified)
-//! frees the half-open state for another probe after the break time.
+//! frees the half-open state for another probe after the break time. As in
+//! Polly and resilience4j, the first outcome to arrive while half-open
+//! decides, the probe's or that of an attempt sent before the breaker
+//! opened and still out after the break (attempts carry no ticket: that
+//! would grow every response future).
 //!
 //! # With retries
 //! The layer checks the breaker before every attempt goes out: before the
