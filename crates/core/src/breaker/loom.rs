@@ -46,6 +46,7 @@ fn breaker_concurrent_outcomes_are_all_counted() {
         };
         b.record_at(10, false);
         other.join().unwrap();
+        b.shared.window.place(10);
         let counts = b.shared.window.counts(10);
         assert_eq!((counts.attempts, counts.failures), (2, 1));
     });

@@ -45,8 +45,9 @@
 //!
 //! A layer without a breaker keeps its types and pays nothing for this
 //! module: the check is compiled out. With one, a closed breaker costs an
-//! attempt one atomic load before it goes out, and a clock read and one
-//! compare-and-swap on a bucket of the window when its outcome comes.
+//! attempt one atomic load before it goes out, and a success one load and
+//! one relaxed add when it comes back: no clock is read until a failure
+//! comes (see the window's placing of successes in time, in `window.rs`).
 //!
 //! # Why a breaker, not client-side adaptive throttling
 //! Google's SRE book (chapter 21, "Handling Overload") describes the
@@ -332,28 +333,38 @@ impl CircuitBreaker {
     }
 
     /// An attempt's outcome: a failure (the policy asked for a retry) or
-    /// not. Returns the state the breaker moved to, if this moved it.
+    /// not. Returns the state the breaker moved to, if this moved it. A
+    /// success to a closed breaker reads no clock.
     #[inline]
     pub fn record(&self, failed: bool) -> Option<BreakerState> {
+        if !failed && self.shared.state.load(Ordering::Acquire) == CLOSED {
+            self.shared.window.success();
+            return None;
+        }
         self.record_at(self.shared.now_ms(), failed)
     }
 
+    #[inline(never)]
     fn record_at(&self, now_ms: u64, failed: bool) -> Option<BreakerState> {
         let shared = &*self.shared;
         let current = shared.state.load(Ordering::Acquire);
         match current & PHASE {
-            CLOSED => {
-                shared.window.record(now_ms, failed);
-                if failed && shared.trips(now_ms) {
+            CLOSED if failed => {
+                shared.window.failure(now_ms);
+                if shared.trips(now_ms) {
                     return self.open_from(current, now_ms);
                 }
+                None
+            }
+            CLOSED => {
+                shared.window.success();
                 None
             }
             HALF_OPEN if failed => self.open_from(current, now_ms),
             HALF_OPEN => {
                 // Cleared before it closes: an attempt counted in between
                 // is counted in the new window, never in the old one.
-                shared.window.clear();
+                shared.window.clear(now_ms);
                 shared
                     .state
                     .compare_exchange(current, CLOSED, Ordering::AcqRel, Ordering::Relaxed)
@@ -383,7 +394,9 @@ impl CircuitBreaker {
     /// Attempts and failures in the window now: what the breaker would open
     /// on.
     pub fn window(&self) -> (u64, u64) {
-        let counts = self.shared.window.counts(self.shared.now_ms());
+        let now_ms = self.shared.now_ms();
+        self.shared.window.place(now_ms);
+        let counts = self.shared.window.counts(now_ms);
         (counts.attempts, counts.failures)
     }
 }

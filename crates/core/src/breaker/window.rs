@@ -1,6 +1,13 @@
 //! The sliding window a closed breaker counts attempts in: a ring of
-//! buckets, each one atomic word, so recording an outcome is one
-//! compare-and-swap and reading the window ten loads.
+//! buckets, each one atomic word.
+//!
+//! A success, the happy path, is one relaxed add to a counter of successes
+//! not yet placed in time, and reads no clock: a clock read would cost more
+//! than the rest of the breaker together. The clock is read when a failure
+//! comes (or the window is read): the successes counted since the last such
+//! read are then spread evenly over the time since, into the buckets that
+//! time covers, and those that fall out of the window are dropped. Uneven
+//! traffic is placed a little off in time; a steady one is placed right.
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -27,6 +34,10 @@ pub(super) struct Counts {
 pub(super) struct Window {
     buckets: [AtomicU64; BUCKETS as usize],
     bucket_ms: u64,
+    // Successes counted since `placed_at`, not in a bucket yet.
+    unplaced: AtomicU64,
+    // When the successes counted before were last placed, in ms.
+    placed_at: AtomicU64,
 }
 
 fn pack(stamp: u64, failures: u64, attempts: u64) -> u64 {
@@ -37,11 +48,11 @@ fn stamp(bucket: u64) -> u64 {
     bucket >> (2 * COUNT_BITS)
 }
 
-fn failures(bucket: u64) -> u64 {
+fn failures_of(bucket: u64) -> u64 {
     (bucket >> COUNT_BITS) & COUNT_MAX
 }
 
-fn attempts(bucket: u64) -> u64 {
+fn attempts_of(bucket: u64) -> u64 {
     bucket & COUNT_MAX
 }
 
@@ -51,6 +62,58 @@ impl Window {
         Self {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             bucket_ms: bucket_ms.max(1),
+            unplaced: AtomicU64::new(0),
+            placed_at: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one success, without the time: see the module docs.
+    #[inline]
+    pub(super) fn success(&self) {
+        self.unplaced.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one failure at `now_ms`, after placing the successes before it.
+    pub(super) fn failure(&self, now_ms: u64) {
+        self.place(now_ms);
+        self.add(self.number(now_ms), 1, 1);
+    }
+
+    /// Spreads the successes counted since they were last placed evenly over
+    /// the time since, up to `now_ms`.
+    pub(super) fn place(&self, now_ms: u64) {
+        let since = self.placed_at.fetch_max(now_ms, Ordering::Relaxed);
+        let successes = self.unplaced.swap(0, Ordering::Relaxed);
+        if successes == 0 {
+            return;
+        }
+        // Another thread placed up to a later time: ours go to now.
+        let since = since.min(now_ms);
+        let span = now_ms - since;
+        // The start of the oldest bucket `counts` reads.
+        let window_start = (now_ms / self.bucket_ms).saturating_sub(BUCKETS - 1) * self.bucket_ms;
+        let mut placed = 0;
+        let mut start = since.max(window_start);
+        while span > 0 && start < now_ms {
+            let number = start / self.bucket_ms;
+            let end = ((number + 1) * self.bucket_ms).min(now_ms);
+            let share = successes * (end - start) / span;
+            if share > 0 {
+                self.add(number & STAMP_MASK, 0, share);
+            }
+            placed += share;
+            start = end;
+        }
+        // What rounding left, and all of it when no time passed, is now's;
+        // what fell before the window is dropped.
+        let before_window = if span == 0 {
+            0
+        } else {
+            successes * (window_start.max(since) - since) / span
+        };
+        let rest = successes - placed - before_window.min(successes - placed);
+        if rest > 0 {
+            self.add(self.number(now_ms), 0, rest);
         }
     }
 
@@ -58,22 +121,24 @@ impl Window {
         (now_ms / self.bucket_ms) & STAMP_MASK
     }
 
-    /// Counts one attempt, a failure or not, at `now_ms`.
-    #[inline]
-    pub(super) fn record(&self, now_ms: u64, failed: bool) {
-        let number = self.number(now_ms);
+    /// Adds `failures` and `attempts` to the bucket numbered `number`, unless
+    /// the ring has moved past it.
+    fn add(&self, number: u64, failures: u64, attempts: u64) {
         let slot = &self.buckets[(number % BUCKETS) as usize];
         let mut current = slot.load(Ordering::Relaxed);
         loop {
             let next = if stamp(current) == number {
                 pack(
                     number,
-                    (failures(current) + u64::from(failed)).min(COUNT_MAX),
-                    (attempts(current) + 1).min(COUNT_MAX),
+                    (failures_of(current) + failures).min(COUNT_MAX),
+                    (attempts_of(current) + attempts).min(COUNT_MAX),
                 )
-            } else {
+            } else if (number.wrapping_sub(stamp(current)) & STAMP_MASK) < STAMP_MASK / 2 {
                 // The bucket last counted a window ago or more: start it over.
-                pack(number, u64::from(failed), 1)
+                pack(number, failures.min(COUNT_MAX), attempts.min(COUNT_MAX))
+            } else {
+                // It already counts a later time: the ring has moved on.
+                return;
             };
             match slot.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return,
@@ -93,8 +158,8 @@ impl Window {
             let bucket = slot.load(Ordering::Relaxed);
             let age = number.wrapping_sub(stamp(bucket)) & STAMP_MASK;
             if age < BUCKETS {
-                counts.attempts += attempts(bucket);
-                counts.failures += failures(bucket);
+                counts.attempts += attempts_of(bucket);
+                counts.failures += failures_of(bucket);
             }
         }
         counts
@@ -102,7 +167,9 @@ impl Window {
 
     /// Forgets everything counted: a breaker that closes starts afresh, its
     /// failures before it opened forgiven.
-    pub(super) fn clear(&self) {
+    pub(super) fn clear(&self, now_ms: u64) {
+        self.unplaced.store(0, Ordering::Relaxed);
+        self.placed_at.fetch_max(now_ms, Ordering::Relaxed);
         for slot in &self.buckets {
             slot.store(0, Ordering::Relaxed);
         }
@@ -113,42 +180,59 @@ impl Window {
 mod tests {
     use super::*;
 
+    fn counts(attempts: u64, failures: u64) -> Counts {
+        Counts { attempts, failures }
+    }
+
     #[test]
     fn counts_only_the_buckets_of_the_last_window() {
         let window = Window::new(1_000);
-        window.record(0, true);
-        window.record(500, false);
-        window.record(9_999, true);
-        assert_eq!(
-            window.counts(9_999),
-            Counts {
-                attempts: 3,
-                failures: 2
-            }
-        );
+        window.failure(0);
+        window.failure(9_999);
+        assert_eq!(window.counts(9_999), counts(2, 2));
         // The first second's bucket slid out; the last one is still in.
+        assert_eq!(window.counts(10_000), counts(1, 1));
+        assert_eq!(window.counts(19_000), counts(0, 0));
+    }
+
+    #[test]
+    fn successes_are_spread_evenly_over_the_time_since_they_were_last_placed() {
+        let window = Window::new(1_000);
+        for _ in 0..300 {
+            window.success();
+        }
+        // 30 s of successes, placed at 30 s: the 9 whole seconds of the
+        // window keep 9 thirtieths (the tenth bucket, 30 s on, just began).
+        window.failure(30_000);
+        assert_eq!(window.counts(30_000), counts(91, 1));
+        for _ in 0..10 {
+            window.success();
+        }
+        window.place(30_000);
         assert_eq!(
-            window.counts(10_000),
-            Counts {
-                attempts: 1,
-                failures: 1
-            }
+            window.counts(30_000),
+            counts(101, 1),
+            "no time passed: now's"
         );
-        assert_eq!(window.counts(19_000).attempts, 0);
+    }
+
+    #[test]
+    fn successes_placed_after_a_long_quiet_spell_fall_mostly_out_of_the_window() {
+        let window = Window::new(1_000);
+        window.failure(0);
+        for _ in 0..1_000 {
+            window.success();
+        }
+        window.place(100_000);
+        assert_eq!(window.counts(100_000), counts(90, 0), "9 s of 100");
     }
 
     #[test]
     fn a_bucket_reused_a_window_later_starts_over() {
         let window = Window::new(100);
-        window.record(0, true);
-        window.record(1_000, false);
-        assert_eq!(
-            window.counts(1_000),
-            Counts {
-                attempts: 1,
-                failures: 0
-            }
-        );
+        window.failure(0);
+        window.failure(1_000);
+        assert_eq!(window.counts(1_000), counts(1, 1));
     }
 
     #[test]
@@ -156,21 +240,17 @@ mod tests {
         let window = Window::new(1_000);
         let slot = &window.buckets[0];
         slot.store(pack(0, COUNT_MAX, COUNT_MAX), Ordering::Relaxed);
-        window.record(0, true);
-        assert_eq!(
-            window.counts(0),
-            Counts {
-                attempts: COUNT_MAX,
-                failures: COUNT_MAX
-            }
-        );
+        window.failure(0);
+        assert_eq!(window.counts(0), counts(COUNT_MAX, COUNT_MAX));
     }
 
     #[test]
     fn clearing_forgets_everything() {
         let window = Window::new(1_000);
-        window.record(0, true);
-        window.clear();
-        assert_eq!(window.counts(0).attempts, 0);
+        window.failure(0);
+        window.success();
+        window.clear(0);
+        window.place(0);
+        assert_eq!(window.counts(0), counts(0, 0));
     }
 }
