@@ -44,6 +44,14 @@ fn pack(stamp: u64, failures: u64, attempts: u64) -> u64 {
     (stamp & STAMP_MASK) << (2 * COUNT_BITS) | failures << COUNT_BITS | attempts
 }
 
+/// `successes × part / whole`, without overflow; 0 for an empty whole.
+fn share_of(successes: u64, part: u64, whole: u64) -> u64 {
+    let share = u128::from(successes) * u128::from(part);
+    share
+        .checked_div(u128::from(whole))
+        .map_or(0, |share| u64::try_from(share).unwrap_or(successes))
+}
+
 fn stamp(bucket: u64) -> u64 {
     bucket >> (2 * COUNT_BITS)
 }
@@ -97,7 +105,7 @@ impl Window {
         while span > 0 && start < now_ms {
             let number = start / self.bucket_ms;
             let end = ((number + 1) * self.bucket_ms).min(now_ms);
-            let share = successes * (end - start) / span;
+            let share = share_of(successes, end - start, span);
             if share > 0 {
                 self.add(number & STAMP_MASK, 0, share);
             }
@@ -106,11 +114,7 @@ impl Window {
         }
         // What rounding left, and all of it when no time passed, is now's;
         // what fell before the window is dropped.
-        let before_window = if span == 0 {
-            0
-        } else {
-            successes * (window_start.max(since) - since) / span
-        };
+        let before_window = share_of(successes, window_start.max(since) - since, span);
         let rest = successes - placed - before_window.min(successes - placed);
         if rest > 0 {
             self.add(self.number(now_ms), 0, rest);
