@@ -29,6 +29,25 @@ async fn run_budget_column(column: &str, iters: u64) {
     common::drive(&mut svc, &common::request(), iters).await;
 }
 
+/// A closed circuit breaker's cost: the defaults with a breaker, against the
+/// defaults alone (`ours, default budget`), on the happy path, where a
+/// closed breaker must cost a few instructions.
+const BREAKER_COLUMN: &str = "ours, closed breaker";
+
+fn breaker_layer(
+) -> tower_backoff::BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::WithBreaker>
+{
+    tower_backoff::BackoffLayer::builder()
+        .circuit_breaker(tower_backoff::breaker::CircuitBreaker::new())
+        .build()
+        .unwrap()
+}
+
+async fn run_breaker_column(iters: u64) {
+    let mut svc = tower::Layer::layer(&breaker_layer(), common::Backend::healthy());
+    common::drive(&mut svc, &common::request(), iters).await;
+}
+
 /// The budget columns' rows of `--table`.
 fn budget_table(runtime: &tokio::runtime::Runtime) {
     for column in BUDGET_COLUMNS {
@@ -42,6 +61,15 @@ fn budget_table(runtime: &tokio::runtime::Runtime) {
         let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
         println!("happy_path\t{column}\t{per_request:.2}\t{size}");
     }
+    let count = |iters| {
+        let before = allocations();
+        runtime.block_on(run_breaker_column(iters));
+        allocations() - before
+    };
+    let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
+    let svc = tower::Layer::layer(&breaker_layer(), common::Backend::healthy());
+    let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
+    println!("happy_path\t{BREAKER_COLUMN}\t{per_request:.2}\t{size}");
 }
 
 fn main() {
@@ -77,6 +105,14 @@ fn main() {
         [flag] if flag == "--budget-table" => {
             println!("scenario\tcolumn\tallocations/request\tfuture bytes");
             budget_table(&runtime);
+        }
+        [scenario, column, iters] if column == BREAKER_COLUMN => {
+            assert_eq!(
+                scenario, "happy_path",
+                "the breaker column runs the happy path"
+            );
+            let iters = iters.parse().expect("a number of requests");
+            runtime.block_on(run_breaker_column(iters));
         }
         [scenario, column, iters] if BUDGET_COLUMNS.contains(&column.as_str()) => {
             assert_eq!(

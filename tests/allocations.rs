@@ -126,6 +126,17 @@ fn happy_path_with_a_seed_allocates_only_the_request_copy() {
     assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
+/// A closed circuit breaker checks and counts every attempt in atomics of
+/// its own: nothing allocated per request.
+#[test]
+fn happy_path_with_a_closed_breaker_allocates_only_the_request_copy() {
+    let layer = BackoffLayer::builder()
+        .circuit_breaker(tower_backoff::breaker::CircuitBreaker::new())
+        .build()
+        .unwrap();
+    assert_happy_path_allocates_only_the_request_copy(&layer);
+}
+
 #[test]
 fn max_attempts_one_keeps_one_copy_for_the_transparent_retry() {
     // The only attempt may still be followed by the one transparent retry

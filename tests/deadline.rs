@@ -80,6 +80,7 @@ async fn the_last_attempt_gets_only_the_time_left_before_the_deadline() {
     match error {
         Error::TimedOut(timed_out) => assert_eq!(timed_out.after(), Duration::from_millis(500)),
         Error::Inner(n) => panic!("expected a time-out, got Err({n})"),
+        Error::Open(_) => panic!("expected a time-out; this layer has no breaker"),
     }
 }
 

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::adaptive::AdaptivePacing;
+use crate::breaker::CircuitBreaker;
 use crate::budget::{Budget, TokenBucket};
-use crate::deadline::NoTimeout;
+use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::Cause;
 use crate::engine::Rules;
 use crate::events::{Event, Observer};
@@ -40,6 +41,8 @@ pub(crate) struct Config<P, T = NoTimeout> {
     pub(crate) pacing: Option<AdaptivePacing>,
     pub(crate) observers: Observers,
     pub(crate) streams: Option<Arc<Streams>>,
+    /// Set only when `T`'s error can say the breaker rejected a request.
+    pub(crate) breaker: Option<CircuitBreaker>,
 }
 
 /// Who hears a layer's events. Stats alone, the common case, is called
@@ -107,6 +110,21 @@ impl<P, T> Config<P, T> {
             pacing: self.pacing,
             observers: self.observers,
             streams: self.streams,
+            breaker: self.breaker,
+        }
+    }
+
+    /// The layer's circuit breaker: always `None`, at compile time, for a
+    /// layer whose error could not say it rejected a request.
+    #[inline(always)]
+    pub(crate) fn breaker<E>(&self) -> Option<&CircuitBreaker>
+    where
+        T: AttemptTimer<E>,
+    {
+        if T::REJECTS {
+            self.breaker.as_ref()
+        } else {
+            None
         }
     }
 

@@ -33,6 +33,8 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
+use crate::breaker::BreakerOpen;
+
 /// How attempts are timed: [`NoTimeout`] or [`AttemptTimeout`]. Sealed: the
 /// state machine relies on exactly these two.
 pub trait AttemptTimer<E>: Clone + sealed::Sealed {
@@ -46,12 +48,54 @@ pub trait AttemptTimer<E>: Clone + sealed::Sealed {
 
     /// The timer of one attempt that must end by `deadline`, if there is one.
     fn timer(&self, deadline: Option<Instant>) -> Self::Timer;
+
+    /// Whether the layer's error can say that a circuit breaker rejected a
+    /// request: only then can the layer have a breaker, and only then is it
+    /// asked. A constant, so a layer without one compiles the check out.
+    const REJECTS: bool;
+
+    /// The layer's error for a request an open breaker rejected; `None` for
+    /// [`NoTimeout`], whose error is the inner service's.
+    fn rejected(open: BreakerOpen) -> Option<Self::Error>;
+}
+
+/// The attempt timing a layer gets when it is given a
+/// [circuit breaker](crate::BackoffBuilder::circuit_breaker): the same, with
+/// an error that can say the breaker rejected a request.
+pub trait WithRejection: sealed::Sealed {
+    /// [`NoTimeout`] becomes [`WithBreaker`]; the others stay.
+    type Rejecting;
+
+    /// The timing, with an error that can say a breaker rejected a request.
+    fn rejecting(self) -> Self::Rejecting;
+}
+
+impl WithRejection for NoTimeout {
+    type Rejecting = WithBreaker;
+    fn rejecting(self) -> WithBreaker {
+        WithBreaker
+    }
+}
+
+impl WithRejection for WithBreaker {
+    type Rejecting = WithBreaker;
+    fn rejecting(self) -> WithBreaker {
+        self
+    }
+}
+
+impl WithRejection for AttemptTimeout {
+    type Rejecting = AttemptTimeout;
+    fn rejecting(self) -> AttemptTimeout {
+        self
+    }
 }
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::NoTimeout {}
     impl Sealed for super::AttemptTimeout {}
+    impl Sealed for super::WithBreaker {}
 }
 
 /// Attempts run as long as the inner service takes: the default. The layer's
@@ -71,6 +115,41 @@ impl<E> AttemptTimer<E> for NoTimeout {
     #[inline(always)]
     fn timer(&self, _deadline: Option<Instant>) -> Self::Timer {
         std::future::pending()
+    }
+
+    const REJECTS: bool = false;
+
+    #[inline(always)]
+    fn rejected(_: BreakerOpen) -> Option<E> {
+        None
+    }
+}
+
+/// Attempts run as long as the inner service takes, as with [`NoTimeout`],
+/// but the layer's error is [`Error`], so that a request a
+/// [circuit breaker](crate::breaker) rejected can say so. What a layer with a
+/// breaker and no attempt timeout has.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WithBreaker;
+
+impl<E> AttemptTimer<E> for WithBreaker {
+    type Error = Error<E>;
+    type Timer = std::future::Pending<Error<E>>;
+
+    #[inline(always)]
+    fn inner(error: E) -> Error<E> {
+        Error::Inner(error)
+    }
+
+    #[inline(always)]
+    fn timer(&self, _deadline: Option<Instant>) -> Self::Timer {
+        std::future::pending()
+    }
+
+    const REJECTS: bool = true;
+
+    fn rejected(open: BreakerOpen) -> Option<Error<E>> {
+        Some(Error::Open(open))
     }
 }
 
@@ -113,6 +192,12 @@ impl<E> AttemptTimer<E> for AttemptTimeout {
             error: PhantomData,
         }
     }
+
+    const REJECTS: bool = true;
+
+    fn rejected(open: BreakerOpen) -> Option<Error<E>> {
+        Some(Error::Open(open))
+    }
 }
 
 pin_project! {
@@ -144,65 +229,9 @@ impl<E> fmt::Debug for Expiry<E> {
     }
 }
 
-/// The error of a layer with [`AttemptTimeout`]: the inner service's error, or
-/// an attempt that ran out of time.
-#[derive(Debug)]
-pub enum Error<E> {
-    /// The inner service failed; this is its error, untouched.
-    Inner(E),
-    /// The last attempt ran out of time and was dropped.
-    TimedOut(TimedOut),
-}
-
-impl<E> Error<E> {
-    /// Whether the last attempt ran out of time.
-    pub fn is_timeout(&self) -> bool {
-        matches!(self, Error::TimedOut(_))
-    }
-
-    /// The inner service's error, if that is what ended the request.
-    pub fn get_ref(&self) -> Option<&E> {
-        match self {
-            Error::Inner(error) => Some(error),
-            Error::TimedOut(_) => None,
-        }
-    }
-
-    /// The inner service's error, if that is what ended the request.
-    pub fn into_inner(self) -> Option<E> {
-        match self {
-            Error::Inner(error) => Some(error),
-            Error::TimedOut(_) => None,
-        }
-    }
-}
-
-/// The inner service's error, as is: what a service in front of the layer
-/// (a request converter that fails before calling it) returns for its own
-/// errors of the inner type.
-impl<E> From<E> for Error<E> {
-    fn from(error: E) -> Self {
-        Error::Inner(error)
-    }
-}
-
-impl<E: fmt::Display> fmt::Display for Error<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Inner(error) => write!(f, "attempt failed: {error}"),
-            Error::TimedOut(timed_out) => timed_out.fmt(f),
-        }
-    }
-}
-
-impl<E: StdError + 'static> StdError for Error<E> {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        match self {
-            Error::Inner(error) => Some(error),
-            Error::TimedOut(timed_out) => Some(timed_out),
-        }
-    }
-}
+/// The layer's error, which lived here before the circuit breaker needed it
+/// too: [`crate::Error`].
+pub use crate::error::Error;
 
 /// An attempt ran out of time: its attempt timeout, or the time left before
 /// the request's deadline, whichever was shorter.

@@ -16,8 +16,9 @@
 //!    delay, or how the request ends instead;
 //! 2. the front-end sleeps the delay ([`Session::slept`]) and readies its
 //!    service;
-//! 3. [`Session::send`] commits the retry as it goes out, or refuses it; only
-//!    then do hooks hear of the retry (one rule: hooks fire at send);
+//! 3. [`Session::send`] commits the retry as it goes out, or refuses it
+//!    ([`Session::send_through`] asks a circuit breaker first); only then do
+//!    hooks hear of the retry (one rule: hooks fire at send);
 //! 4. an outcome that ends the request as a success refunds the budget,
 //!    told the cause of the last retry ([`Session::last_retry`]).
 
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::breaker::{Admission, CircuitBreaker};
 use crate::budget::Budget;
 use crate::decision::Cause;
 use crate::error::MAX_DURATION;
@@ -52,6 +54,9 @@ pub enum Ending {
     BudgetRefused,
     /// The request could not be copied for the retry.
     NotReplayable,
+    /// The [circuit breaker](crate::breaker) was open when the retry was to
+    /// go out: it stopped the retry before the budget paid for it.
+    BreakerOpen,
 }
 
 /// The settings one configuration gives every session: read, never written.
@@ -325,6 +330,28 @@ impl Session {
     where
         B: Budget + ?Sized,
     {
+        self.send_through(retry, None, budget, now, copy)
+            .map(|(copy, _)| copy)
+    }
+
+    /// [`send`](Self::send), through `breaker` if there is one: after the
+    /// request is copied and before the budget pays, the breaker admits the
+    /// retry, or the request ends with [`Ending::BreakerOpen`], charging
+    /// nothing. A probe the budget then refuses is given back to the breaker.
+    /// Returns the copy and what the breaker said, so that the front-end can
+    /// tell its observers of a breaker that went half-open.
+    #[inline]
+    pub fn send_through<B, R>(
+        &mut self,
+        retry: &Retry,
+        breaker: Option<&CircuitBreaker>,
+        budget: Option<&B>,
+        now: impl FnOnce() -> Instant,
+        copy: impl FnOnce() -> Option<R>,
+    ) -> Result<(R, Admission), Ending>
+    where
+        B: Budget + ?Sized,
+    {
         if let Some(deadline) = self.deadline {
             // No attempt starts once the deadline has passed; but a sleep
             // allowed to end at the deadline wakes up to one timer tick after
@@ -338,19 +365,27 @@ impl Session {
         }
         // The copy is moved once, into the result: taken out of its `Option`
         // first, it would be moved twice.
-        match copy() {
-            None => Err(Ending::NotReplayable),
-            Some(_) if retry.paid() && budget.is_some_and(|b| !b.try_retry(retry.cause)) => {
-                Err(Ending::BudgetRefused)
+        let Some(copy) = copy() else {
+            return Err(Ending::NotReplayable);
+        };
+        let admission = match breaker {
+            None => Admission::Closed,
+            Some(breaker) => match breaker.admit() {
+                Admission::Rejected => return Err(Ending::BreakerOpen),
+                admitted => admitted,
+            },
+        };
+        if retry.paid() && budget.is_some_and(|b| !b.try_retry(retry.cause)) {
+            if let Some(breaker) = breaker {
+                breaker.cancel(admission);
             }
-            Some(copy) => {
-                // Saturating: unlimited attempts may count past u32::MAX.
-                self.attempts = self.attempts.saturating_add(1);
-                self.transparent_used |= retry.transparent;
-                self.last_retry = retry.paid().then_some(retry.cause);
-                Ok(copy)
-            }
+            return Err(Ending::BudgetRefused);
         }
+        // Saturating: unlimited attempts may count past u32::MAX.
+        self.attempts = self.attempts.saturating_add(1);
+        self.transparent_used |= retry.transparent;
+        self.last_retry = retry.paid().then_some(retry.cause);
+        Ok((copy, admission))
     }
 }
 

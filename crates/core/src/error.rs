@@ -1,7 +1,88 @@
-//! Configuration errors, reported when a layer, schedule or budget is built,
-//! and the checks the builders share.
+//! The errors: [`Error`], the layer's own when it has attempt timeouts or a
+//! circuit breaker, and [`ConfigError`], reported when a layer, schedule or
+//! budget is built, with the checks the builders share.
 
+use std::error::Error as StdError;
 use std::fmt;
+
+use crate::breaker::BreakerOpen;
+use crate::deadline::TimedOut;
+
+/// The error of a layer with an [attempt timeout](crate::BackoffBuilder::attempt_timeout)
+/// or a [circuit breaker](crate::BackoffBuilder::circuit_breaker): the inner
+/// service's error, an attempt that ran out of time, or a request an open
+/// breaker did not send. Each needs an error to end with that the inner
+/// service's own type cannot make (hyper's and reqwest's errors cannot be
+/// made from outside); a layer with neither keeps the inner service's error.
+#[derive(Debug)]
+pub enum Error<E> {
+    /// The inner service failed; this is its error, untouched.
+    Inner(E),
+    /// The last attempt ran out of time and was dropped.
+    TimedOut(TimedOut),
+    /// The [circuit breaker](crate::breaker) was open: the request was not
+    /// sent at all. Only a first attempt ends with it; a retry the breaker
+    /// stops returns the outcome of the attempt before.
+    Open(BreakerOpen),
+}
+
+impl<E> Error<E> {
+    /// Whether the last attempt ran out of time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::TimedOut(_))
+    }
+
+    /// Whether an open circuit breaker rejected the request: nothing was
+    /// sent.
+    pub fn is_breaker_open(&self) -> bool {
+        matches!(self, Error::Open(_))
+    }
+
+    /// The inner service's error, if that is what ended the request.
+    pub fn get_ref(&self) -> Option<&E> {
+        match self {
+            Error::Inner(error) => Some(error),
+            Error::TimedOut(_) | Error::Open(_) => None,
+        }
+    }
+
+    /// The inner service's error, if that is what ended the request.
+    pub fn into_inner(self) -> Option<E> {
+        match self {
+            Error::Inner(error) => Some(error),
+            Error::TimedOut(_) | Error::Open(_) => None,
+        }
+    }
+}
+
+/// The inner service's error, as is: what a service in front of the layer
+/// (a request converter that fails before calling it) returns for its own
+/// errors of the inner type.
+impl<E> From<E> for Error<E> {
+    fn from(error: E) -> Self {
+        Error::Inner(error)
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Inner(error) => write!(f, "attempt failed: {error}"),
+            Error::TimedOut(timed_out) => timed_out.fmt(f),
+            Error::Open(open) => open.fmt(f),
+        }
+    }
+}
+
+impl<E: StdError + 'static> StdError for Error<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Error::Inner(error) => Some(error),
+            Error::TimedOut(timed_out) => Some(timed_out),
+            Error::Open(open) => Some(open),
+        }
+    }
+}
 
 /// A configuration value that cannot work, found when the layer (or a schedule,
 /// budget or pacing) is built rather than when the first request fails.

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crate::decision::Cause;
 
+pub use crate::breaker::BreakerState;
 pub use crate::engine::Ending;
 
 /// Something that happened to one request.
@@ -33,6 +34,35 @@ pub enum Event {
     Slept(Duration),
     /// The request ended, returning its last real outcome.
     Ended(EndArgs),
+    /// The layer's [circuit breaker](crate::breaker) moved to this state: an
+    /// attempt's outcome opened or closed it, or an attempt went out as the
+    /// probe of a breaker whose break was over.
+    Breaker(BreakerState),
+    /// The open breaker did not let an attempt go out. Attempt 1 is a
+    /// request rejected outright: it ends with
+    /// [`Error::Open`](crate::Error::Open), no [`Event::Called`] and no
+    /// [`Event::Ended`], since nothing was sent. A later one is a retry
+    /// stopped: its request ends with [`Ending::BreakerOpen`] and the outcome
+    /// before.
+    Rejected(RejectArgs),
+}
+
+/// An attempt the open breaker did not let out: [`Event::Rejected`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RejectArgs {
+    pub(crate) attempt: u32,
+}
+
+impl RejectArgs {
+    pub(crate) fn first() -> Self {
+        Self { attempt: 1 }
+    }
+
+    /// The number the attempt would have had, from 1: 1 for a request
+    /// rejected outright, more for a retry stopped.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
 }
 
 /// Whether an attempt's outcome was a response or an error.
@@ -202,6 +232,7 @@ impl Observer for Tracing {
                 attempt = end.attempts,
                 "retry budget exhausted; returning the last outcome"
             ),
+            Event::Breaker(state) => tracing::warn!(state = ?state, "circuit breaker"),
             _ => {}
         }
     }

@@ -22,12 +22,13 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::adaptive::Gate;
+use crate::breaker::{Admission, BreakerState};
 use crate::budget::Budget;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::{Cause, Decision};
 use crate::engine::{Ending, Retry, Session};
-use crate::events::{EndArgs, Event, OutcomeKind, RetryArgs};
+use crate::events::{EndArgs, Event, OutcomeKind, RejectArgs, RetryArgs};
 use crate::policy::{Policy, PrepareRetry};
 use crate::send::{pacing_stamp, poll_ready_to_send};
 use crate::span::{self, Traced};
@@ -118,6 +119,9 @@ pin_project! {
         // request's deadline if it has one: a service that never gets ready
         // must not hold the kept outcome past it.
         Readying { retry: Retry, deadline: Option<Instant>, #[pin] alarm: Option<Sleep> },
+        // The circuit breaker rejected the first attempt: the kept outcome is
+        // its error, returned at the first poll.
+        Rejected,
     }
 }
 
@@ -247,6 +251,27 @@ where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
 {
+    /// A request whose first attempt the circuit breaker rejected: it
+    /// resolves to `error` and sends nothing. Off the happy path, it may
+    /// allocate.
+    pub(crate) fn rejected(error: T::Error, inner: S, config: Arc<Config<P, T>>) -> Self {
+        let limits = RequestLimits {
+            max_attempts: config.max_attempts,
+            deadline: None,
+        };
+        let tracked = Box::pin(Tracked {
+            phase: Phase::Rejected,
+            kept: Some(Err(error)),
+            progress: Progress::new(limits, 0),
+        });
+        Self {
+            state: State::Tracked { tracked },
+            request: None,
+            inner,
+            config,
+        }
+    }
+
     /// Attempts sent so far, the first included; once the future resolved,
     /// all of them. A front-end reads it to tell the caller (the HTTP layer's
     /// `RetryInfo`).
@@ -438,6 +463,8 @@ where
                         }
                     }
                 }
+                // Nothing was sent: no `Ended`, as no `Called`.
+                PhaseProj::Rejected => return Poll::Ready(take(kept)),
             };
             if let ControlFlow::Break(outcome) = flow {
                 return Poll::Ready(outcome);
@@ -492,6 +519,11 @@ where
         if let Some(pacing) = config.pacing() {
             pacing.observe(&decision, stamp);
         }
+        if let Some(breaker) = config.breaker() {
+            if let Some(state) = breaker.record(decision.is_retry()) {
+                config.emit(|| Event::Breaker(state));
+            }
+        }
         match decision {
             Decision::Success => {
                 if let Some(budget) = config.budget() {
@@ -523,6 +555,18 @@ where
             Instant::now,
             || config.new_rng(),
         );
+        // An open breaker would stop the retry when it is to go out: end now
+        // with the outcome, rather than after the sleep.
+        let stopped = |retry: &Retry| {
+            config
+                .breaker()
+                .is_some_and(|b| !b.would_admit(retry.delay))
+        };
+        if decided.as_ref().is_ok_and(stopped) {
+            let attempt = session.attempts() + 1;
+            config.emit(|| Event::Rejected(RejectArgs { attempt }));
+            return Err(Ending::BreakerOpen);
+        }
         decided
     }
 
@@ -556,14 +600,29 @@ where
         }
         let config = self.config;
         let request = &*self.request;
-        let sent = progress
-            .session
-            .send(&retry, config.budget(), Instant::now, || {
-                copy_for(&config.policy, request)
-            });
+        let sent = progress.session.send_through(
+            &retry,
+            config.breaker(),
+            config.budget(),
+            Instant::now,
+            || copy_for(&config.policy, request),
+        );
         let mut copy = match sent {
-            Ok(copy) => copy,
-            Err(ending) => return self.end(progress, take(kept), ending),
+            Ok((copy, admission)) => {
+                if let Admission::Probe(probe) = admission {
+                    if probe.opened_half() {
+                        config.emit(|| Event::Breaker(BreakerState::HalfOpen));
+                    }
+                }
+                copy
+            }
+            Err(ending) => {
+                if ending == Ending::BreakerOpen {
+                    let attempt = progress.session.attempts() + 1;
+                    config.emit(|| Event::Rejected(RejectArgs { attempt }));
+                }
+                return self.end(progress, take(kept), ending);
+            }
         };
         // Committed: from here on the retry is sent. `attempt` is the number
         // of the attempt that failed.

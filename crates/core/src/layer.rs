@@ -9,10 +9,11 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
+use crate::breaker::CircuitBreaker;
 use crate::budget::{self, Budget, TokenBucket};
 use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
-use crate::deadline::{AttemptTimeout, NoTimeout};
+use crate::deadline::{AttemptTimeout, NoTimeout, WithRejection};
 use crate::error::{check_duration, ConfigError};
 use crate::events::{Event, Observer, RetryArgs};
 use crate::jitter::Jitter;
@@ -114,6 +115,11 @@ impl<P, T> BackoffLayer<P, T> {
         self.config.stats()
     }
 
+    /// The circuit breaker this layer's services share, if it was given one.
+    pub fn breaker(&self) -> Option<&CircuitBreaker> {
+        self.config.breaker.as_ref()
+    }
+
     /// The pacing this layer's services share, if it was given one.
     pub fn pacing(&self) -> Option<&AdaptivePacing> {
         self.config.pacing.as_ref()
@@ -161,6 +167,7 @@ struct Settings {
     pacing: Option<AdaptivePacing>,
     stats: Option<Stats>,
     observers: Vec<Box<dyn Observer>>,
+    breaker: Option<CircuitBreaker>,
 }
 
 /// Which budget a layer gets: unless told otherwise, a new default one.
@@ -244,6 +251,42 @@ impl<P, T> BackoffBuilder<P, T> {
             policy: self.policy,
             schedule: self.schedule,
             timeouts: AttemptTimeout { limit },
+            settings,
+        }
+    }
+
+    /// Checks `breaker` before every attempt goes out and tells it every
+    /// attempt's outcome (see [`breaker`](crate::breaker)): a host that keeps
+    /// failing is not called for a while. A request whose first attempt the
+    /// open breaker rejects ends at once with
+    /// [`Error::Open`](crate::Error::Open), without calling the inner
+    /// service or charging the budget; a retry it stops returns the outcome
+    /// before. So the layer's error becomes [`Error`](crate::Error) (the
+    /// timing type [`WithBreaker`](crate::deadline::WithBreaker), unless an
+    /// attempt timeout already made it so). Keep a clone of the handle to
+    /// read its [`state`](CircuitBreaker::state); give the same handle to
+    /// the layers of one host only.
+    ///
+    /// ```
+    /// use tower_backoff::breaker::CircuitBreaker;
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// let layer = BackoffLayer::builder()
+    ///     .circuit_breaker(CircuitBreaker::new())
+    ///     .build()?;
+    /// # drop(layer);
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn circuit_breaker(self, breaker: CircuitBreaker) -> BackoffBuilder<P, T::Rejecting>
+    where
+        T: WithRejection,
+    {
+        let mut settings = self.settings;
+        settings.breaker = Some(breaker);
+        BackoffBuilder {
+            policy: self.policy,
+            schedule: self.schedule,
+            timeouts: self.timeouts.rejecting(),
             settings,
         }
     }
@@ -430,6 +473,7 @@ impl<P, T> BackoffBuilder<P, T> {
             stats,
             #[allow(unused_mut)] // pushed to under the `tracing` feature only
             mut observers,
+            breaker,
         } = self.settings;
         limits.validate(&self.schedule)?;
         if let Some(limit) = attempt_timeout {
@@ -465,6 +509,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 pacing,
                 observers: Observers::new(stats, observers),
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
+                breaker,
             }),
         })
     }
@@ -487,6 +532,7 @@ impl<P, T> fmt::Debug for BackoffBuilder<P, T> {
             .field("pacing", &self.settings.pacing)
             .field("stats", &self.settings.stats.is_some())
             .field("observers", &self.settings.observers.len())
+            .field("breaker", &self.settings.breaker)
             .finish()
     }
 }

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adaptive;
+pub mod breaker;
 pub mod budget;
 mod config;
 pub mod deadline;
@@ -41,7 +42,7 @@ mod timer;
 pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
 pub use budget::{Budget, RatioBudget, TokenBucket};
 pub use delays::Delays;
-pub use error::ConfigError;
+pub use error::{ConfigError, Error};
 pub use future::ResponseFuture;
 pub use jitter::{Jitter, Rng};
 pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};

@@ -13,15 +13,18 @@
 //! | `tower_backoff.call.retries` | histogram | retries of each request that had any (A96 reports no 0) |
 //! | `tower_backoff.call.transparent_retries` | histogram | free retries of requests that never left, when any |
 //! | `tower_backoff.call.retry_delay` | histogram | seconds each retried request slept in all |
-//! | `tower_backoff.call.ended` | counter, label `ending` | requests, by how they ended (`success`, `final`, `out_of_attempts`, `out_of_time`, `budget_refused`, `not_replayable`) |
+//! | `tower_backoff.call.ended` | counter, label `ending` | requests, by how they ended (`success`, `final`, `out_of_attempts`, `out_of_time`, `budget_refused`, `not_replayable`, `breaker_open`) |
 //! | `tower_backoff.budget.refusals` | counter | retries the budget refused |
+//! | `tower_backoff.breaker.state` | gauge | the circuit breaker's state after its last change: 0 closed, 1 open, 2 half-open |
+//! | `tower_backoff.breaker.rejections` | counter | attempts the open breaker did not let out |
 //!
-//! Hedges and circuit-breaker state come with those features.
+//! Hedges come with that feature.
 //!
 //! The facade was chosen over OpenTelemetry's own API because it is one small
 //! dependency with a global recorder and no runtime of its own; an
 //! OpenTelemetry exporter for it exists.
 
+use crate::breaker::BreakerState;
 use crate::engine::Ending;
 use crate::events::{Event, Observer};
 
@@ -34,7 +37,23 @@ pub struct Metrics;
 
 impl Observer for Metrics {
     fn on_event(&self, event: &Event) {
-        let Event::Ended(end) = event else { return };
+        let end = match event {
+            Event::Ended(end) => end,
+            Event::Breaker(state) => {
+                let value = match state {
+                    BreakerState::Closed => 0.0,
+                    BreakerState::Open => 1.0,
+                    BreakerState::HalfOpen => 2.0,
+                };
+                metrics::gauge!("tower_backoff.breaker.state").set(value);
+                return;
+            }
+            Event::Rejected(_) => {
+                metrics::counter!("tower_backoff.breaker.rejections").increment(1);
+                return;
+            }
+            _ => return,
+        };
         let attempts = end.attempts();
         metrics::histogram!("tower_backoff.call.attempts").record(f64::from(attempts));
         let retries = attempts.saturating_sub(1);
@@ -55,6 +74,7 @@ impl Observer for Metrics {
             Ending::OutOfTime => metrics::counter!(ENDED, "ending" => "out_of_time"),
             Ending::BudgetRefused => metrics::counter!(ENDED, "ending" => "budget_refused"),
             Ending::NotReplayable => metrics::counter!(ENDED, "ending" => "not_replayable"),
+            Ending::BreakerOpen => metrics::counter!(ENDED, "ending" => "breaker_open"),
         };
         ended.increment(1);
         if end.ending() == Ending::BudgetRefused {

@@ -11,9 +11,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::adaptive::Gate;
+use crate::breaker::{Admission, BreakerOpen, BreakerState};
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::Decision;
+use crate::events::{Event, RejectArgs};
 use crate::future::{Attempt, RequestLimits, ResponseFuture};
 use crate::policy::{ClassifyFn, Policy, RetryIf, RetryLimits, RetryOnError};
 use crate::send::{pacing_stamp, poll_ready_to_send};
@@ -223,6 +225,17 @@ impl<S, P, T> BackoffRetry<S, P, T> {
         P: Policy<Req, S::Response, T::Error>,
     {
         let config = &*self.config;
+        if let Some(breaker) = config.breaker() {
+            match breaker.admit() {
+                Admission::Closed => {}
+                Admission::Probe(probe) => {
+                    if probe.opened_half() {
+                        config.emit(|| Event::Breaker(BreakerState::HalfOpen));
+                    }
+                }
+                Admission::Rejected => return self.reject(),
+            }
+        }
         // Only a request with limits of its own, a deadline or a pacing stamp
         // is tracked from the call: its first outcome already needs them.
         let tracked = own.is_some() || config.max_elapsed.is_some() || config.pacing.is_some();
@@ -249,6 +262,24 @@ impl<S, P, T> BackoffRetry<S, P, T> {
         };
         let inner = self.inner.clone();
         ResponseFuture::new(attempt, spare, limits, inner, Arc::clone(&self.config))
+    }
+}
+
+impl<S, P, T> BackoffRetry<S, P, T> {
+    /// A request the open breaker rejected: nothing sent, no budget, no
+    /// `Called`; its future returns the breaker's error.
+    #[inline(never)]
+    #[cold]
+    fn reject<Req>(&mut self) -> ResponseFuture<S, P, Req, T>
+    where
+        S: Service<Req> + Clone,
+        T: AttemptTimer<S::Error>,
+    {
+        let config = &self.config;
+        config.emit(|| Event::Rejected(RejectArgs::first()));
+        // A breaker is set only where the error can say it rejected.
+        let error = T::rejected(BreakerOpen).expect("a layer with a breaker can reject");
+        ResponseFuture::rejected(error, self.inner.clone(), Arc::clone(config))
     }
 }
 

@@ -15,7 +15,7 @@ use crate::events::{Ending, Event, Observer};
 /// with stats, each event is one relaxed atomic add.
 ///
 /// Each request ends in exactly one way, so once no request is in flight
-/// `requests` is the sum of `successes`, `budget_refusals` and the four
+/// `requests` is the sum of `successes`, `budget_refusals` and the five
 /// `gave_up_*` counters (a request dropped by its caller ends in none).
 ///
 /// ```
@@ -59,6 +59,8 @@ struct Counters {
     gave_up_elapsed: AtomicU64,
     budget_refusals: AtomicU64,
     gave_up_not_clonable: AtomicU64,
+    gave_up_breaker: AtomicU64,
+    breaker_rejections: AtomicU64,
     slept_nanos: AtomicU64,
 }
 
@@ -89,6 +91,12 @@ pub struct StatsSnapshot {
     /// Requests that ended because the policy could not copy them for a
     /// retry (a POST, a streaming body past its replay limit).
     pub gave_up_not_clonable: u64,
+    /// Requests that ended because the open circuit breaker stopped a retry
+    /// (they return the outcome before).
+    pub gave_up_breaker: u64,
+    /// Attempts the open circuit breaker did not let out: requests rejected
+    /// outright (which are not among `requests`) and retries stopped.
+    pub breaker_rejections: u64,
     /// Total time slept between attempts (backoff delays, not pacing).
     pub slept: Duration,
 }
@@ -113,6 +121,8 @@ impl Stats {
             gave_up_elapsed: read(&c.gave_up_elapsed),
             gave_up_final: read(&c.gave_up_final),
             gave_up_not_clonable: read(&c.gave_up_not_clonable),
+            gave_up_breaker: read(&c.gave_up_breaker),
+            breaker_rejections: read(&c.breaker_rejections),
             slept: Duration::from_nanos(read(&c.slept_nanos)),
         }
     }
@@ -154,7 +164,10 @@ impl Observer for Stats {
                 Ending::OutOfTime => &c.gave_up_elapsed,
                 Ending::BudgetRefused => &c.budget_refusals,
                 Ending::NotReplayable => &c.gave_up_not_clonable,
+                Ending::BreakerOpen => &c.gave_up_breaker,
             },
+            Event::Rejected(_) => &c.breaker_rejections,
+            Event::Breaker(_) => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -241,12 +241,14 @@ impl AsStdError for Box<dyn Error> {
 }
 
 /// The HTTP policy classifies what ended the attempt: the inner error as it
-/// would without attempt timeouts, or the time-out.
-impl<E: AsStdError> AsStdError for tower_backoff_core::deadline::Error<E> {
+/// would without attempt timeouts, or the time-out. (The breaker's rejection
+/// ends a request before any attempt, so the policy never sees it.)
+impl<E: AsStdError> AsStdError for tower_backoff_core::Error<E> {
     fn as_std_error(&self) -> &(dyn Error + 'static) {
         match self {
-            tower_backoff_core::deadline::Error::Inner(error) => error.as_std_error(),
-            tower_backoff_core::deadline::Error::TimedOut(timed_out) => timed_out,
+            tower_backoff_core::Error::Inner(error) => error.as_std_error(),
+            tower_backoff_core::Error::TimedOut(timed_out) => timed_out,
+            tower_backoff_core::Error::Open(open) => open,
         }
     }
 }

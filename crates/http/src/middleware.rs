@@ -245,8 +245,9 @@ impl AsStdError for reqwest_middleware::Error {
 
 /// The error a [`BackoffMiddleware`] returns to the chain: the layer's error
 /// as a `reqwest_middleware::Error`. Implemented for the error of a layer
-/// without attempt timeouts (the middleware's own) and with them, where a
-/// timed-out last attempt becomes a middleware error.
+/// without attempt timeouts (the middleware's own) and with them or a circuit
+/// breaker, where a timed-out last attempt or a rejected request becomes a
+/// middleware error.
 pub trait IntoMiddlewareError {
     /// This error as the chain returns it.
     fn into_middleware_error(self) -> reqwest_middleware::Error;
@@ -265,6 +266,7 @@ impl IntoMiddlewareError for deadline::Error<reqwest_middleware::Error> {
             deadline::Error::TimedOut(timed_out) => {
                 reqwest_middleware::Error::middleware(timed_out)
             }
+            deadline::Error::Open(open) => reqwest_middleware::Error::middleware(open),
         }
     }
 }

@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use ::http::{Extensions, Request, Response};
 use pin_project_lite::pin_project;
+use tower_backoff_core::breaker::CircuitBreaker;
 use tower_backoff_core::budget::Budget;
-use tower_backoff_core::deadline::{AttemptTimeout, AttemptTimer, NoTimeout};
+use tower_backoff_core::deadline::{AttemptTimeout, AttemptTimer, NoTimeout, WithRejection};
 use tower_backoff_core::events::{Observer, RetryArgs};
 use tower_backoff_core::future::ResponseFuture;
 use tower_backoff_core::policy::{Policy, RetryLimits};
@@ -302,6 +303,22 @@ impl<T> HttpRetryBuilder<T> {
     pub fn attempt_timeout(self, limit: Duration) -> HttpRetryBuilder<AttemptTimeout> {
         HttpRetryBuilder {
             backoff: self.backoff.attempt_timeout(limit),
+            record_info: self.record_info,
+            replay_limit: self.replay_limit,
+            buffer_limit: self.buffer_limit,
+        }
+    }
+
+    /// See [`BackoffBuilder::circuit_breaker`]: stops calling a host that
+    /// keeps failing. Build the layer per host ([`PerHostLayer`](super::PerHostLayer))
+    /// for one breaker per host. The layer's error becomes
+    /// [`tower_backoff_core::Error`] (an attempt timeout makes it so already).
+    pub fn circuit_breaker(self, breaker: CircuitBreaker) -> HttpRetryBuilder<T::Rejecting>
+    where
+        T: WithRejection,
+    {
+        HttpRetryBuilder {
+            backoff: self.backoff.circuit_breaker(breaker),
             record_info: self.record_info,
             replay_limit: self.replay_limit,
             buffer_limit: self.buffer_limit,

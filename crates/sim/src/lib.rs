@@ -43,6 +43,7 @@
 //! ```
 
 mod amplification;
+mod breaker;
 mod budgets;
 mod connection;
 mod contention;
@@ -55,6 +56,9 @@ mod strategy;
 mod workload;
 
 pub use amplification::{Amplification, AmplificationReport, BudgetSharing};
+pub use breaker::{
+    storm_with_breaker, BreakerReport, BreakerSample, BreakerScenario, Guard, BREAKER_INTERVAL,
+};
 pub use budgets::BudgetKind;
 pub use connection::{Attempt, AttemptError, Connection, Request};
 pub use contention::{
