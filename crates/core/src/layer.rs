@@ -125,6 +125,33 @@ impl<P, T> BackoffLayer<P, T> {
         self.config.pacing.as_ref()
     }
 
+    /// A layer with the same settings whose token bucket, circuit breaker and
+    /// pacing are its own, as they were when this one was built: what a
+    /// per-host stack gives each host, so one host's outage spends only
+    /// that host's retries and opens only that host's breaker. The stats and
+    /// observers stay shared, so they add every host up. A budget given as
+    /// anything but a [`TokenBucket`] (an `Arc` shared on purpose, a
+    /// [`RatioBudget`](crate::RatioBudget)) stays shared too: build such a
+    /// layer per host yourself, in a [`PerHostLayer`] closure.
+    ///
+    /// [`PerHostLayer`]: https://docs.rs/tower-backoff/latest/tower_backoff/http/struct.PerHostLayer.html
+    pub fn fresh(&self) -> Self
+    where
+        P: Clone,
+        T: Clone,
+    {
+        let mut config = Config::clone(&self.config);
+        config.budget = config.budget.map(|budget| match &*budget {
+            LayerBudget::Bucket(bucket) => Arc::new(LayerBudget::Bucket(bucket.fresh())),
+            LayerBudget::Given(_) => budget,
+        });
+        config.breaker = config.breaker.as_ref().map(CircuitBreaker::fresh);
+        config.pacing = config.pacing.as_ref().map(AdaptivePacing::fresh);
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
     /// The retry budget this layer's services share, the default one
     /// included; `None` after [`no_budget`](BackoffBuilder::no_budget).
     /// Read its [`balance`](Budget::balance) beside the [`stats`](Self::stats).

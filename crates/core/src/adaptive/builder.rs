@@ -1,13 +1,10 @@
 //! [`AdaptivePacingBuilder`]: the settings of a pacing, checked once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::control::Law;
-use super::{AdaptivePacing, Settings, State, IDLE};
+use super::{AdaptivePacing, Settings, State};
 use crate::error::{check_duration, ConfigError};
 
 /// Builds an [`AdaptivePacing`]; every setting is checked by
@@ -181,33 +178,12 @@ impl AdaptivePacingBuilder {
             cubic: 0.4 * (round / 1e9).powi(4),
         };
         Ok(AdaptivePacing {
-            state: Arc::new(State {
-                origin: Instant::now(),
-                interval: AtomicU64::new(0),
-                last_slot: AtomicU64::new(0),
-                epoch: AtomicU64::new(0),
-                round_start: AtomicU64::new(IDLE),
-                sends: AtomicU64::new(0),
-                successes: AtomicU64::new(0),
-                throttles: AtomicU64::new(0),
-                queued: AtomicU64::new(0),
-                settling: AtomicBool::new(false),
-                closing: AtomicBool::new(false),
-                peak: AtomicU64::new(0),
-                floor: AtomicU64::new(0),
-                cut_at: AtomicU64::new(0),
-                invocations: AtomicU64::new(0),
-                raised: AtomicU64::new(0),
-                lowered: AtomicU64::new(0),
-                sleeps: AtomicU64::new(0),
-                slept_nanos: AtomicU64::new(0),
-                settings: Settings {
-                    round: nanos(self.round),
-                    law,
-                    randomization: self.randomization,
-                    max_spread: self.max_spread.map_or(u64::MAX, nanos),
-                },
-            }),
+            state: Arc::new(State::starting(Settings {
+                round: nanos(self.round),
+                law,
+                randomization: self.randomization,
+                max_spread: self.max_spread.map_or(u64::MAX, nanos),
+            })),
         })
     }
 }

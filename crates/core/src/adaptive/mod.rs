@@ -190,7 +190,43 @@ pub struct PacingMetrics {
     pub slept: Duration,
 }
 
+impl State {
+    /// A pacing that has sent nothing yet.
+    fn starting(settings: Settings) -> Self {
+        State {
+            origin: Instant::now(),
+            interval: AtomicU64::new(0),
+            last_slot: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            round_start: AtomicU64::new(IDLE),
+            sends: AtomicU64::new(0),
+            successes: AtomicU64::new(0),
+            throttles: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            settling: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            peak: AtomicU64::new(0),
+            floor: AtomicU64::new(0),
+            cut_at: AtomicU64::new(0),
+            invocations: AtomicU64::new(0),
+            raised: AtomicU64::new(0),
+            lowered: AtomicU64::new(0),
+            sleeps: AtomicU64::new(0),
+            slept_nanos: AtomicU64::new(0),
+            settings,
+        }
+    }
+}
+
 impl AdaptivePacing {
+    /// Another pacing with the same settings, that has sent nothing yet:
+    /// what each host of a per-host stack gets.
+    pub fn fresh(&self) -> Self {
+        Self {
+            state: Arc::new(State::starting(self.state.settings)),
+        }
+    }
+
     /// Pacing with the defaults.
     pub fn new() -> Self {
         Self::default()

@@ -246,6 +246,26 @@ impl CircuitBreaker {
         CircuitBreakerBuilder::default()
     }
 
+    /// Another breaker with the same settings, closed and with no history:
+    /// what each host of a per-host stack gets. Its random break times are
+    /// drawn from a stream of their own.
+    pub fn fresh(&self) -> Self {
+        let shared = &self.shared;
+        CircuitBreaker {
+            shared: Arc::new(Shared {
+                state: AtomicU64::new(CLOSED),
+                window: Window::new(shared.window.bucket_ms()),
+                origin: Instant::now(),
+                failure_ratio: shared.failure_ratio,
+                min_throughput: shared.min_throughput,
+                break_ms: shared.break_ms,
+                jitter: shared.jitter,
+                seed: Rng::from_entropy().next_u64(),
+                openings: StdAtomicU64::new(0),
+            }),
+        }
+    }
+
     /// Where the breaker stands now: an open breaker whose break time is
     /// over reads as open until an attempt probes.
     pub fn state(&self) -> BreakerState {

@@ -75,6 +75,11 @@ impl Window {
         }
     }
 
+    /// The span of one bucket, in milliseconds.
+    pub(super) fn bucket_ms(&self) -> u64 {
+        self.bucket_ms
+    }
+
     /// Counts one success, without the time: see the module docs.
     #[inline]
     pub(super) fn success(&self) {

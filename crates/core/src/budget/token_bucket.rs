@@ -68,6 +68,9 @@ pub struct TokenBucket {
     timeout_cost: u64,
     throttled_cost: u64,
     success_refund: u64,
+    /// Thousandths of a token it started with: what a [fresh](Self::fresh)
+    /// copy starts with.
+    initial: u64,
     refill: Option<Refill>,
     growth: Option<Growth>,
 }
@@ -153,6 +156,36 @@ impl TokenBucket {
     /// A builder starting from the defaults.
     pub fn builder() -> TokenBucketBuilder {
         TokenBucketBuilder::default()
+    }
+
+    /// Another bucket with the same settings, as this one was when it was
+    /// built: what each host of a per-host stack gets.
+    pub fn fresh(&self) -> Self {
+        let now = Instant::now();
+        TokenBucket {
+            tokens: AtomicU64::new(self.initial),
+            capacity: AtomicU64::new(self.growth.as_ref().map_or_else(
+                || self.capacity.load(Ordering::Relaxed),
+                |growth| growth.floor,
+            )),
+            retry_cost: self.retry_cost,
+            timeout_cost: self.timeout_cost,
+            throttled_cost: self.throttled_cost,
+            success_refund: self.success_refund,
+            initial: self.initial,
+            refill: self.refill.as_ref().map(|refill| Refill {
+                per_ms: refill.per_ms,
+                origin: now,
+                until_ms: AtomicU64::new(0),
+            }),
+            growth: self.growth.as_ref().map(|growth| Growth {
+                floor: growth.floor,
+                per_rate: growth.per_rate,
+                origin: now,
+                since: AtomicU64::new(NOT_MEASURING),
+                successes: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// Whole tokens in the bucket now.
@@ -562,6 +595,7 @@ impl TokenBucketBuilder {
             timeout_cost: self.timeout_cost * MILLI,
             throttled_cost: throttled_cost * MILLI,
             success_refund: self.success_refund * MILLI,
+            initial: initial * MILLI,
             refill,
             growth,
         })
