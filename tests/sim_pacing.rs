@@ -72,16 +72,53 @@ fn assert_steady(report: &PacingReport, r: f64, label: &str) {
     assert!(peak <= 1.2, "{label}: peak {peak}: {picture}");
 }
 
+/// Seeds of each closed-loop setting (the store's latencies, the layer's
+/// jitter): a setting that settles in time only by luck fails on another.
+const CLOSED_LOOP_SEEDS: u64 = 3;
+
+/// `workers` closed-loop workers write to a store of `r` writes a second
+/// that answers after `latency`, once per seed: each run meets the goals.
+fn assert_closed_loop_steady(workers: usize, r: u32, latency: Duration) {
+    for seed in 1..=CLOSED_LOOP_SEEDS {
+        let layer = paced(&AdaptivePacing::new(), seed);
+        let report = Pacing::new()
+            .capacity(r)
+            .workers(workers)
+            .latency(latency)
+            .seed(seed)
+            .run(|_, store| tower_layer::Layer::layer(&layer, store))
+            .unwrap();
+        let label = format!("{workers} workers, R = {r}, {latency:?} per answer, seed {seed}");
+        assert_steady(&report, f64::from(r), &label);
+    }
+}
+
 #[test]
 fn eight_workers_run_at_90_percent_of_a_20_per_second_store() {
-    let (report, _) = run(&Pacing::new().capacity(20).workers(8));
-    assert_steady(&report, 20.0, "8 workers, R = 20");
+    assert_closed_loop_steady(8, 20, Duration::from_millis(50));
 }
 
 #[test]
 fn sixty_four_workers_run_at_90_percent_of_a_100_per_second_store() {
-    let (report, _) = run(&Pacing::new().capacity(100).workers(64));
-    assert_steady(&report, 100.0, "64 workers, R = 100");
+    assert_closed_loop_steady(64, 100, Duration::from_millis(50));
+}
+
+// A store next door, answering in 1 ms: closed-loop workers get its whole
+// second admitted in a burst before the first 429 comes back, so the round
+// that measures at full speed counts a fraction of its rate.
+
+#[test]
+fn eight_workers_settle_within_10_s_on_a_store_answering_in_1_ms() {
+    for r in [100, 200] {
+        assert_closed_loop_steady(8, r, Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn sixty_four_workers_settle_within_10_s_on_a_store_answering_in_1_ms() {
+    for r in [100, 500] {
+        assert_closed_loop_steady(64, r, Duration::from_millis(1));
+    }
 }
 
 #[test]

@@ -65,9 +65,10 @@ impl AdaptivePacingBuilder {
         self
     }
 
-    /// The most the interval grows, or shrinks, in one round; and how much it
-    /// grows per round when too little gets through to measure a rate
-    /// (default 1.5, above 1).
+    /// The most the interval grows, or shrinks, in one round; how much it
+    /// grows per round when too little gets through to measure a rate; and
+    /// how much it shrinks per clean round while the rate the server accepts
+    /// is known only as a lower bound (default 1.5, above 1).
     pub fn up_multiplier(mut self, factor: f64) -> Self {
         self.up_multiplier = factor;
         self

@@ -52,6 +52,9 @@ pub(super) struct Course {
     /// The accepted rate measured at the last cut (per round); zero when
     /// unknown.
     pub(super) peak: f64,
+    /// Whether the peak is only a lower bound on what the server accepts:
+    /// it was counted while sends went out in bursts.
+    pub(super) at_least: bool,
     /// The rate the last cut set, per round.
     pub(super) floor: f64,
     /// Rounds since the last cut.
@@ -65,8 +68,13 @@ pub(super) struct Course {
 pub(super) enum Change {
     /// Nothing to learn: no throttling and no success.
     Keep,
-    /// Throttled: the new rate, and the peak to climb back to.
-    Cut { rate: f64, peak: f64 },
+    /// Throttled: the new rate, the peak to climb back to, and whether that
+    /// peak is only a lower bound.
+    Cut {
+        rate: f64,
+        peak: f64,
+        at_least: bool,
+    },
     /// Clean: the new, higher rate.
     Raise(f64),
     /// Clean, and the rate is far above what is sent: stop pacing.
@@ -119,19 +127,10 @@ impl Law {
         } else {
             sent
         };
-        let (rate, peak) = if round.accepted >= self.threshold {
-            let accepted = round.accepted as f64 / length;
-            // Measuring at full speed, never more than `up` slower than what
-            // was going: a server that admitted its whole second in a burst
-            // before the round began shows too few successes in it. Paced
-            // rounds measure a rate that held all round.
-            let floor = if course.rate.is_finite() {
-                0.0
-            } else {
-                going / self.up
-            };
-            ((accepted * self.down).max(floor), accepted)
-        } else if going > 0.0 {
+        if round.accepted >= self.threshold {
+            return self.measured(course, round.accepted as f64 / length, going);
+        }
+        let (rate, peak) = if going > 0.0 {
             // Too little got through to measure: an outage. One step below
             // the fastest rate that was going, and no further: an outage says
             // nothing about the rate the server accepts when it is back, and
@@ -147,6 +146,48 @@ impl Law {
         Change::Cut {
             rate,
             peak: peak.max(rate),
+            at_least: false,
+        }
+    }
+
+    /// A throttled round that counted `accepted` successes per round while
+    /// `going` went out.
+    ///
+    /// A server counting over a rolling window admits writes as fast as they
+    /// come until its window is full, then none until it moves on: sends
+    /// well above its rate are admitted in one burst a window. A round starts
+    /// at a throttle, just after such a burst, and counts whatever share of
+    /// the next one falls inside it, however few: only a lower bound on the
+    /// rate. Rounds paced within `up`² of what they got accepted (a slow
+    /// start crosses the rate by `up` at most) spread the admissions evenly
+    /// and count the rate itself.
+    fn measured(&self, course: Course, accepted: f64, going: f64) -> Change {
+        let unpaced = !course.rate.is_finite();
+        // Right after a cut from a lower bound, the server's window still
+        // holds that round's burst: both rounds counted a share of the same
+        // rate, and the larger share is the closer.
+        let accepted = if course.settling && course.at_least {
+            accepted.max(course.peak)
+        } else {
+            accepted
+        };
+        let at_least = unpaced || going > self.up * self.up * accepted;
+        // Measuring at full speed, never more than `up` slower than what
+        // was going: a server that admitted its whole second in a burst
+        // before the round began shows too few successes in it.
+        let floor = if unpaced { going / self.up } else { 0.0 };
+        let rate = (accepted * self.down).max(floor).max(self.min_rate);
+        // A lower bound is kept as counted, not raised to that floor: the
+        // next throttled round compares its own count with it.
+        let peak = if at_least {
+            accepted
+        } else {
+            accepted.max(rate)
+        };
+        Change::Cut {
+            rate,
+            peak,
+            at_least,
         }
     }
 
@@ -157,6 +198,13 @@ impl Law {
     /// rate that was not known to work.
     fn climb(&self, course: Course) -> f64 {
         let rate = course.rate;
+        if course.at_least {
+            // The server accepts the peak or more, how much more unknown:
+            // CUBIC's curve would creep around the peak and then leave it at
+            // 15 % a round. A slow start of `up` a round finds the rate in a
+            // few rounds, and the paced round that crosses it measures it.
+            return rate * self.up;
+        }
         let target = if course.peak > 0.0 {
             let t = course.since_cut;
             let drop = (course.peak - course.floor).max(0.0);
@@ -218,17 +266,20 @@ mod tests {
         let settling = Course {
             rate: 90.0,
             peak: 100.0,
+            at_least: false,
             floor: 90.0,
             since_cut: 1.0,
             settling: true,
         };
         assert_eq!(law().decide(settling, round(90.0, 80, 10)), Change::Keep);
+        // Unpaced, what was accepted is only a lower bound.
         let change = law().decide(unpaced, round(120.0, 100, 20));
         assert_eq!(
             change,
             Change::Cut {
                 rate: 90.0,
-                peak: 100.0
+                peak: 100.0,
+                at_least: true
             }
         );
         // Flooded at 9 times the rate: one step of the up-multiplier.
@@ -237,7 +288,107 @@ mod tests {
             change,
             Change::Cut {
                 rate: 600.0,
-                peak: 600.0
+                peak: 100.0,
+                at_least: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_round_paced_near_the_rate_measures_it_and_one_far_above_a_lower_bound() {
+        let paced = |rate: f64| Course {
+            rate,
+            peak: 100.0,
+            floor: 90.0,
+            since_cut: 5.0,
+            ..Course::default()
+        };
+        assert_eq!(
+            law().decide(paced(150.0), round(150.0, 100, 50)),
+            Change::Cut {
+                rate: 90.0,
+                peak: 100.0,
+                at_least: false
+            }
+        );
+        assert_eq!(
+            law().decide(paced(1000.0), round(1000.0, 100, 900)),
+            Change::Cut {
+                rate: 90.0,
+                peak: 100.0,
+                at_least: true
+            }
+        );
+        // Sent far less than the rate allowed: what was going counts.
+        assert!(matches!(
+            law().decide(paced(1000.0), round(150.0, 100, 50)),
+            Change::Cut {
+                at_least: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn right_after_a_cut_from_a_lower_bound_the_larger_count_of_both_rounds_is_kept() {
+        let settling = |rate: f64, peak: f64| Course {
+            rate,
+            peak,
+            at_least: true,
+            floor: rate,
+            since_cut: 1.0,
+            settling: true,
+        };
+        // Paced far above what either round got accepted: still a bound.
+        assert_eq!(
+            law().decide(settling(600.0, 100.0), round(550.0, 40, 500)),
+            Change::Cut {
+                rate: 90.0,
+                peak: 100.0,
+                at_least: true
+            }
+        );
+        // Paced near it: a measurement.
+        let Change::Cut {
+            rate,
+            peak,
+            at_least: false,
+        } = law().decide(settling(95.0, 63.0), round(97.0, 64, 35))
+        else {
+            panic!("a far-off settling round cuts to a measured rate");
+        };
+        assert!((rate - 57.6).abs() < 1e-9 && (peak - 64.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn clean_rounds_above_a_lower_bound_climb_by_the_up_multiplier_until_throttled() {
+        let law = law();
+        let mut course = Course {
+            rate: 20.0,
+            peak: 20.0,
+            at_least: true,
+            floor: 20.0,
+            since_cut: 0.0,
+            settling: false,
+        };
+        let mut rates = Vec::new();
+        for _ in 0..4 {
+            course.since_cut += 1.0;
+            let Change::Raise(rate) = law.decide(course, round(course.rate, 20, 0)) else {
+                panic!("a clean round that sent at the rate raises it");
+            };
+            course.rate = rate;
+            rates.push(rate);
+        }
+        assert_eq!(rates, [30.0, 45.0, 67.5, 101.25]);
+        // The round that crosses the server's rate of 100 measures it.
+        let change = law.decide(course, round(101.0, 100, 1));
+        assert_eq!(
+            change,
+            Change::Cut {
+                rate: 90.0,
+                peak: 100.0,
+                at_least: false
             }
         );
     }
@@ -247,6 +398,7 @@ mod tests {
         let paced = Course {
             rate: 100.0,
             peak: 100.0,
+            at_least: false,
             floor: 90.0,
             since_cut: 3.0,
             settling: false,
@@ -271,6 +423,7 @@ mod tests {
         let paced = Course {
             rate: 300.0,
             peak: 0.0,
+            at_least: false,
             floor: 200.0,
             since_cut: 1.0,
             settling: false,
@@ -280,7 +433,8 @@ mod tests {
             change,
             Change::Cut {
                 rate: 100.0,
-                peak: 150.0
+                peak: 150.0,
+                at_least: false
             }
         );
     }
@@ -291,6 +445,7 @@ mod tests {
         let mut course = Course {
             rate: 90.0,
             peak: 100.0,
+            at_least: false,
             floor: 90.0,
             since_cut: 0.0,
             settling: false,
@@ -319,6 +474,7 @@ mod tests {
         let course = Course {
             rate: 100.0,
             peak: 50.0,
+            at_least: false,
             floor: 45.0,
             since_cut: 20.0,
             settling: false,
@@ -331,6 +487,7 @@ mod tests {
         let course = Course {
             rate: 100.0,
             peak: 50.0,
+            at_least: false,
             floor: 45.0,
             since_cut: 2.0,
             settling: false,
