@@ -418,9 +418,10 @@ fn defaults_keep_an_outage_after_30_s_of_healthy_traffic_at_1_05_attempts_per_re
     // flight as the outage began retry too).
     assert!(report.attempts <= report.requests + 2000 + 10, "{report:?}");
     assert!(report.attempts_per_request() <= 1.05, "{report:?}");
-    // One layer shared by all: the same two retries, for all of them.
+    // One layer shared by all: the same two retries for all of them (and
+    // the few in flight as the outage began).
     let shared = warm.run_with(BudgetKind::Default, 1).unwrap();
-    assert!(shared.attempts <= shared.requests + 2, "{shared:?}");
+    assert!(shared.attempts <= shared.requests + 2 + 10, "{shared:?}");
 }
 
 /// Failed requests with the default budget and without one, summed over

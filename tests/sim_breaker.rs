@@ -25,8 +25,11 @@ fn once_open_a_dead_host_gets_under_5_percent_of_its_requests() {
             .run(Guard::Breaker)
             .unwrap();
         let opened = report.first_open().expect("it opens");
+        // The host dies at 10 s. Half the window's attempts fail once the
+        // outage has lasted half the window (5 s): the default budget adds
+        // almost no failed retries to hasten it.
         assert!(
-            (Duration::from_secs(10)..Duration::from_secs(15)).contains(&opened),
+            (Duration::from_secs(10)..Duration::from_secs(16)).contains(&opened),
             "{opened:?}"
         );
         let share = report.dead_calls_per_request().unwrap();
