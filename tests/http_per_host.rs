@@ -51,9 +51,9 @@ fn get(server: &Server) -> Request<Full<Bytes>> {
 
 /// Three requests to the host that is down, then one to the flaky one: the
 /// status the flaky host's request ends with.
-async fn flaky_after_outage<S>(mut svc: S, down: &Server, flaky: &Server) -> StatusCode
+async fn flaky_after_outage<S, B>(mut svc: S, down: &Server, flaky: &Server) -> StatusCode
 where
-    S: Service<Request<Full<Bytes>>, Response = http::Response<hyper::body::Incoming>>,
+    S: Service<Request<Full<Bytes>>, Response = http::Response<B>>,
     S::Error: std::fmt::Debug,
 {
     for _ in 0..3 {
@@ -191,4 +191,86 @@ async fn per_host_http_retry_layers_keep_the_other_hosts_retries() {
         .get::<tower_backoff::http::RetryInfo>()
         .unwrap();
     assert_eq!(info.attempts, 2);
+}
+
+/// The builder's own option: `build_per_host()` gives each host a fresh
+/// copy of the layer, the default budget included, where one layer for all
+/// hosts lets the host that is down spend the flaky one's only retry.
+#[tokio::test(start_paused = true)]
+async fn build_per_host_gives_each_host_its_own_default_budget() {
+    let (down, flaky) = two_hosts().await;
+    let stats = tower_backoff::Stats::new();
+    let builder = || {
+        tower_backoff::http::HttpRetryLayer::builder()
+            .schedule(Constant::new(STEP))
+            .jitter(Jitter::None)
+            .stats(stats.clone())
+    };
+    let shared = ServiceBuilder::new()
+        .layer(builder().build().unwrap())
+        .service(client());
+    let status = flaky_after_outage(shared, &down, &flaky).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "its retry was spent"
+    );
+
+    let (down, flaky) = two_hosts().await;
+    let per_host = ServiceBuilder::new()
+        .layer(builder().build_per_host().unwrap())
+        .service(client());
+    assert_eq!(per_host.hosts(), 0);
+    let status = flaky_after_outage(per_host, &down, &flaky).await;
+    assert_eq!(status, StatusCode::OK, "the flaky host kept its own retry");
+    // One `Stats` adds both runs and every host up: 4 requests each, and
+    // each run's down host made one retry, the flaky host one in the second.
+    let counted = stats.snapshot();
+    assert_eq!((counted.requests, counted.retries), (8, 3));
+}
+
+/// A circuit breaker per host: the host that is down gets its breaker
+/// opened and its requests rejected without a call, while the healthy host
+/// behind the same per-host stack is never rejected.
+#[tokio::test(start_paused = true)]
+async fn build_per_host_gives_each_host_its_own_breaker() {
+    use tower_backoff::breaker::CircuitBreaker;
+    let down = Server::start(|_, _| status(503)).await;
+    let healthy = Server::start(|_, _| status(200)).await;
+    let breaker = CircuitBreaker::builder().min_throughput(4).build().unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            tower_backoff::http::HttpRetryLayer::builder()
+                .schedule(Constant::new(STEP))
+                .jitter(Jitter::None)
+                .no_budget()
+                .circuit_breaker(breaker)
+                .build_per_host()
+                .unwrap(),
+        )
+        .service(client());
+    let mut rejected = 0;
+    for _ in 0..10 {
+        match svc.ready().await.unwrap().call(get(&down)).await {
+            Ok(response) => assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE),
+            Err(error) => {
+                assert!(error.is_breaker_open(), "{error:?}");
+                rejected += 1;
+            }
+        }
+        let response = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(get(&healthy))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    // Four failed attempts open it: the first request's three and the
+    // second's first, whose retry the open breaker stops (the caller gets
+    // that 503). Every later request is rejected without a call.
+    assert_eq!(rejected, 8, "of 10");
+    assert_eq!(down.requests(), 4);
+    assert_eq!(healthy.requests(), 10);
 }

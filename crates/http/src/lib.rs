@@ -158,7 +158,9 @@ pub use info::RetryInfo;
 pub use method::MethodSet;
 #[cfg(feature = "reqwest-middleware")]
 pub use middleware::{BackoffMiddleware, IntoMiddlewareError};
-pub use per_host::{PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS};
+pub use per_host::{
+    MakeHostLayer, PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS,
+};
 pub use policy::{
     HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
     IDEMPOTENCY_KEY, X_SHOULD_RETRY,

@@ -23,7 +23,9 @@ const SHARDS: usize = 8;
 
 /// Gives every authority (scheme, host and port) its own stack made by
 /// `make`, typically a [`BackoffLayer`](tower_backoff_core::BackoffLayer) with its own
-/// budget, so one host's outage spends only that host's retries.
+/// budget, so one host's outage spends only that host's retries. For the
+/// HTTP layer, [`HttpRetryBuilder::build_per_host`](crate::HttpRetryBuilder::build_per_host)
+/// does it in one call.
 ///
 /// A host's stack is made on its first request and shared by every clone of
 /// the service. At most [`max_hosts`](Self::max_hosts) are kept (default
@@ -88,9 +90,32 @@ impl<F> fmt::Debug for PerHostLayer<F> {
     }
 }
 
+/// Makes the layer of each new host of a [`PerHostLayer`]: any `Fn() ->
+/// Layer` closure, or an [`HttpRetryLayer`](crate::HttpRetryLayer), which
+/// gives each host a [fresh](tower_backoff_core::BackoffLayer::fresh) copy
+/// of itself.
+pub trait MakeHostLayer {
+    /// The layer each host's stack is made with.
+    type Layer;
+
+    /// The layer for a host seen for the first time.
+    fn make_host_layer(&self) -> Self::Layer;
+}
+
+impl<F, L> MakeHostLayer for F
+where
+    F: Fn() -> L,
+{
+    type Layer = L;
+
+    fn make_host_layer(&self) -> L {
+        self()
+    }
+}
+
 impl<S, F, L> Layer<S> for PerHostLayer<F>
 where
-    F: Fn() -> L + Clone,
+    F: MakeHostLayer<Layer = L> + Clone,
     L: Layer<S>,
 {
     type Service = PerHost<S, F, L::Service>;
@@ -175,7 +200,7 @@ impl<S, F, L, T, Req> Service<Req> for PerHost<S, F, T>
 where
     Req: RequestAuthority,
     S: Clone,
-    F: Fn() -> L,
+    F: MakeHostLayer<Layer = L>,
     L: Layer<S, Service = T>,
     T: Service<Req> + Clone,
 {
@@ -189,7 +214,7 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let service = self.hosts.get_or_make(request.authority(), || {
-            (self.make)().layer(self.inner.clone())
+            self.make.make_host_layer().layer(self.inner.clone())
         });
         PerHostFuture {
             state: Route::Readying {

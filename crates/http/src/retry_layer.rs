@@ -32,6 +32,7 @@ use tower_service::Service;
 
 use super::buffer::BufferBody;
 use super::info::RetryInfo;
+use super::per_host::{MakeHostLayer, PerHostLayer};
 use super::policy::HttpPolicy;
 use super::replay::DEFAULT_REPLAY_LIMIT;
 
@@ -142,6 +143,36 @@ impl<T> HttpRetryLayer<T> {
     /// The retry layer it wraps.
     pub fn backoff(&self) -> &BackoffLayer<HttpPolicy, T> {
         &self.layer
+    }
+
+    /// The same layer with a budget, circuit breaker and pacing of its own
+    /// (see [`BackoffLayer::fresh`]): what each host of
+    /// [`per_host`](Self::per_host) gets.
+    pub fn fresh(&self) -> Self
+    where
+        T: Clone,
+    {
+        Self {
+            layer: self.layer.fresh(),
+            ..self.clone()
+        }
+    }
+
+    /// This layer per host: each authority (scheme, host and port) gets a
+    /// [fresh](Self::fresh) copy on its first request, so one host's outage
+    /// spends only its own retries and opens only its own breaker, while
+    /// stats and observers add every host up (see [`PerHostLayer`] for the
+    /// bound on hosts kept).
+    pub fn per_host(self) -> PerHostLayer<Self> {
+        PerHostLayer::new(self)
+    }
+}
+
+impl<T: Clone> MakeHostLayer for HttpRetryLayer<T> {
+    type Layer = Self;
+
+    fn make_host_layer(&self) -> Self {
+        self.fresh()
     }
 }
 
@@ -310,8 +341,8 @@ impl<T> HttpRetryBuilder<T> {
     }
 
     /// See [`BackoffBuilder::circuit_breaker`]: stops calling a host that
-    /// keeps failing. Build the layer per host ([`PerHostLayer`](super::PerHostLayer))
-    /// for one breaker per host. The layer's error becomes
+    /// keeps failing. Build the layer per host
+    /// ([`build_per_host`](Self::build_per_host)) for one breaker per host. The layer's error becomes
     /// [`tower_backoff_core::Error`] (an attempt timeout makes it so already).
     pub fn circuit_breaker(self, breaker: CircuitBreaker) -> HttpRetryBuilder<T::Rejecting>
     where
@@ -323,6 +354,24 @@ impl<T> HttpRetryBuilder<T> {
             replay_limit: self.replay_limit,
             buffer_limit: self.buffer_limit,
         }
+    }
+
+    /// Checks every setting and builds the layer per host: each authority
+    /// gets a budget, circuit breaker and pacing of its own (see
+    /// [`HttpRetryLayer::per_host`]).
+    ///
+    /// ```
+    /// use tower_backoff::http::HttpRetryLayer;
+    ///
+    /// let per_host = HttpRetryLayer::builder().max_attempts(4).build_per_host()?;
+    /// # drop(per_host);
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`build`](Self::build).
+    pub fn build_per_host(self) -> Result<PerHostLayer<HttpRetryLayer<T>>, ConfigError> {
+        self.build().map(HttpRetryLayer::per_host)
     }
 
     /// Checks every setting and builds the layer.
