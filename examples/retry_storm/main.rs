@@ -509,7 +509,10 @@ fn budgets(seed: u64, mut tick: impl FnMut()) -> Result<Vec<BudgetRow>, String> 
                 partial.push(scenario.run_with(kind, seed).map_err(|e| e.to_string())?);
                 tick();
             }
-            let outage = Amplification::new().clones(PROCESSES).seed(seed);
+            let outage = Amplification::new()
+                .clones(PROCESSES)
+                .duration(Duration::from_secs(60))
+                .seed(seed);
             let outage = outage
                 .run_independent(kind, seed)
                 .map_err(|e| e.to_string())?;
@@ -544,7 +547,7 @@ fn print_budgets(rows: &[BudgetRow], storms: &[Run], retransmits: &[Run], option
         header.push(format!("p = {p}: succeeded"));
         header.push(format!("p = {p}: load"));
     }
-    header.push(format!("outage, {PROCESSES} processes"));
+    header.push(format!("outage 60 s, {PROCESSES} processes"));
     header.push(format!("p = 0.1, {PROCESSES} processes: succeeded"));
     header.push("storm: recovered".into());
     header.push("retransmit: recovered".into());
