@@ -394,6 +394,7 @@ fn defaults_keep_an_outage_of_1000_independent_processes_at_1_02_attempts_per_re
     let report = fleet_outage()
         .run_independent(BudgetKind::Default, 1)
         .unwrap();
+    println!("1,000 processes, cold: {report:?}");
     assert!(report.requests > 55_000, "{report:?}");
     // One retry each, at most: what each bucket starts with.
     assert!(report.attempts <= report.requests + 1000, "{report:?}");
@@ -413,6 +414,7 @@ fn defaults_keep_an_outage_of_1000_independent_processes_at_1_02_attempts_per_re
 fn defaults_keep_an_outage_after_30_s_of_healthy_traffic_at_1_05_attempts_per_request() {
     let warm = fleet_outage().healthy_for(Duration::from_secs(30));
     let report = warm.run_independent(BudgetKind::Default, 1).unwrap();
+    println!("1,000 processes, warm: {report:?}");
     assert!(report.requests > 55_000, "{report:?}");
     // The capacity each earned back: two retries (and a few requests in
     // flight as the outage began retry too).
