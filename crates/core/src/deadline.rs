@@ -22,7 +22,6 @@
 //! attempt then has a fixed timeout that does not shrink as the deadline
 //! nears.
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -33,7 +32,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::breaker::BreakerOpen;
+use crate::error::BreakerOpen;
 
 /// How attempts are timed: [`NoTimeout`] or [`AttemptTimeout`]. Sealed: the
 /// state machine relies on exactly these two.
@@ -217,7 +216,7 @@ impl<E> Future for Expiry<E> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Error<E>> {
         let this = self.project();
         std::task::ready!(this.sleep.poll(cx));
-        Poll::Ready(Error::TimedOut(TimedOut { after: *this.after }))
+        Poll::Ready(Error::TimedOut(TimedOut::new(*this.after)))
     }
 }
 
@@ -233,24 +232,5 @@ impl<E> fmt::Debug for Expiry<E> {
 /// too: [`crate::Error`].
 pub use crate::error::Error;
 
-/// An attempt ran out of time: its attempt timeout, or the time left before
-/// the request's deadline, whichever was shorter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimedOut {
-    after: Duration,
-}
-
-impl TimedOut {
-    /// How long the attempt was given.
-    pub fn after(&self) -> Duration {
-        self.after
-    }
-}
-
-impl fmt::Display for TimedOut {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "attempt timed out after {:?}", self.after)
-    }
-}
-
-impl StdError for TimedOut {}
+/// An attempt ran out of time, now in [`crate::error`].
+pub use crate::error::TimedOut;

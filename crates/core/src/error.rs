@@ -4,9 +4,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-
-use crate::breaker::BreakerOpen;
-use crate::deadline::TimedOut;
+use std::time::Duration;
 
 /// The error of a layer with an [attempt timeout](crate::BackoffBuilder::attempt_timeout)
 /// or a [circuit breaker](crate::BackoffBuilder::circuit_breaker): the inner
@@ -151,3 +149,42 @@ pub fn check_duration(field: &'static str, value: std::time::Duration) -> Result
     }
     Ok(())
 }
+
+/// The error of a request whose first attempt an open breaker rejected:
+/// nothing was sent. Never retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerOpen;
+
+impl fmt::Display for BreakerOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("circuit breaker open: the request was not sent")
+    }
+}
+
+impl std::error::Error for BreakerOpen {}
+
+/// An attempt ran out of time: its attempt timeout, or the time left before
+/// the request's deadline, whichever was shorter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedOut {
+    after: Duration,
+}
+
+impl TimedOut {
+    pub(crate) fn new(after: Duration) -> Self {
+        Self { after }
+    }
+
+    /// How long the attempt was given.
+    pub fn after(&self) -> Duration {
+        self.after
+    }
+}
+
+impl fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attempt timed out after {:?}", self.after)
+    }
+}
+
+impl StdError for TimedOut {}

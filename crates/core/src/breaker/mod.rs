@@ -96,7 +96,10 @@
 //! use tower_backoff::BackoffLayer;
 //!
 //! let breaker = CircuitBreaker::new();
-//! let layer = BackoffLayer::builder().circuit_breaker(breaker.clone()).build()?;
+//! let layer = BackoffLayer::builder()
+//!     .circuit_breaker(breaker.clone())
+//!     .no_budget() // the default budget would stop at one retry in all
+//!     .build()?;
 //! let down = service_fn(|_: ()| async { Err::<(), _>(std::io::Error::other("down")) });
 //! let svc = tower::Layer::layer(&layer, down);
 //! for _ in 0..10 {
@@ -116,6 +119,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use crate::error::BreakerOpen;
 use crate::error::{check_duration, ConfigError};
 use crate::jitter::Rng;
 use crate::sync::{AtomicU64, Ordering};
@@ -561,19 +565,6 @@ impl CircuitBreakerBuilder {
         })
     }
 }
-
-/// The error of a request whose first attempt an open breaker rejected:
-/// nothing was sent. Never retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BreakerOpen;
-
-impl fmt::Display for BreakerOpen {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("circuit breaker open: the request was not sent")
-    }
-}
-
-impl std::error::Error for BreakerOpen {}
 
 #[cfg(all(test, not(tower_backoff_loom)))]
 mod tests {
