@@ -65,7 +65,11 @@ impl Policy<Request, (), AttemptError> for CountedByPolicy {
 fn compare(storm: &Storm) -> [Summary; 3] {
     let retry_errors = RetryErrors::new(Cause::Timeout);
     let a6 = || Arc::new(RetryThrottle::new(10.0, 0.1).unwrap());
-    let bucket = run(storm, retry_errors, Some(Arc::new(TokenBucket::fleet_safe())));
+    let bucket = run(
+        storm,
+        retry_errors,
+        Some(Arc::new(TokenBucket::fleet_safe())),
+    );
     let budget = run(storm, retry_errors, Some(a6()));
     let exact = run(storm, CountedByPolicy(a6()), None);
     println!("{storm}");
