@@ -663,13 +663,30 @@ async fn a_layer_shows_its_budget_and_its_balance() {
         .build()
         .unwrap();
     let budget = layer.budget().expect("the default budget");
-    assert_eq!(budget.balance(), Some(500), "a full default bucket");
-    let down = layer.layer(service_fn(|()| async { Err::<(), _>("down") }));
+    assert_eq!(
+        budget.balance(),
+        Some(5),
+        "the fleet-safe default starts with one retry"
+    );
+    let calls = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&calls);
+    let down = layer.layer(service_fn(move |()| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async { Err::<(), _>("down") }
+    }));
     assert!(down.oneshot(()).await.is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "one retry, then refused");
     assert_eq!(
         layer.budget().and_then(|b| b.balance()),
-        Some(500 - 2 * 5),
-        "two retries paid"
+        Some(0),
+        "the one retry paid"
+    );
+    let up = layer.layer(service_fn(|()| async { Ok::<(), &str>(()) }));
+    assert_eq!(up.oneshot(()).await, Ok(()));
+    assert_eq!(
+        layer.budget().and_then(|b| b.balance()),
+        Some(5),
+        "a first-try success earns one retry"
     );
     let none = BackoffLayer::builder().no_budget().build().unwrap();
     assert!(none.budget().is_none());

@@ -35,6 +35,7 @@ fn logging(seen: &Seen) -> HttpRetryLayer {
         .policy(HttpPolicy::new())
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
+        .no_budget()
         .on_retry(move |retry| {
             log.lock().unwrap().push((
                 retry.attempt(),

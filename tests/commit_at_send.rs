@@ -114,6 +114,7 @@ async fn on_retry_fires_once_per_retry_sent_with_the_outcome_it_replaces() {
     let seen = hooked.clone();
     let prepared = Arc::new(Mutex::new(Vec::new()));
     let layer = constant(secs(1), 3)
+        .no_budget()
         .policy(Recording(prepared.clone()))
         .on_retry(move |retry| {
             seen.lock()
@@ -514,6 +515,7 @@ async fn prepare_retry_stamps_each_retry_once_and_never_the_first_attempt() {
         .policy(Stamping)
         .schedule(Constant::new(secs(1)))
         .max_attempts(3)
+        .no_budget()
         .build()
         .unwrap();
     let sent = Arc::new(Mutex::new(Vec::new()));

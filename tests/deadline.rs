@@ -89,6 +89,7 @@ async fn inner_errors_pass_through_untouched_with_attempt_timeouts() {
     let layer = BackoffLayer::builder()
         .schedule(Constant::new(Duration::ZERO))
         .attempt_timeout(secs(1))
+        .no_budget()
         .build()
         .unwrap();
     let svc = tower::Layer::layer(&layer, scripted(|_| false, u32::MAX, Arc::default()));
@@ -251,6 +252,7 @@ mod over_http {
             .schedule(Constant::new(Duration::from_millis(100)))
             .jitter(Jitter::None)
             .attempt_timeout(secs(1))
+            .no_budget()
             .build()
             .unwrap();
         let svc = tower::Layer::layer(&HttpRetryLayer::from(layer), client());

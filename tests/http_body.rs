@@ -378,6 +378,7 @@ async fn a_body_that_stalls_within_the_limit_is_cut_by_the_attempt_timeout_and_r
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .attempt_timeout(Duration::from_secs(1))
+        .no_budget()
         .build()
         .unwrap();
     let svc = ServiceBuilder::new()

@@ -43,12 +43,13 @@ const MAX_ATTEMPTS: u32 = 3;
 const PATIENCE: Duration = Duration::from_secs(5);
 
 /// The layer under test, from its builder only: a short constant schedule,
-/// no jitter, [`MAX_ATTEMPTS`].
+/// no jitter, [`MAX_ATTEMPTS`], and no budget.
 fn retry_layer() -> HttpRetryLayer {
     HttpRetryLayer::builder()
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .max_attempts(MAX_ATTEMPTS)
+        .no_budget()
         .build()
         .unwrap()
 }

@@ -62,6 +62,7 @@ async fn hyper_server_503_503_200_returns_200_after_exactly_3_attempts() {
         ))
         .schedule(Constant::new(Duration::from_millis(200)))
         .max_attempts(5)
+        .no_budget()
         .build()
         .unwrap();
     let svc = ServiceBuilder::new().layer(layer).service(client);

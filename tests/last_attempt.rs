@@ -12,6 +12,7 @@ use std::time::Duration;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_backoff::{
     BackoffLayer, Cause, Constant, Decision, Policy, RetryOnError, Stats, StatsSnapshot,
+    TokenBucket,
 };
 
 /// A request that counts its copies, so a test sees which attempt got one.
@@ -46,8 +47,9 @@ fn backend(
     })
 }
 
-/// Sends one request through `policy` with 3 attempts and zero delays;
-/// returns its outcome, the copies made and the stats.
+/// Sends one request through `policy` with 3 attempts, zero delays and the
+/// AWS reserve of a token bucket (room for every retry); returns its outcome,
+/// the copies made and the stats.
 async fn send<P>(policy: P, failures: u32) -> (Result<&'static str, String>, u32, StatsSnapshot)
 where
     P: Policy<Counted, &'static str, String> + Clone + Send + Sync + 'static,
@@ -57,6 +59,7 @@ where
         .policy(policy)
         .schedule(Constant::new(Duration::ZERO))
         .max_attempts(3)
+        .budget(TokenBucket::new())
         .stats(stats.clone())
         .build()
         .unwrap();
@@ -181,6 +184,7 @@ mod http_policy {
             .policy(policy)
             .schedule(Constant::new(Duration::ZERO))
             .max_attempts(3)
+            .no_budget()
             .build()
             .unwrap();
         let copies = Arc::new(AtomicU32::new(0));

@@ -54,11 +54,14 @@ impl Service<&'static str> for Flaky {
     }
 }
 
+/// Retries every error after a constant `delay`, up to `attempts`, with no
+/// budget.
 fn constant(delay: Duration, attempts: u32) -> BackoffLayer<tower_backoff::RetryOnError> {
     BackoffLayer::builder()
         .schedule(Constant::new(delay))
         .jitter(Jitter::None)
         .max_attempts(attempts)
+        .no_budget()
         .build()
         .unwrap()
 }
@@ -102,6 +105,7 @@ async fn returns_the_last_response_when_the_policy_keeps_retrying_it() {
         ))
         .schedule(Constant::new(ms(5)))
         .max_attempts(3)
+        .no_budget()
         .build()
         .unwrap();
     let response = layer.layer_service(svc).oneshot(()).await.unwrap();
@@ -150,6 +154,7 @@ async fn max_elapsed_is_honoured_exactly() {
         .jitter(Jitter::None)
         .max_attempts(100)
         .max_elapsed(ms(3_500))
+        .no_budget()
         .build()
         .unwrap();
     let start = Instant::now();
@@ -164,6 +169,7 @@ async fn max_elapsed_is_honoured_exactly() {
         .jitter(Jitter::None)
         .max_attempts(100)
         .max_elapsed(Duration::from_secs(3))
+        .no_budget()
         .build()
         .unwrap();
     assert_eq!(
@@ -355,6 +361,7 @@ async fn a_seeded_layer_repeats_its_delays() {
             .schedule(Exponential::new(ms(100)))
             .max_attempts(5)
             .seed(1234)
+            .no_budget()
             .build()
             .unwrap();
         let flaky = Flaky::new(4);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use tower::{service_fn, Layer, ServiceExt};
-use tower_backoff::{BackoffLayer, Constant, Jitter};
+use tower_backoff::{BackoffLayer, Constant, Jitter, TokenBucket};
 
 /// One metric of a snapshot: its key, unit, description and value.
 type Recorded = (
@@ -53,6 +53,7 @@ fn two_failures_then_a_success_record_2_retries_and_3_attempts() {
             let layer = BackoffLayer::builder()
                 .schedule(Constant::new(Duration::from_millis(100)))
                 .jitter(Jitter::None)
+                .budget(TokenBucket::new())
                 .build()
                 .unwrap();
             let calls = Arc::new(AtomicU32::new(0));

@@ -252,6 +252,7 @@ async fn an_observer_hears_the_call_each_sleep_each_retry_sent_and_the_ending() 
     let layer: BackoffLayer = BackoffLayer::builder()
         .schedule(Exponential::new(Duration::from_millis(100)))
         .jitter(Jitter::None)
+        .no_budget()
         .observer(observer)
         .build()
         .unwrap();

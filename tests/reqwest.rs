@@ -366,6 +366,7 @@ async fn streaming_body_behind_a_replay_layer_with_an_attempt_timeout_is_resent_
                 .schedule(Constant::new(STEP))
                 .jitter(tower_backoff::Jitter::None)
                 .attempt_timeout(Duration::from_secs(1))
+                .no_budget()
                 .build()
                 .unwrap(),
         ))

@@ -210,6 +210,7 @@ async fn the_layer_attempt_timeout_retries_a_hung_attempt() {
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .attempt_timeout(Duration::from_secs(1))
+        .no_budget()
         .build()
         .unwrap();
     let client = client(layer);
@@ -228,6 +229,7 @@ async fn the_layer_attempt_timeout_on_the_last_attempt_is_a_middleware_error() {
         .jitter(Jitter::None)
         .max_attempts(2)
         .attempt_timeout(Duration::from_secs(1))
+        .no_budget()
         .build()
         .unwrap();
     let client = client(layer);

@@ -10,12 +10,13 @@ use tower_backoff::{retry, Constant, Exponential, Jitter, TokenBucket};
 
 #[tokio::test(start_paused = true)]
 async fn works_with_no_settings_and_returns_the_success() {
+    // The default budget of a fresh call pays for one retry.
     let calls = Cell::new(0);
     let result = retry(|| {
         calls.set(calls.get() + 1);
         let n = calls.get();
         async move {
-            if n < 3 {
+            if n < 2 {
                 Err(n)
             } else {
                 Ok(n)
@@ -23,7 +24,8 @@ async fn works_with_no_settings_and_returns_the_success() {
         }
     })
     .await;
-    assert_eq!(result, Ok(3));
+    assert_eq!(result, Ok(2));
+    assert_eq!(calls.get(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -35,6 +37,7 @@ async fn gives_up_after_max_attempts_with_the_last_error() {
         async move { Err(n) }
     })
     .max_attempts(5)
+    .no_budget()
     .await;
     assert_eq!(result, Err(5));
 }
@@ -60,6 +63,7 @@ async fn sleeps_the_schedule_and_notifies_each_retry() {
         .schedule(Exponential::new(Duration::from_millis(100)))
         .jitter(Jitter::None)
         .max_attempts(4)
+        .no_budget()
         .on_retry(|_: &(), delay| seen.push(delay))
         .await;
     assert!(result.is_err());
@@ -79,6 +83,7 @@ async fn honours_max_elapsed() {
     .jitter(Jitter::None)
     .max_attempts(100)
     .max_elapsed(Duration::from_millis(2_500))
+    .no_budget()
     .await;
     assert!(result.is_err());
     assert_eq!(calls.get(), 3);
@@ -113,9 +118,9 @@ async fn the_default_budget_bounds_an_operation_with_no_attempt_limit() {
     .max_attempts(u32::MAX)
     .await;
     assert!(result.is_err());
-    // Whatever the default budget is, it ends an endless failure long before
-    // u32::MAX attempts, and allows more than the default three.
-    assert!(calls.get() > 3 && calls.get() < 10_000, "{}", calls.get());
+    // The fleet-safe default starts a call with one retry, and a failure
+    // earns it none: an endless failure ends after two attempts.
+    assert_eq!(calls.get(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -211,8 +216,8 @@ async fn a_reused_retry_shares_one_budget_across_100_runs_spawned() {
         let outcome = tokio::spawn(down.start()).await.unwrap();
         assert_eq!(outcome, Err("down"));
     }
-    // The default bucket (500 tokens, 5 a retry) pays for 100 retries in
-    // all: 100 first attempts and 100 retries, not the 300 attempts of 100
-    // budgets of their own.
-    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 200);
+    // The fleet-safe default bucket (one retry to start with, none earned by
+    // a failure) pays for one retry in all: 100 first attempts and the first
+    // run's retry, not the 200 attempts of 100 budgets of their own.
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 101);
 }

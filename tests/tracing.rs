@@ -128,6 +128,7 @@ async fn each_retry_has_a_span_with_its_number_resend_count_and_outcome() {
     let layer = BackoffLayer::builder()
         .schedule(Constant::new(Duration::from_millis(100)))
         .jitter(Jitter::None)
+        .no_budget()
         .build()
         .unwrap();
     let calls = Arc::new(Mutex::new(0));

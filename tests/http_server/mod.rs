@@ -236,7 +236,9 @@ pub fn http_layer_with<S: Schedule + Send + Sync + 'static>(
     HttpRetryLayer::from(layer_with(policy, schedule, max_attempts, max_elapsed))
 }
 
-/// A layer with no jitter, so the tests can assert exact delays.
+/// A layer with no jitter, so the tests can assert exact delays, and no
+/// budget, so only `max_attempts` and `max_elapsed` bound the retries (the
+/// default budget starts with one retry).
 pub fn layer_with<S: Schedule + Send + Sync + 'static>(
     policy: HttpPolicy,
     schedule: S,
@@ -247,7 +249,8 @@ pub fn layer_with<S: Schedule + Send + Sync + 'static>(
         .policy(policy)
         .schedule(schedule)
         .jitter(Jitter::None)
-        .max_attempts(max_attempts);
+        .max_attempts(max_attempts)
+        .no_budget();
     match max_elapsed {
         Some(limit) => builder.max_elapsed(limit),
         None => builder,
