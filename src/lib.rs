@@ -36,12 +36,12 @@
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //! use tower_backoff::{BackoffLayer, Exponential, Jitter};
 //!
-//! // A service that is busy twice, then answers.
+//! // A service that is busy once, then answers.
 //! let calls = AtomicU32::new(0);
 //! let flaky = service_fn(|name: &'static str| {
 //!     let n = calls.fetch_add(1, Ordering::Relaxed);
 //!     async move {
-//!         if n < 2 { Err("busy, try later") } else { Ok(format!("hello, {name}")) }
+//!         if n < 1 { Err("busy, try later") } else { Ok(format!("hello, {name}")) }
 //!     }
 //! });
 //!
@@ -56,7 +56,7 @@
 //!     .service(flaky);
 //!
 //! assert_eq!(svc.oneshot("world").await?, "hello, world");
-//! assert_eq!(calls.load(Ordering::Relaxed), 3);
+//! assert_eq!(calls.load(Ordering::Relaxed), 2);
 //! # Ok(())
 //! # }
 //! ```

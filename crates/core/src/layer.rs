@@ -51,7 +51,7 @@ pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 /// let calls = std::sync::atomic::AtomicU32::new(0);
 /// let flaky = service_fn(|x: u32| {
 ///     let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-///     async move { if n < 2 { Err("busy") } else { Ok(x * 2) } }
+///     async move { if n < 1 { Err("busy") } else { Ok(x * 2) } }
 /// });
 /// let svc = ServiceBuilder::new().layer(layer).service(flaky);
 /// assert_eq!(svc.oneshot(21).await?, 42);

@@ -36,14 +36,14 @@ use crate::timer;
 /// let value = retry(|| {
 ///     calls += 1;
 ///     let n = calls;
-///     async move { if n < 3 { Err(format!("try {n} failed")) } else { Ok(n) } }
+///     async move { if n < 2 { Err(format!("try {n} failed")) } else { Ok(n) } }
 /// })
 /// .max_attempts(5)
 /// .schedule(Exponential::new(Duration::from_millis(10)))
 /// .retry_if(|e| e.contains("failed"))
 /// .on_retry(|e, delay| println!("{e}; retrying in {delay:?}"))
 /// .await;
-/// assert_eq!(value, Ok(3));
+/// assert_eq!(value, Ok(2));
 /// # }
 /// ```
 pub fn retry<F>(operation: F) -> RetryCall<F> {
