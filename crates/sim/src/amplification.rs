@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::task::LocalSet;
 use tower_service::Service;
 
-use super::budgets::BudgetKind;
+use super::budgets::{one_layer_each, BudgetKind};
 use super::connection::{Connection, Request};
 use super::server::{Server, ServerModel};
 use super::strategy::storm_budget;
@@ -208,11 +208,7 @@ impl Amplification {
                 let layers = (0..self.clones)
                     .map(|_| layer(true))
                     .collect::<Result<Vec<_>, _>>()?;
-                let mut layers = layers.iter();
-                self.run(|c| {
-                    let layer = layers.next().expect("one layer per clone");
-                    tower_layer::Layer::layer(layer, c)
-                })
+                self.run(one_layer_each(&layers))
             }
         }
     }
@@ -243,17 +239,8 @@ impl Amplification {
         kind: BudgetKind,
         seed: u64,
     ) -> Result<AmplificationReport, ConfigError> {
-        let layers = (0..self.clones as u64)
-            .map(|i| {
-                kind.apply(BackoffLayer::builder().seed(seed.wrapping_add(i)))?
-                    .build()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut layers = layers.iter();
-        self.run(|c| {
-            let layer = layers.next().expect("one layer per clone");
-            tower_layer::Layer::layer(layer, c)
-        })
+        let layers = kind.per_process(self.clones, seed)?;
+        self.run(one_layer_each(&layers))
     }
 
     /// Runs the outage with a client made by `make_client` for each clone,

@@ -4,7 +4,7 @@ use std::fmt;
 
 use tower_backoff_core::budget::{Earn, RatioBudget, TokenBucket};
 use tower_backoff_core::error::ConfigError;
-use tower_backoff_core::BackoffBuilder;
+use tower_backoff_core::{BackoffBuilder, BackoffLayer, BackoffRetry};
 
 /// A budget semantics to compare, on the same layer otherwise.
 ///
@@ -65,6 +65,33 @@ impl BudgetKind {
                 builder.budget(RatioBudget::builder().earn(Earn::Successes).build()?)
             }
         })
+    }
+}
+
+impl BudgetKind {
+    /// `count` layers with the layer's defaults and this budget, layer `i`
+    /// seeding its jitter with `seed + i`: independent processes, a budget
+    /// each.
+    pub(crate) fn per_process(
+        self,
+        count: usize,
+        seed: u64,
+    ) -> Result<Vec<BackoffLayer>, ConfigError> {
+        (0..count as u64)
+            .map(|i| {
+                self.apply(BackoffLayer::builder().seed(seed.wrapping_add(i)))?
+                    .build()
+            })
+            .collect()
+    }
+}
+
+/// A client maker that wraps each clone in the next of `layers`.
+pub(crate) fn one_layer_each<S>(layers: &[BackoffLayer]) -> impl FnMut(S) -> BackoffRetry<S> + '_ {
+    let mut layers = layers.iter();
+    move |inner| {
+        let layer = layers.next().expect("one layer per clone");
+        tower_layer::Layer::layer(layer, inner)
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::task::LocalSet;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::budgets::BudgetKind;
+use super::budgets::{one_layer_each, BudgetKind};
 use super::connection::{AttemptError, Request};
 use super::workload::{check_open_load, issue, ClientLog};
 use tower_backoff_core::error::ConfigError;
@@ -170,17 +170,8 @@ impl PartialFailure {
         kind: BudgetKind,
         seed: u64,
     ) -> Result<PartialFailureReport, ConfigError> {
-        let layers = (0..self.clones as u64)
-            .map(|i| {
-                kind.apply(BackoffLayer::builder().seed(seed.wrapping_add(i)))?
-                    .build()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut layers = layers.iter();
-        self.run(|c| {
-            let layer = layers.next().expect("one layer per clone");
-            tower_layer::Layer::layer(layer, c)
-        })
+        let layers = kind.per_process(self.clones, seed)?;
+        self.run(one_layer_each(&layers))
     }
 
     /// Runs the scenario with a client made by `make_client` for each clone,
