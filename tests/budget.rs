@@ -886,3 +886,55 @@ async fn a_fresh_bucket_is_the_original_as_it_was_built() {
     assert_eq!(fresh.capacity(), 400, "4 a second × 10 s × 10 tokens");
     assert_eq!(bucket.capacity(), 800, "the original is left as it was");
 }
+
+/// First attempts made in one slot leave the window when the clock comes
+/// back to that slot's place on the ring, a whole window later, even with
+/// nothing counted in between: the snapshot that slot kept from the lap
+/// before starts a window that has gone, and is not read as this one's.
+#[tokio::test(start_paused = true)]
+async fn ratio_budget_forgets_first_attempts_a_whole_window_later_with_nothing_between() {
+    let budget = RatioBudget::builder()
+        .window(Duration::from_secs(1))
+        .ratio(1.0)
+        .reserve(0)
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        budget.on_first_attempt();
+    }
+    tokio::time::advance(Duration::from_millis(999)).await;
+    assert_eq!(budget.available(), 5, "the window's last slot");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(budget.available(), 0, "a whole window later");
+    assert!(!budget.try_retry(Cause::Transient));
+}
+
+/// Each kind of budget earns on its own event only: a success earns nothing
+/// for a budget that earns on first attempts, nor a first attempt for one
+/// that earns on successes.
+#[test]
+fn ratio_budget_earns_only_on_the_event_it_is_set_to_earn_on() {
+    let budget = |earn| {
+        RatioBudget::builder()
+            .ratio(1.0)
+            .reserve(0)
+            .earn(earn)
+            .build()
+            .unwrap()
+    };
+    let on_first_attempts = budget(Earn::FirstAttempts);
+    for _ in 0..3 {
+        on_first_attempts.on_success(None);
+    }
+    assert_eq!(on_first_attempts.available(), 0, "successes earn nothing");
+    on_first_attempts.on_first_attempt();
+    assert_eq!(on_first_attempts.available(), 1);
+
+    let on_successes = budget(Earn::Successes);
+    for _ in 0..3 {
+        on_successes.on_first_attempt();
+    }
+    assert_eq!(on_successes.available(), 0, "first attempts earn nothing");
+    on_successes.on_success(None);
+    assert_eq!(on_successes.available(), 1);
+}
