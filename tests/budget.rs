@@ -786,3 +786,155 @@ fn a_bucket_refuses_a_start_above_its_capacity_and_a_share_outside_0_to_1() {
         .build()
         .is_ok());
 }
+
+// ---- Mutation testing of the growing capacity and `fresh` (issue 28) ----
+
+/// A measurement closes at its 8th first-try success once a full second has
+/// passed since the retry that opened it: exactly 1,000 ms is enough, and 7
+/// successes are not, however long they took. Closing earlier (at 1, 2 or 4
+/// successes) would size the capacity on a count too small to be a rate.
+#[tokio::test(start_paused = true)]
+async fn a_measurement_closes_at_its_eighth_success_once_a_second_has_passed() {
+    let bucket = TokenBucket::fleet_safe();
+    assert!(bucket.try_retry(Cause::Transient));
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    for _ in 0..7 {
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.capacity(), 10, "7 successes are not yet a rate");
+    bucket.on_success(None);
+    // 8 a second: a tenth of 10 s of them is 8 retries of 5 tokens.
+    assert_eq!(bucket.capacity(), 40, "{bucket:?}");
+}
+
+/// A rate that would size the capacity below the one set leaves it there:
+/// one first-try success a second is worth one retry (5 tokens), and the
+/// fleet-safe bucket keeps its two.
+#[tokio::test(start_paused = true)]
+async fn a_measured_capacity_never_falls_below_the_capacity_set() {
+    let bucket = TokenBucket::fleet_safe();
+    assert!(bucket.try_retry(Cause::Transient));
+    for _ in 0..8 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.capacity(), 10, "{bucket:?}");
+    assert_eq!(bucket.available(), 10, "and it holds them");
+}
+
+/// However busy the service, a growing capacity stops at the 2^40 tokens a
+/// bucket can count.
+#[tokio::test(start_paused = true)]
+async fn a_growing_capacity_stops_at_the_most_a_bucket_can_count() {
+    let bucket = TokenBucket::builder()
+        .capacity(1 << 34)
+        .retry_cost(1 << 34)
+        .grow_with_traffic(1.0)
+        .build()
+        .unwrap();
+    assert!(bucket.try_retry(Cause::Transient));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for _ in 0..8 {
+        bucket.on_success(None);
+    }
+    // 8 a second for 10 s, each a retry of 2^34 tokens: 1.25 × 2^40.
+    assert_eq!(bucket.capacity(), 1 << 40);
+}
+
+/// What each host of a per-host stack gets: the bucket as it was built, not
+/// as it has become. The initial tokens, the capacity set however far the
+/// original grew, the same costs, a refill that starts now (none of the
+/// original's idle time is paid) and a growth of its own.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_bucket_is_the_original_as_it_was_built() {
+    let bucket = TokenBucket::builder()
+        .capacity(100)
+        .initial_tokens(20)
+        .retry_cost(10)
+        .timeout_cost(15)
+        .throttled_cost(12)
+        .success_refund(3)
+        .refill_per_second(1)
+        .grow_with_traffic(1.0)
+        .build()
+        .unwrap();
+    // The original spends, grows to 8 a second × 10 s × 10 tokens, refills.
+    assert!(bucket.try_retry(Cause::Transient));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for _ in 0..8 {
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.capacity(), 800);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert_eq!(bucket.available(), 10 + 8 * 3 + 31);
+
+    let fresh = bucket.fresh();
+    assert_eq!((fresh.available(), fresh.capacity()), (20, 100));
+    assert_eq!(
+        format!("{fresh:?}"),
+        "TokenBucket { available: 20, capacity: 100, retry_cost: 10, timeout_cost: 15, \
+         throttled_cost: 12, success_refund: 3, refill_per_second: 1 }"
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(fresh.available(), 22, "two seconds of its own refill");
+    // Its first retry opens its first measurement: 8 successes in 2 s.
+    assert!(fresh.try_retry(Cause::Timeout));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    for _ in 0..8 {
+        fresh.on_success(None);
+    }
+    assert_eq!(fresh.capacity(), 400, "4 a second × 10 s × 10 tokens");
+    assert_eq!(bucket.capacity(), 800, "the original is left as it was");
+}
+
+/// First attempts made in one slot leave the window when the clock comes
+/// back to that slot's place on the ring, a whole window later, even with
+/// nothing counted in between: the snapshot that slot kept from the lap
+/// before starts a window that has gone, and is not read as this one's.
+#[tokio::test(start_paused = true)]
+async fn ratio_budget_forgets_first_attempts_a_whole_window_later_with_nothing_between() {
+    let budget = RatioBudget::builder()
+        .window(Duration::from_secs(1))
+        .ratio(1.0)
+        .reserve(0)
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        budget.on_first_attempt();
+    }
+    tokio::time::advance(Duration::from_millis(999)).await;
+    assert_eq!(budget.available(), 5, "the window's last slot");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(budget.available(), 0, "a whole window later");
+    assert!(!budget.try_retry(Cause::Transient));
+}
+
+/// Each kind of budget earns on its own event only: a success earns nothing
+/// for a budget that earns on first attempts, nor a first attempt for one
+/// that earns on successes.
+#[test]
+fn ratio_budget_earns_only_on_the_event_it_is_set_to_earn_on() {
+    let budget = |earn| {
+        RatioBudget::builder()
+            .ratio(1.0)
+            .reserve(0)
+            .earn(earn)
+            .build()
+            .unwrap()
+    };
+    let on_first_attempts = budget(Earn::FirstAttempts);
+    for _ in 0..3 {
+        on_first_attempts.on_success(None);
+    }
+    assert_eq!(on_first_attempts.available(), 0, "successes earn nothing");
+    on_first_attempts.on_first_attempt();
+    assert_eq!(on_first_attempts.available(), 1);
+
+    let on_successes = budget(Earn::Successes);
+    for _ in 0..3 {
+        on_successes.on_first_attempt();
+    }
+    assert_eq!(on_successes.available(), 0, "first attempts earn nothing");
+    on_successes.on_success(None);
+    assert_eq!(on_successes.available(), 1);
+}
