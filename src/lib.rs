@@ -11,6 +11,21 @@
 //! The three concerns stay apart: the policy says *what* to retry, the schedule
 //! *when*, the budget *how much*.
 //!
+//! # Four jobs, one layer or one call each
+//! - any tower `Service`: [`BackoffLayer`];
+//! - reqwest and hyper-util: `http::HttpRetryLayer` (features `http`,
+//!   `reqwest`), which also replays streaming request bodies and reads
+//!   responses of known length whole before judging them;
+//! - tonic: `grpc::GrpcRetryLayer` (feature `grpc`), configured by the gRPC
+//!   service-config JSON;
+//! - a plain async closure: [`retry`](fn@retry).
+//!
+//! # Runtime
+//! The sleeps run on tokio's timer: a tokio runtime with the time driver
+//! (`#[tokio::main]`, or `Builder::enable_time()`). Without one the first
+//! retry's sleep panics with a message saying so; a request that succeeds
+//! the first time needs no runtime.
+//!
 //! # The last real outcome
 //! The caller always gets the last real response or error, with the inner
 //! service's own error type: the outcome of attempt *n* is returned unless
@@ -99,3 +114,12 @@ pub use tower_backoff_grpc as grpc;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+// The same for the guide the README links to.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/GUIDE.md")]
+pub struct GuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/RESULTS.md")]
+pub struct ResultsDoctests;

@@ -53,20 +53,62 @@ const RUSTDOC_ATTRIBUTES: &[&str] = &[
     "edition2024",
 ];
 
+/// The markdown files whose Rust snippets are doc tests (`src/lib.rs`).
+const DOCUMENTS: [(&str, &str); 3] = [
+    ("README.md", include_str!("../README.md")),
+    ("docs/GUIDE.md", include_str!("../docs/GUIDE.md")),
+    ("docs/RESULTS.md", include_str!("../docs/RESULTS.md")),
+];
+
 #[test]
 fn no_readme_snippet_is_ignored_by_the_doc_tests() {
     let readme = include_str!("../README.md");
-    let fences = rust_fences(readme);
-    assert!(!fences.is_empty(), "the README has Rust snippets to test");
-    let ignored: Vec<_> = fences
-        .iter()
-        .filter(|(_, info)| info.split([',', ' ']).any(|a| a.starts_with("ignore")))
-        .collect();
     assert!(
-        ignored.is_empty(),
-        "README.md snippets marked `ignore` (line, info): {ignored:?}; make them compile \
-         (hidden `# ` lines for set-up, `no_run` if they need a network)"
+        !rust_fences(readme).is_empty(),
+        "the README has Rust snippets to test"
     );
+    for (name, markdown) in DOCUMENTS {
+        let ignored: Vec<_> = rust_fences(markdown)
+            .into_iter()
+            .filter(|(_, info)| info.split([',', ' ']).any(|a| a.starts_with("ignore")))
+            .collect();
+        assert!(
+            ignored.is_empty(),
+            "{name} snippets marked `ignore` (line, info): {ignored:?}; make them compile \
+             (hidden `# ` lines for set-up, `no_run` if they need a network)"
+        );
+    }
+}
+
+#[test]
+fn the_readme_is_short_and_shows_the_four_jobs_first() {
+    let readme = include_str!("../README.md");
+    let lines: Vec<&str> = readme.lines().collect();
+    assert!(lines.len() <= 300, "{} lines", lines.len());
+    let line_of = |needle: &str| {
+        lines
+            .iter()
+            .position(|line| line.contains(needle))
+            .unwrap_or_else(|| panic!("{needle:?} is in the README"))
+    };
+    for needle in [
+        "reqwest::Client::new()",
+        "GrpcRetryLayer::new(&config)",
+        "retry(|| fetch())",
+    ] {
+        assert!(
+            line_of(needle) < 150,
+            "{needle:?} at line {}",
+            line_of(needle) + 1
+        );
+    }
+    for section in [
+        "## What a layer with no options does",
+        "**Runtime.**",
+        "## Stacking it",
+    ] {
+        line_of(section);
+    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Behaviour of the retry-storm simulator: the server model, the scenarios'
-//! determinism, and the results the README quotes, asserted on the
+//! determinism, and the results the README and docs/GUIDE.md quote, asserted on the
 //! simulation's own output.
 
 use std::time::Duration;
@@ -304,7 +304,7 @@ fn a_timeout_shorter_than_the_latency_fails_every_attempt() {
 // ---- The default budget, against every target of issue 11 ----
 //
 // One seed of each scenario runs by default; the ten-seed sweeps behind the
-// README's "10/10" are `#[ignore]`d (about a minute in a debug build):
+// "10/10" of docs/GUIDE.md's tables are `#[ignore]`d (about a minute in a debug build):
 // `cargo test --all-features --test sim -- --ignored`.
 
 use tower_backoff::{classify_fn, Cause, Decision, Exponential};
