@@ -313,6 +313,8 @@ async fn concurrent_failing_requests_spread_their_retries() {
             .schedule(Constant::new(Duration::from_secs(1)))
             .jitter(jitter)
             .max_attempts(2)
+            // About jitter, not budgets: every one of the 1,000 retries.
+            .no_budget()
             .build()
             .unwrap();
         let svc = layer.layer_service(flaky.clone());
