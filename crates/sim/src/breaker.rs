@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use pin_project_lite::pin_project;
 use tokio::task::LocalSet;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::connection::{AttemptError, Request};
+use super::partial::FlakyAttempt;
 use super::storm::Storm;
 use super::strategy::{RetryErrors, FIRST_DELAY, MAX_DELAY};
 use super::StormReport;
@@ -418,45 +418,20 @@ struct HostState {
 impl Service<Request> for Host {
     type Response = ();
     type Error = AttemptError;
-    type Future = HostAttempt;
+    type Future = FlakyAttempt;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), AttemptError>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _: Request) -> HostAttempt {
+    fn call(&mut self, _: Request) -> FlakyAttempt {
         let now = Instant::now();
         let mut state = self.shared.borrow_mut();
         state.samples.borrow_mut().at(now).calls += 1;
         let since = now.saturating_duration_since(state.start);
         let dead = self.dead.as_ref().is_some_and(|d| d.contains(&since));
         let fails = dead || state.rng.next_f64() < self.failure_rate;
-        HostAttempt {
-            sleep: tokio::time::sleep(self.rtt),
-            fails,
-        }
-    }
-}
-
-pin_project! {
-    struct HostAttempt {
-        #[pin]
-        sleep: Sleep,
-        fails: bool,
-    }
-}
-
-impl Future for HostAttempt {
-    type Output = Result<(), AttemptError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        std::task::ready!(this.sleep.poll(cx));
-        Poll::Ready(if *this.fails {
-            Err(AttemptError::Failed)
-        } else {
-            Ok(())
-        })
+        FlakyAttempt::new(self.rtt, fails)
     }
 }
 

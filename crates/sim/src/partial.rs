@@ -256,10 +256,7 @@ impl Service<Request> for FlakyServer {
             state.attempts += 1;
             state.rng.next_f64() < self.failure_rate
         };
-        FlakyAttempt {
-            sleep: tokio::time::sleep(self.latency),
-            fails,
-        }
+        FlakyAttempt::new(self.latency, fails)
     }
 }
 
@@ -270,6 +267,16 @@ pin_project! {
         #[pin]
         sleep: Sleep,
         fails: bool,
+    }
+}
+
+impl FlakyAttempt {
+    /// An attempt answered after `latency`, failed if `fails`.
+    pub(crate) fn new(latency: Duration, fails: bool) -> Self {
+        Self {
+            sleep: tokio::time::sleep(latency),
+            fails,
+        }
     }
 }
 
