@@ -161,7 +161,6 @@ impl TokenBucket {
     /// Another bucket with the same settings, as this one was when it was
     /// built: what each host of a per-host stack gets.
     pub fn fresh(&self) -> Self {
-        let now = Instant::now();
         TokenBucket {
             tokens: AtomicU64::new(self.initial),
             capacity: AtomicU64::new(self.growth.as_ref().map_or_else(
@@ -173,18 +172,11 @@ impl TokenBucket {
             throttled_cost: self.throttled_cost,
             success_refund: self.success_refund,
             initial: self.initial,
-            refill: self.refill.as_ref().map(|refill| Refill {
-                per_ms: refill.per_ms,
-                origin: now,
-                until_ms: AtomicU64::new(0),
-            }),
-            growth: self.growth.as_ref().map(|growth| Growth {
-                floor: growth.floor,
-                per_rate: growth.per_rate,
-                origin: now,
-                since: AtomicU64::new(NOT_MEASURING),
-                successes: AtomicU64::new(0),
-            }),
+            refill: self.refill.as_ref().map(|r| Refill::starting(r.per_ms)),
+            growth: self
+                .growth
+                .as_ref()
+                .map(|g| Growth::starting(g.floor, g.per_rate)),
         }
     }
 
@@ -306,7 +298,29 @@ impl TokenBucket {
     }
 }
 
+impl Refill {
+    /// A refill of `per_ms` that starts counting now.
+    fn starting(per_ms: u64) -> Self {
+        Self {
+            per_ms,
+            origin: Instant::now(),
+            until_ms: AtomicU64::new(0),
+        }
+    }
+}
+
 impl Growth {
+    /// A growing capacity that has measured nothing yet.
+    fn starting(floor: u64, per_rate: u64) -> Self {
+        Self {
+            floor,
+            per_rate,
+            origin: Instant::now(),
+            since: AtomicU64::new(NOT_MEASURING),
+            successes: AtomicU64::new(0),
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -573,21 +587,14 @@ impl TokenBucketBuilder {
                     format!("the share must be within (0, 1], got {share}"),
                 ))
             }
-            Some(share) => Some(Growth {
-                floor: self.capacity * MILLI,
+            Some(share) => Some(Growth::starting(
+                self.capacity * MILLI,
                 // Tokens of capacity per success a second: the share of a
                 // window's successes, each worth a transient retry's cost.
-                per_rate: (share * GROWTH_WINDOW_SECS * (self.retry_cost * MILLI) as f64) as u64,
-                origin: Instant::now(),
-                since: AtomicU64::new(NOT_MEASURING),
-                successes: AtomicU64::new(0),
-            }),
+                (share * GROWTH_WINDOW_SECS * (self.retry_cost * MILLI) as f64) as u64,
+            )),
         };
-        let refill = (self.refill_per_second > 0).then(|| Refill {
-            per_ms: self.refill_per_second,
-            origin: Instant::now(),
-            until_ms: AtomicU64::new(0),
-        });
+        let refill = (self.refill_per_second > 0).then(|| Refill::starting(self.refill_per_second));
         Ok(TokenBucket {
             tokens: AtomicU64::new(initial * MILLI),
             capacity: AtomicU64::new(self.capacity * MILLI),
