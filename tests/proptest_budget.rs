@@ -24,6 +24,7 @@ fn cause() -> impl Strategy<Value = Cause> {
         Just(Cause::Throttled),
         Just(Cause::NotSent),
         Just(Cause::Conflict),
+        Just(Cause::Hedge),
     ]
 }
 
@@ -164,7 +165,7 @@ proptest! {
         let cost = |cause| match cause {
             Cause::Timeout => timeout,
             Cause::Throttled => throttled,
-            Cause::Transient | Cause::NotSent | Cause::Conflict => retry,
+            Cause::Transient | Cause::NotSent | Cause::Conflict | Cause::Hedge => retry,
         };
         let tally = run(&bucket, &steps, cost, |last| last.map_or(refund, cost));
         prop_assert!(bucket.available() <= capacity);

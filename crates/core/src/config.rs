@@ -17,6 +17,7 @@ use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::Cause;
 use crate::engine::Rules;
 use crate::events::{Event, Observer};
+use crate::hedge::Hedger;
 use crate::jitter::{Jitter, Rng};
 use crate::schedule::AnySchedule;
 use crate::stats::Stats;
@@ -43,6 +44,7 @@ pub(crate) struct Config<P, T = NoTimeout> {
     pub(crate) streams: Option<Arc<Streams>>,
     /// Set only when `T`'s error can say the breaker rejected a request.
     pub(crate) breaker: Option<CircuitBreaker>,
+    pub(crate) hedging: Option<Arc<Hedger>>,
 }
 
 /// Who hears a layer's events. Stats alone, the common case, is called
@@ -111,6 +113,7 @@ impl<P, T> Config<P, T> {
             observers: self.observers,
             streams: self.streams,
             breaker: self.breaker,
+            hedging: self.hedging,
         }
     }
 
@@ -141,6 +144,12 @@ impl<P, T> Config<P, T> {
             stop_at_cap: self.stop_at_cap,
             budget: self.budget(),
         }
+    }
+
+    /// The layer's hedging, if it hedges.
+    #[inline]
+    pub(crate) fn hedger(&self) -> Option<&Hedger> {
+        self.hedging.as_deref()
     }
 
     #[inline]

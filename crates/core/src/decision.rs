@@ -92,4 +92,8 @@ pub enum Cause {
     /// only re-send at once, without the backoff that spreads the racers.
     /// It counts against the attempt limit and waits its delay as usual.
     Conflict,
+    /// Not a failure: a hedge, a copy of an attempt still pending, sent
+    /// because the attempt is slow (see [`hedge`](crate::hedge)). Budgets
+    /// charge it as a transient failure's retry; no policy returns it.
+    Hedge,
 }

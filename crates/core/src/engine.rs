@@ -387,6 +387,46 @@ impl Session {
         self.last_retry = retry.paid().then_some(retry.cause);
         Ok((copy, admission))
     }
+
+    /// A hedge of the attempt in flight is due: commits it and returns what
+    /// `copy` makes of the request, or `None` when no hedge may go out. In
+    /// this order: the attempt limit (a hedge counts against it), the
+    /// deadline, the copy, a breaker that is not closed (a hedge is never
+    /// its probe), and the budget, which pays it as a retry for
+    /// [`Cause::Hedge`]. `now` is read only when the request has a deadline.
+    #[inline]
+    pub fn send_hedge<B, R>(
+        &mut self,
+        breaker: Option<&CircuitBreaker>,
+        budget: Option<&B>,
+        now: impl FnOnce() -> Instant,
+        copy: impl FnOnce() -> Option<R>,
+    ) -> Option<R>
+    where
+        B: Budget + ?Sized,
+    {
+        if self.counted() >= self.max_attempts && self.max_attempts != UNLIMITED_ATTEMPTS {
+            return None;
+        }
+        if self.deadline.is_some_and(|deadline| now() >= deadline) {
+            return None;
+        }
+        let copy = copy()?;
+        if let Some(breaker) = breaker {
+            match breaker.admit() {
+                Admission::Closed => {}
+                admitted => {
+                    breaker.cancel(admitted);
+                    return None;
+                }
+            }
+        }
+        if budget.is_some_and(|b| !b.try_retry(Cause::Hedge)) {
+            return None;
+        }
+        self.attempts = self.attempts.saturating_add(1);
+        Some(copy)
+    }
 }
 
 #[cfg(test)]

@@ -45,6 +45,41 @@ pub enum Event {
     /// stopped: its request ends with [`Ending::BreakerOpen`] and the outcome
     /// before.
     Rejected(RejectArgs),
+    /// A hedge of an attempt still pending went out, won, or was cancelled
+    /// because another copy won (see [`hedge`](crate::hedge)).
+    Hedge(HedgeArgs),
+}
+
+/// What happened to a hedge: [`Event::Hedge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HedgeEvent {
+    /// A hedge went out, paid like a retry.
+    Sent,
+    /// A hedge's outcome won: the request ends with it.
+    Won,
+    /// A copy, the first one or a hedge, was dropped because another copy's
+    /// outcome won.
+    Cancelled,
+}
+
+/// A hedge or copy of an attempt: [`Event::Hedge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HedgeArgs {
+    pub(crate) attempt: u32,
+    pub(crate) event: HedgeEvent,
+}
+
+impl HedgeArgs {
+    /// The number of the copy among all the request's attempts, from 1: a
+    /// hedge of the first attempt is attempt 2.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Whether it went out, won or was cancelled.
+    pub fn event(&self) -> HedgeEvent {
+        self.event
+    }
 }
 
 /// An attempt the open breaker did not let out: [`Event::Rejected`].

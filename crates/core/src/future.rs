@@ -28,7 +28,8 @@ use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::{Cause, Decision};
 use crate::engine::{Ending, Retry, Session};
-use crate::events::{EndArgs, Event, OutcomeKind, RejectArgs, RetryArgs};
+use crate::events::{EndArgs, Event, HedgeArgs, HedgeEvent, OutcomeKind, RejectArgs, RetryArgs};
+use crate::hedge::{Copies, CopySent, Hedger};
 use crate::policy::{Policy, PrepareRetry};
 use crate::send::{pacing_stamp, poll_ready_to_send};
 use crate::span::{self, Traced};
@@ -122,7 +123,27 @@ pin_project! {
         // The circuit breaker rejected the first attempt: the kept outcome is
         // its error, returned at the first poll.
         Rejected,
+        // An attempt in flight with its hedges, all racing the attempt's
+        // timer, with the delay to the next hedge.
+        Hedged {
+            copies: Copies<F>,
+            #[pin] timer: Tm,
+            #[pin] next: Option<Sleep>,
+            hedge: NextHedge,
+        },
     }
+}
+
+/// Where a hedged attempt stands with its next hedge.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NextHedge {
+    /// Sent when the delay is over, if `next` is set.
+    Waiting,
+    /// Due: sent as soon as the service is ready.
+    Due,
+    /// No further hedge of this attempt: the limit, the cap or the budget
+    /// said no, or the server asked for a delay.
+    Stopped,
 }
 
 impl<F1, F, Tm, O> State<F1, F, Tm, O> {
@@ -221,12 +242,17 @@ where
             // `Box::pin`, not written in place as in `State::tracked`: this
             // code is inlined into every call, and there the in-place write
             // measured 33 instructions more on the happy path.
-            let tracked = Box::pin(Tracked {
-                phase: Phase::Called {
-                    // The first attempt: the caller's span, none of its own.
-                    future: span::untraced(first.future),
+            // The first attempt: the caller's span, none of its own.
+            let future = span::untraced(first.future);
+            let phase = match config.hedger() {
+                None => Phase::Called {
+                    future,
                     timer: first.timer,
                 },
+                Some(hedger) => hedged(hedger, future, first.timer, 1, None),
+            };
+            let tracked = Box::pin(Tracked {
+                phase,
                 kept: None,
                 progress: Progress::new(limits, first.stamp),
             });
@@ -465,6 +491,50 @@ where
                 }
                 // Nothing was sent: no `Ended`, as no `Called`.
                 PhaseProj::Rejected => return Poll::Ready(take(kept)),
+                PhaseProj::Hedged {
+                    copies,
+                    timer,
+                    mut next,
+                    hedge,
+                } => {
+                    if let Poll::Ready((outcome, future, sent)) = copies.poll_any(cx) {
+                        let outcome = outcome.map_err(T::inner);
+                        span::outcome(&*future, OutcomeKind::of(&outcome));
+                        match self.on_copy(progress, kept, copies, hedge, outcome, sent) {
+                            Ok(flow) => flow,
+                            Err((outcome, after, cause)) => {
+                                self.after_failure(progress, kept, phase, outcome, after, cause)
+                            }
+                        }
+                    } else if let Poll::Ready(error) = timer.poll(cx) {
+                        // The attempt's time is up, for every copy of it.
+                        self.cancel(copies);
+                        self.on_outcome(progress, kept, phase, Err(error))
+                    } else {
+                        if *hedge == NextHedge::Waiting {
+                            match next.as_mut().as_pin_mut() {
+                                Some(sleep) => ready!(sleep.poll(cx)),
+                                None => return Poll::Pending,
+                            }
+                            next.set(None);
+                            *hedge = NextHedge::Due;
+                        }
+                        if *hedge == NextHedge::Stopped {
+                            return Poll::Pending;
+                        }
+                        let sent = ready!(self.hedge(progress, copies, cx));
+                        *hedge = match sent {
+                            Some(delay) if copies.len() < hedger(self.config).max_copies() => {
+                                next.set(Some(timer::sleep(delay)));
+                                NextHedge::Waiting
+                            }
+                            // Full: the next hedge waits for a copy to fail.
+                            Some(_) => NextHedge::Waiting,
+                            None => NextHedge::Stopped,
+                        };
+                        ControlFlow::Continue(())
+                    }
+                }
             };
             if let ControlFlow::Break(outcome) = flow {
                 return Poll::Ready(outcome);
@@ -484,20 +554,34 @@ where
         outcome: Outcome<S, Req, T>,
     ) -> Flow<Outcome<S, Req, T>> {
         let last_retry = progress.session.last_retry();
-        let ending = match self.judge(&outcome, progress.stamp, last_retry) {
-            Verdict::End(ending) => ending,
+        match self.judge(&outcome, progress.stamp, last_retry) {
+            Verdict::End(ending) => self.end(progress, outcome, ending),
             Verdict::Retry { after, cause } => {
-                match self.retry(&mut progress.session, after, cause) {
-                    Ok(retry) => {
-                        *kept = Some(outcome);
-                        wait(phase, retry, progress.session.deadline());
-                        return ControlFlow::Continue(());
-                    }
-                    Err(ending) => ending,
-                }
+                self.after_failure(progress, kept, phase, outcome, after, cause)
             }
-        };
-        self.end(progress, outcome, ending)
+        }
+    }
+
+    /// An attempt failed with `outcome`, which asks for a retry: keep it and
+    /// wait for the retry, or return it.
+    #[inline(always)]
+    fn after_failure(
+        &mut self,
+        progress: &mut Progress,
+        kept: &mut Option<Outcome<S, Req, T>>,
+        phase: Pin<&mut PhaseOf<S, Req, T>>,
+        outcome: Outcome<S, Req, T>,
+        after: Option<Duration>,
+        cause: Cause,
+    ) -> Flow<Outcome<S, Req, T>> {
+        match self.retry(&mut progress.session, after, cause) {
+            Ok(retry) => {
+                *kept = Some(outcome);
+                wait(phase, retry, progress.session.deadline());
+                ControlFlow::Continue(())
+            }
+            Err(ending) => self.end(progress, outcome, ending),
+        }
     }
 
     /// What an attempt's outcome means: the policy's decision, heard by the
@@ -650,11 +734,133 @@ where
         // The attempt's future is built where it will be polled: returned
         // first, it would be copied once more (measured: 36 instructions per
         // retry).
-        phase.set(Phase::Called {
-            future: span::retry(self.inner.call(copy), attempt + 1, &retry),
-            timer,
-        });
+        let future = span::retry(self.inner.call(copy), attempt + 1, &retry);
+        match config.hedger() {
+            None => phase.set(Phase::Called { future, timer }),
+            Some(hedger) => phase.set(hedged(
+                hedger,
+                future,
+                timer,
+                attempt + 1,
+                progress.session.last_retry(),
+            )),
+        }
         ControlFlow::Continue(())
+    }
+
+    /// A copy of a hedged attempt answered: the first acceptable outcome
+    /// wins and cancels the other copies; a failure waits for them, and
+    /// sends the next hedge at once unless the server asked for a delay.
+    /// Once every copy failed, the last failure is the attempt's outcome,
+    /// returned as `Err` with what it asks for.
+    #[allow(clippy::type_complexity)]
+    fn on_copy(
+        &mut self,
+        progress: &mut Progress,
+        kept: &mut Option<Outcome<S, Req, T>>,
+        copies: &mut Copies<Traced<S::Future>>,
+        hedge: &mut NextHedge,
+        outcome: Outcome<S, Req, T>,
+        sent: CopySent,
+    ) -> Result<Flow<Outcome<S, Req, T>>, (Outcome<S, Req, T>, Option<Duration>, Cause)> {
+        hedger(self.config).on_copy_end(sent.at, Instant::now());
+        let (after, cause) = match self.judge(&outcome, progress.stamp, sent.paid) {
+            Verdict::End(ending) => {
+                self.cancel(copies);
+                if sent.is_hedge() {
+                    self.config
+                        .emit(|| hedge_event(sent.attempt, HedgeEvent::Won));
+                }
+                return Ok(self.end(progress, outcome, ending));
+            }
+            Verdict::Retry { after, cause } => (after, cause),
+        };
+        if copies.len() == 0 {
+            return Err((outcome, after, cause));
+        }
+        // The others may still answer: this failure is returned only if
+        // they fail too.
+        *kept = Some(outcome);
+        *hedge = match (*hedge, after) {
+            (NextHedge::Stopped, _) | (_, Some(_)) => NextHedge::Stopped,
+            _ => NextHedge::Due,
+        };
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Sends a hedge of the attempt in flight once the service is ready:
+    /// the delay to the next one, or `None` if none may go out.
+    fn hedge(
+        &mut self,
+        progress: &mut Progress,
+        copies: &mut Copies<Traced<S::Future>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Duration>> {
+        let config = self.config;
+        let hedger = hedger(config);
+        let Some(delay) = hedger.delay() else {
+            return Poll::Ready(None);
+        };
+        if copies.len() >= hedger.max_copies() {
+            return Poll::Ready(Some(delay));
+        }
+        let session = &mut progress.session;
+        if session.attempts() >= session.max_attempts() {
+            return Poll::Ready(None);
+        }
+        if ready!(poll_ready_to_send(
+            self.inner,
+            &mut progress.gate,
+            config,
+            cx
+        ))
+        .is_err()
+        {
+            return Poll::Ready(None);
+        }
+        let now = Instant::now();
+        if !hedger.cap().try_take(now) {
+            return Poll::Ready(None);
+        }
+        let attempt = session.attempts() + 1;
+        let request = &*self.request;
+        let copy = session.send_hedge(
+            config.breaker(),
+            config.budget(),
+            || now,
+            || {
+                let mut copy = copy_for(&config.policy, request)?;
+                config
+                    .policy
+                    .prepare_hedge(&mut copy, attempt)
+                    .then_some(copy)
+            },
+        );
+        let Some(copy) = copy else {
+            hedger.cap().give_back(now);
+            return Poll::Ready(None);
+        };
+        config.emit(|| hedge_event(attempt, HedgeEvent::Sent));
+        progress.stamp = pacing_stamp(config, &mut progress.gate);
+        let sent = CopySent {
+            at: now,
+            attempt,
+            paid: Some(Cause::Hedge),
+        };
+        copies.push(span::hedge(self.inner.call(copy), attempt), sent);
+        Poll::Ready(Some(delay))
+    }
+
+    /// Drops the copies still pending: another outcome won, or the
+    /// attempt's time is up.
+    fn cancel(&self, copies: &mut Copies<Traced<S::Future>>) {
+        let hedger = hedger(self.config);
+        let now = Instant::now();
+        copies.cancel(|sent| {
+            hedger.on_copy_end(sent.at, now);
+            self.config
+                .emit(|| hedge_event(sent.attempt, HedgeEvent::Cancelled));
+        });
     }
 
     /// Ends a tracked request with `outcome`.
@@ -713,6 +919,47 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option
             retry,
         });
     }
+}
+
+/// Attempt number `attempt`, `future`, hedged: its first copy, racing
+/// `timer`, and the delay to its first hedge. `paid` is what the budget was
+/// paid to send it.
+fn hedged<F: Future, Tm>(
+    hedger: &Hedger,
+    future: F,
+    timer: Tm,
+    attempt: u32,
+    paid: Option<Cause>,
+) -> Phase<F, Tm> {
+    let at = Instant::now();
+    if attempt == 1 {
+        hedger.on_request(at);
+    }
+    let sent = CopySent { at, attempt, paid };
+    let (next, hedge) = match hedger.delay() {
+        // Zero: every copy at once, as gRPC's hedging does.
+        Some(delay) if delay.is_zero() => (None, NextHedge::Due),
+        Some(delay) => (Some(timer::sleep(delay)), NextHedge::Waiting),
+        // No percentile yet to go by.
+        None => (None, NextHedge::Stopped),
+    };
+    Phase::Hedged {
+        copies: Copies::new(future, sent, hedger.max_copies()),
+        timer,
+        next,
+        hedge,
+    }
+}
+
+/// The hedging of a layer whose attempts are hedged.
+fn hedger<P, T>(config: &Config<P, T>) -> &Hedger {
+    config
+        .hedger()
+        .expect("a hedged attempt comes from a layer that hedges")
+}
+
+fn hedge_event(attempt: u32, event: HedgeEvent) -> Event {
+    Event::Hedge(HedgeArgs { attempt, event })
 }
 
 /// Waiting for readiness to send `retry`, until `deadline` at the latest.

@@ -16,6 +16,7 @@ use crate::config::{Config, LayerBudget, Streams};
 use crate::deadline::{AttemptTimeout, NoTimeout, WithRejection};
 use crate::error::{check_duration, ConfigError};
 use crate::events::{Event, Observer, RetryArgs};
+use crate::hedge::{Hedger, Hedging};
 use crate::jitter::Jitter;
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::policy::RetryOnError;
@@ -147,6 +148,7 @@ impl<P, T> BackoffLayer<P, T> {
         });
         config.breaker = config.breaker.as_ref().map(CircuitBreaker::fresh);
         config.pacing = config.pacing.as_ref().map(AdaptivePacing::fresh);
+        config.hedging = config.hedging.as_deref().map(|h| Arc::new(h.fresh()));
         Self {
             config: Arc::new(config),
         }
@@ -195,6 +197,7 @@ struct Settings {
     stats: Option<Stats>,
     observers: Vec<Box<dyn Observer>>,
     breaker: Option<CircuitBreaker>,
+    hedging: Option<Hedging>,
 }
 
 /// Which budget a layer gets: unless told otherwise, a new default one.
@@ -424,6 +427,24 @@ impl<P, T> BackoffBuilder<P, T> {
         self
     }
 
+    /// Hedges slow attempts: a copy of an attempt still pending after the
+    /// delay `hedging` sets, paid from the retry budget and capped in extra
+    /// load every second. The first acceptable outcome wins and the other
+    /// copies are cancelled; see [`hedge`](crate::hedge).
+    ///
+    /// ```
+    /// use tower_backoff::{BackoffLayer, Hedging};
+    ///
+    /// let layer = BackoffLayer::builder()
+    ///     .hedge(Hedging::at_percentile(95.0).max_extra_load(0.05))
+    ///     .build()?;
+    /// # Ok::<(), tower_backoff::ConfigError>(())
+    /// ```
+    pub fn hedge(mut self, hedging: Hedging) -> Self {
+        self.settings.hedging = Some(hedging);
+        self
+    }
+
     /// Paces every request of every clone, first attempts included, slowing
     /// all of them down while the server throttles. Keep a clone of the handle
     /// to read its metrics or [`reset`](AdaptivePacing::reset) it.
@@ -501,6 +522,7 @@ impl<P, T> BackoffBuilder<P, T> {
             #[allow(unused_mut)] // pushed to under the `tracing` feature only
             mut observers,
             breaker,
+            hedging,
         } = self.settings;
         limits.validate(&self.schedule)?;
         if let Some(limit) = attempt_timeout {
@@ -513,6 +535,9 @@ impl<P, T> BackoffBuilder<P, T> {
             check_duration("attempt_timeout", limit)?;
         }
         limits.check_bounded(!matches!(budget, BudgetChoice::None))?;
+        if let Some(hedging) = &hedging {
+            hedging.validate()?;
+        }
         let budget = match budget {
             BudgetChoice::Default => Some(LayerBudget::Bucket(budget::default_budget())),
             BudgetChoice::Bucket(bucket) => Some(LayerBudget::Bucket(bucket)),
@@ -537,6 +562,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 observers: Observers::new(stats, observers),
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
                 breaker,
+                hedging: hedging.as_ref().map(|h| Arc::new(Hedger::new(h))),
             }),
         })
     }
@@ -560,6 +586,7 @@ impl<P, T> fmt::Debug for BackoffBuilder<P, T> {
             .field("stats", &self.settings.stats.is_some())
             .field("observers", &self.settings.observers.len())
             .field("breaker", &self.settings.breaker)
+            .field("hedging", &self.settings.hedging)
             .finish()
     }
 }

@@ -22,6 +22,7 @@ pub mod engine;
 pub mod error;
 pub mod events;
 pub mod future;
+pub mod hedge;
 mod jitter;
 mod layer;
 mod limits;
@@ -44,6 +45,7 @@ pub use budget::{Budget, RatioBudget, TokenBucket};
 pub use delays::Delays;
 pub use error::{ConfigError, Error};
 pub use future::ResponseFuture;
+pub use hedge::Hedging;
 pub use jitter::{Jitter, Rng};
 pub use layer::{BackoffBuilder, BackoffLayer, DEFAULT_MAX_ATTEMPTS};
 pub use policy::{

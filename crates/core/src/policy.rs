@@ -127,6 +127,19 @@ pub trait Policy<Req, Res, E> {
     fn prepare_retry(&self, retry: PrepareRetry<'_, Req, Res, E>) {
         drop(retry);
     }
+
+    /// Called for each [hedge](crate::hedge) about to go out, with a fresh
+    /// copy of the request and the attempt number it will have (a hedge of
+    /// the first attempt is attempt 2): whether this copy may go out while
+    /// another is still pending, and the place to stamp it. Only a layer
+    /// built with hedging calls it. The default lets every copy the policy
+    /// made go out; the HTTP policy lets out idempotent requests and those
+    /// with an `Idempotency-Key` only, and the gRPC policy stamps
+    /// `grpc-previous-rpc-attempts`.
+    fn prepare_hedge(&self, copy: &mut Req, attempt: u32) -> bool {
+        let _ = (copy, attempt);
+        true
+    }
 }
 
 impl<P, Req, Res, E> Policy<Req, Res, E> for Arc<P>
@@ -142,6 +155,9 @@ where
     }
     fn prepare_retry(&self, retry: PrepareRetry<'_, Req, Res, E>) {
         (**self).prepare_retry(retry)
+    }
+    fn prepare_hedge(&self, copy: &mut Req, attempt: u32) -> bool {
+        (**self).prepare_hedge(copy, attempt)
     }
 }
 

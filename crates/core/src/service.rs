@@ -236,9 +236,12 @@ impl<S, P, T> BackoffRetry<S, P, T> {
                 Admission::Rejected => return self.reject(),
             }
         }
-        // Only a request with limits of its own, a deadline or a pacing stamp
-        // is tracked from the call: its first outcome already needs them.
-        let tracked = own.is_some() || config.max_elapsed.is_some() || config.pacing.is_some();
+        // Only a request with limits of its own, a deadline, a pacing stamp or
+        // hedges is tracked from the call: its first outcome already needs them.
+        let tracked = own.is_some()
+            || config.max_elapsed.is_some()
+            || config.pacing.is_some()
+            || config.hedging.is_some();
         let limits = tracked.then(|| {
             let own = own.unwrap_or_default();
             RequestLimits {

@@ -41,6 +41,26 @@ pub(crate) fn retry<F>(future: F, attempt: u32, retry: &crate::engine::Retry) ->
     future
 }
 
+/// Attempt number `attempt`'s future, sent as a hedge, in its span.
+#[inline(always)]
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn hedge<F>(future: F, attempt: u32) -> Traced<F> {
+    #[cfg(feature = "tracing")]
+    {
+        use tracing::Instrument;
+        let span = tracing::debug_span!(
+            "attempt",
+            attempt,
+            http.request.resend_count = attempt - 1,
+            hedge = true,
+            outcome = tracing::field::Empty,
+        );
+        future.instrument(span)
+    }
+    #[cfg(not(feature = "tracing"))]
+    future
+}
+
 /// The first attempt's future where a retry's is kept: in no span of its
 /// own (a disabled one, which records nothing and allocates nothing).
 #[inline(always)]

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::events::{Ending, Event, Observer};
+use crate::events::{Ending, Event, HedgeEvent, Observer};
 
 /// Counters shared by every service a layer made: requests, attempts, retries
 /// and how each request ended. Cloning the handle is cheap and every clone
@@ -61,6 +61,9 @@ struct Counters {
     gave_up_not_clonable: AtomicU64,
     gave_up_breaker: AtomicU64,
     breaker_rejections: AtomicU64,
+    hedges: AtomicU64,
+    hedges_won: AtomicU64,
+    hedges_cancelled: AtomicU64,
     slept_nanos: AtomicU64,
 }
 
@@ -73,7 +76,8 @@ struct Counters {
 pub struct StatsSnapshot {
     /// Requests the services were called with.
     pub requests: u64,
-    /// Attempts sent to the inner service, first attempts and retries.
+    /// Attempts sent to the inner service: first attempts, retries and
+    /// hedges.
     pub attempts: u64,
     /// Retries sent to the inner service.
     pub retries: u64,
@@ -97,6 +101,13 @@ pub struct StatsSnapshot {
     /// Attempts the open circuit breaker did not let out: requests rejected
     /// outright (which are not among `requests`) and retries stopped.
     pub breaker_rejections: u64,
+    /// Hedges sent: copies of an attempt still pending (see
+    /// [`hedge`](crate::hedge)).
+    pub hedges: u64,
+    /// Hedges whose outcome won: their request ended with it.
+    pub hedges_won: u64,
+    /// Copies dropped because another copy's outcome won.
+    pub hedges_cancelled: u64,
     /// Total time slept between attempts (backoff delays, not pacing).
     pub slept: Duration,
 }
@@ -113,7 +124,9 @@ impl Stats {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         StatsSnapshot {
             requests: read(&c.requests),
-            attempts: read(&c.requests).saturating_add(read(&c.retries)),
+            attempts: read(&c.requests)
+                .saturating_add(read(&c.retries))
+                .saturating_add(read(&c.hedges)),
             retries: read(&c.retries),
             successes: read(&c.successes),
             budget_refusals: read(&c.budget_refusals),
@@ -123,6 +136,9 @@ impl Stats {
             gave_up_not_clonable: read(&c.gave_up_not_clonable),
             gave_up_breaker: read(&c.gave_up_breaker),
             breaker_rejections: read(&c.breaker_rejections),
+            hedges: read(&c.hedges),
+            hedges_won: read(&c.hedges_won),
+            hedges_cancelled: read(&c.hedges_cancelled),
             slept: Duration::from_nanos(read(&c.slept_nanos)),
         }
     }
@@ -168,6 +184,11 @@ impl Observer for Stats {
             },
             Event::Rejected(_) => &c.breaker_rejections,
             Event::Breaker(_) => return,
+            Event::Hedge(hedge) => match hedge.event() {
+                HedgeEvent::Sent => &c.hedges,
+                HedgeEvent::Won => &c.hedges_won,
+                HedgeEvent::Cancelled => &c.hedges_cancelled,
+            },
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

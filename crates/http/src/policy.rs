@@ -577,6 +577,16 @@ where
             }
         }
     }
+
+    /// Lets out only a copy that may be repeated (an idempotent method, an
+    /// `Idempotency-Key`), stamped with its attempt number like a retry.
+    fn prepare_hedge(&self, copy: &mut Request<ReqBody>, attempt: u32) -> bool {
+        if !self.may_repeat(copy.method(), copy.headers()) {
+            return false;
+        }
+        self.stamp_attempt(copy.headers_mut(), attempt);
+        true
+    }
 }
 
 impl HttpPolicy {

@@ -81,4 +81,12 @@ where
         let inner = PrepareRetry::new(&mut request.0, replaced, args);
         Policy::<Request<ReplayBody<reqwest::Body>>, _, _>::prepare_retry(self, inner);
     }
+
+    fn prepare_hedge(&self, copy: &mut RecordedRequest, attempt: u32) -> bool {
+        Policy::<Request<ReplayBody<reqwest::Body>>, reqwest::Response, E>::prepare_hedge(
+            self,
+            &mut copy.0,
+            attempt,
+        )
+    }
 }

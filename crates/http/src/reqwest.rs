@@ -58,6 +58,16 @@ where
         self.stamp_attempt(retry.request_mut().headers_mut(), attempt);
         discard(self, retry.into_replaced());
     }
+
+    /// Lets out only a copy that may be repeated (an idempotent method, an
+    /// `Idempotency-Key`), stamped with its attempt number like a retry.
+    fn prepare_hedge(&self, copy: &mut reqwest::Request, attempt: u32) -> bool {
+        if !self.may_repeat(copy.method(), copy.headers()) {
+            return false;
+        }
+        self.stamp_attempt(copy.headers_mut(), attempt);
+        true
+    }
 }
 
 /// A reqwest request on its way through a [`ReplayLayer`](super::parts::ReplayLayer):
@@ -82,6 +92,16 @@ where
         let attempt = retry.args().attempt() + 1;
         self.stamp_attempt(retry.request_mut().headers_mut(), attempt);
         discard(self, retry.into_replaced());
+    }
+
+    /// Lets out only a copy that may be repeated (an idempotent method, an
+    /// `Idempotency-Key`), stamped with its attempt number like a retry.
+    fn prepare_hedge(&self, copy: &mut Request<B>, attempt: u32) -> bool {
+        if !self.may_repeat(copy.method(), copy.headers()) {
+            return false;
+        }
+        self.stamp_attempt(copy.headers_mut(), attempt);
+        true
     }
 }
 

@@ -24,8 +24,8 @@ use tower_backoff_core::events::{Observer, RetryArgs};
 use tower_backoff_core::future::ResponseFuture;
 use tower_backoff_core::policy::{Policy, RetryLimits};
 use tower_backoff_core::{
-    AdaptivePacing, BackoffBuilder, BackoffLayer, BackoffRetry, ConfigError, Jitter, Schedule,
-    Stats,
+    AdaptivePacing, BackoffBuilder, BackoffLayer, BackoffRetry, ConfigError, Hedging, Jitter,
+    Schedule, Stats,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -304,6 +304,14 @@ impl<T> HttpRetryBuilder<T> {
     /// See [`BackoffBuilder::no_budget`].
     pub fn no_budget(self) -> Self {
         self.map(BackoffBuilder::no_budget)
+    }
+
+    /// See [`BackoffBuilder::hedge`]: a copy of a request still pending
+    /// after a delay, for idempotent requests (and those with an
+    /// `Idempotency-Key`) only; the losing copies are cancelled, which
+    /// resets their HTTP/2 stream or closes their HTTP/1 connection.
+    pub fn hedge(self, hedging: Hedging) -> Self {
+        self.map(|backoff| backoff.hedge(hedging))
     }
 
     /// See [`BackoffBuilder::pacing`].

@@ -202,6 +202,7 @@ impl TokenBucket {
             // The layer charges nothing for a conflict either; a budget
             // asked directly charges it as any retry.
             Cause::Conflict => self.retry_cost,
+            Cause::Hedge => self.retry_cost,
         }
     }
 

@@ -1,0 +1,383 @@
+//! Hedging in the layer, on tokio's paused clock: a copy of an attempt still
+//! pending after the delay, the first acceptable outcome wins and the other
+//! copies are dropped, a failed copy brings the next hedge at once, and
+//! hedges obey the attempt limit, the budget, the per-second load cap and
+//! the policy. The tail-latency tables are in `tests/sim_hedge.rs`.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_backoff::events::{Event, HedgeEvent, Observer};
+use tower_backoff::{BackoffLayer, ConfigError, Constant, Hedging, Jitter, Stats, TokenBucket};
+
+const DELAY: Duration = Duration::from_millis(10);
+
+/// What each call of the host does, in the order of the calls: answer `Ok`
+/// or fail after a latency. Calls beyond the script answer `Ok` at once.
+#[derive(Clone, Default)]
+struct Host {
+    script: Arc<Mutex<VecDeque<(Duration, bool)>>>,
+    calls: Arc<AtomicU32>,
+    /// Calls dropped before they answered: the server saw them cancelled.
+    cancelled: Arc<AtomicU32>,
+}
+
+struct Cancelled(Arc<AtomicU32>, bool);
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Host {
+    fn script(steps: &[(u64, bool)]) -> Self {
+        let host = Self::default();
+        host.script.lock().unwrap().extend(
+            steps
+                .iter()
+                .map(|&(ms, ok)| (Duration::from_millis(ms), ok)),
+        );
+        host
+    }
+
+    fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn cancelled(&self) -> u32 {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<u32, Response = u32, Error = io::Error, Future = impl Send> + Clone {
+        let host = self.clone();
+        service_fn(move |n: u32| {
+            let call = host.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let (latency, ok) = host
+                .script
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or((Duration::ZERO, true));
+            let cancelled = host.cancelled.clone();
+            async move {
+                let mut guard = Cancelled(cancelled, false);
+                tokio::time::sleep(latency).await;
+                guard.1 = true;
+                if ok {
+                    Ok(n * 100 + call)
+                } else {
+                    Err(io::Error::other(format!("call {call} failed")))
+                }
+            }
+        })
+    }
+}
+
+/// The hedge events a layer emitted, in order.
+#[derive(Clone, Default)]
+struct Hedges(Arc<Mutex<Vec<(u32, HedgeEvent)>>>);
+
+impl Observer for Hedges {
+    fn on_event(&self, event: &Event) {
+        if let Event::Hedge(hedge) = event {
+            self.0
+                .lock()
+                .unwrap()
+                .push((hedge.attempt(), hedge.event()));
+        }
+    }
+}
+
+impl Hedges {
+    fn seen(&self) -> Vec<(u32, HedgeEvent)> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+fn layer(hedging: Hedging, stats: &Stats, hedges: &Hedges) -> Result<BackoffLayer, ConfigError> {
+    BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .budget(TokenBucket::new())
+        .stats(stats.clone())
+        .observer(hedges.clone())
+        .hedge(hedging)
+        .build()
+}
+
+/// Calls `svc` `count` times with requests answered at once: the traffic
+/// the load cap grants hedges from.
+async fn warm_up<S>(svc: &mut S, count: u32)
+where
+    S: Service<u32, Response = u32, Error = io::Error>,
+{
+    for _ in 0..count {
+        svc.ready().await.unwrap().call(0).await.unwrap();
+    }
+    tokio::time::advance(Duration::from_millis(100)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_attempt_is_hedged_and_the_first_answer_wins() {
+    // 10 quick calls, then one that takes a second, then its hedge.
+    let mut steps = vec![(0, true); 10];
+    steps.extend([(1_000, true), (5, true)]);
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = layer(Hedging::after(DELAY), &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+
+    let start = Instant::now();
+    let answer = svc.ready().await.unwrap().call(7).await.unwrap();
+    // The hedge (call 12) answered 10 + 5 ms after the call.
+    assert_eq!(answer, 712);
+    assert_eq!(start.elapsed(), DELAY + Duration::from_millis(5));
+    assert_eq!(host.calls(), 12);
+    // The slow first copy was dropped: the host saw it cancelled.
+    assert_eq!(host.cancelled(), 1);
+    assert_eq!(
+        hedges.seen(),
+        [
+            (2, HedgeEvent::Sent),
+            (1, HedgeEvent::Cancelled),
+            (2, HedgeEvent::Won)
+        ]
+    );
+    let seen = stats.snapshot();
+    assert_eq!((seen.requests, seen.attempts, seen.retries), (11, 12, 0));
+    assert_eq!(
+        (seen.hedges, seen.hedges_won, seen.hedges_cancelled),
+        (1, 1, 1)
+    );
+    assert_eq!(seen.successes, 11);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_that_answers_before_the_delay_sends_no_hedge() {
+    let host = Host::script(&[(9, true)]);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = layer(Hedging::after(DELAY), &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    // Calls 1 to 10 were the warm-up's (the script's one step went to the
+    // first of them); this one answers at once.
+    assert_eq!(svc.ready().await.unwrap().call(3).await.unwrap(), 311);
+    assert_eq!((host.calls(), host.cancelled()), (11, 0));
+    assert!(hedges.seen().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_copy_sends_the_next_hedge_at_once() {
+    // Three copies at most: the first is slow, the first hedge fails after
+    // 2 ms, the second hedge goes out then, not after another delay.
+    let mut steps = vec![(0, true); 10];
+    steps.extend([(1_000, true), (2, false), (4, true)]);
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let hedging = Hedging::after(DELAY).max_copies(3).max_extra_load(1.0);
+    let mut svc = layer(hedging, &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+
+    let start = Instant::now();
+    assert_eq!(svc.ready().await.unwrap().call(1).await.unwrap(), 113);
+    assert_eq!(start.elapsed(), DELAY + Duration::from_millis(2 + 4));
+    assert_eq!(
+        hedges.seen(),
+        [
+            (2, HedgeEvent::Sent),
+            (3, HedgeEvent::Sent),
+            (1, HedgeEvent::Cancelled),
+            (3, HedgeEvent::Won)
+        ]
+    );
+    assert_eq!(stats.snapshot().retries, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_copy_fails_the_attempt_is_retried_and_hedged_again() {
+    let mut steps = vec![(0, true); 10];
+    // Attempt 1 and its hedge fail together; the retry is slow and its
+    // hedge wins.
+    steps.extend([(20, false), (10, false), (1_000, true), (1, true)]);
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        // Two copies of two attempts: every one counts.
+        .max_attempts(4)
+        .budget(TokenBucket::new())
+        .stats(stats.clone())
+        .observer(hedges.clone())
+        .hedge(Hedging::after(DELAY).max_extra_load(1.0))
+        .build()
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+
+    let start = Instant::now();
+    assert_eq!(svc.ready().await.unwrap().call(2).await.unwrap(), 214);
+    // Both copies fail at 20 ms; the retry goes out 100 ms later, its hedge
+    // 10 ms after it and answers in 1 ms.
+    assert_eq!(start.elapsed(), Duration::from_millis(20 + 100 + 10 + 1));
+    let seen = stats.snapshot();
+    assert_eq!((seen.attempts - 10, seen.retries, seen.hedges), (4, 1, 2));
+    assert_eq!(
+        hedges.seen(),
+        [
+            (2, HedgeEvent::Sent),
+            (4, HedgeEvent::Sent),
+            (3, HedgeEvent::Cancelled),
+            (4, HedgeEvent::Won)
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedges_count_against_the_attempt_limit() {
+    let mut steps = vec![(0, true); 10];
+    steps.extend([(50, false), (50, false)]);
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = BackoffLayer::builder()
+        .max_attempts(2)
+        .stats(stats.clone())
+        .observer(hedges.clone())
+        .hedge(Hedging::after(DELAY).max_copies(5).max_extra_load(1.0))
+        .build()
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    let error = svc.ready().await.unwrap().call(0).await.unwrap_err();
+    // The hedge's failure, the last, is returned; no third attempt.
+    assert_eq!(error.to_string(), "call 12 failed");
+    assert_eq!(host.calls(), 12);
+    assert_eq!(stats.snapshot().gave_up_attempts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_hedge_without_traffic_to_grant_it() {
+    // The load cap grants 10 % of the last second's requests: one request
+    // alone gets no hedge.
+    let host = Host::script(&[(1_000, true)]);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = layer(Hedging::after(DELAY), &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    assert_eq!(svc.ready().await.unwrap().call(1).await.unwrap(), 101);
+    assert_eq!(host.calls(), 1);
+    assert!(hedges.seen().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_load_cap_holds_when_every_attempt_is_slow() {
+    // Everything slows down: 100 requests at once, each slower than the
+    // delay, after a second of 100 quick ones. At 10 %, 10 get a hedge.
+    let host = Host::script(&[]);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = layer(Hedging::after(DELAY), &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 100).await;
+    host.script
+        .lock()
+        .unwrap()
+        .extend((0..200).map(|_| (Duration::from_millis(50), true)));
+    let calls = (0..100).map(|n| svc.clone().oneshot(n));
+    let answers = futures::future::join_all(calls).await;
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(stats.snapshot().hedges, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_budget_sends_no_hedge() {
+    let mut steps = vec![(0, true); 10];
+    steps.push((1_000, true));
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = BackoffLayer::builder()
+        .budget(
+            TokenBucket::builder()
+                .initial_tokens(0)
+                .success_refund(0)
+                .build()
+                .unwrap(),
+        )
+        .stats(stats.clone())
+        .observer(hedges.clone())
+        .hedge(Hedging::after(DELAY))
+        .build()
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    let start = Instant::now();
+    svc.ready().await.unwrap().call(0).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(stats.snapshot().hedges, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_percentile_delay_hedges_only_past_its_percentile() {
+    // A second of attempts at 10 ms (15 % of them at 30 ms) sets the 90th
+    // percentile; then an attempt of 1 s is hedged at about 30 ms, one of
+    // 20 ms is not.
+    let host = Host::script(&[]);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let hedging = Hedging::at_percentile(90.0).window(Duration::from_secs(1), 100);
+    let mut svc = layer(hedging, &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    let steps = (0..200).map(|n| {
+        (
+            Duration::from_millis(if n % 20 < 3 { 30 } else { 10 }),
+            true,
+        )
+    });
+    host.script.lock().unwrap().extend(steps);
+    for _ in 0..200 {
+        svc.ready().await.unwrap().call(0).await.unwrap();
+    }
+    assert!(hedges.seen().is_empty(), "no hedge before a window");
+    host.script.lock().unwrap().extend([
+        (Duration::from_millis(20), true),
+        (Duration::from_secs(1), true),
+        (Duration::from_millis(1), true),
+    ]);
+    svc.ready().await.unwrap().call(0).await.unwrap();
+    assert!(
+        hedges.seen().is_empty(),
+        "20 ms is within the 90th percentile"
+    );
+    let start = Instant::now();
+    svc.ready().await.unwrap().call(0).await.unwrap();
+    let took = start.elapsed();
+    assert!(
+        took > Duration::from_millis(10) && took < Duration::from_millis(33),
+        "{took:?}"
+    );
+    assert_eq!(stats.snapshot().hedges_won, 1);
+}
+
+#[test]
+fn invalid_hedging_fails_at_build_naming_the_field() {
+    let error = BackoffLayer::builder()
+        .hedge(Hedging::at_percentile(120.0))
+        .build()
+        .unwrap_err();
+    assert_eq!(error.field(), "hedge.percentile");
+}
