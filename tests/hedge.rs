@@ -249,6 +249,25 @@ async fn when_every_copy_fails_the_attempt_is_retried_and_hedged_again() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_zero_delay_sends_every_copy_at_once() {
+    let mut steps = vec![(0, true); 10];
+    steps.extend([(30, true), (20, true), (10, true)]);
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let hedging = Hedging::after(Duration::ZERO)
+        .max_copies(3)
+        .max_extra_load(1.0);
+    let mut svc = layer(hedging, &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    let start = Instant::now();
+    assert_eq!(svc.ready().await.unwrap().call(0).await.unwrap(), 13);
+    assert_eq!(start.elapsed(), Duration::from_millis(10));
+    assert_eq!((host.calls(), host.cancelled()), (13, 2));
+}
+
+#[tokio::test(start_paused = true)]
 async fn hedges_count_against_the_attempt_limit() {
     let mut steps = vec![(0, true); 10];
     steps.extend([(50, false), (50, false)]);

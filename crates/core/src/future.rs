@@ -524,6 +524,13 @@ where
                         }
                         let sent = ready!(self.hedge(progress, copies, cx));
                         *hedge = match sent {
+                            // Zero: every copy at once, as gRPC's hedging does.
+                            Some(delay)
+                                if delay.is_zero()
+                                    && copies.len() < hedger(self.config).max_copies() =>
+                            {
+                                NextHedge::Due
+                            }
                             Some(delay) if copies.len() < hedger(self.config).max_copies() => {
                                 next.set(Some(timer::sleep(delay)));
                                 NextHedge::Waiting
