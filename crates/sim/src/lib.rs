@@ -22,6 +22,9 @@
 //! - [`PartialFailure`]: a server that fails each attempt at random; what
 //!   share of requests succeed and at what load.
 //! - [`BudgetKind`]: the retry budgets the tables compare.
+//! - [`Tail`]: a backend with a latency tail ([`LatencyModel`],
+//!   [`TailBackend`]) under an open load; what a client stack, hedging or
+//!   not, makes of the tail and how many extra attempts it sends.
 //!
 //! Everything runs on one thread, on tokio's paused clock: a run is a pure
 //! function of its settings and seeds (seed your layer too), and two minutes
@@ -53,6 +56,7 @@ mod report;
 mod server;
 mod storm;
 mod strategy;
+mod tail;
 mod workload;
 
 pub use amplification::{Amplification, AmplificationReport, BudgetSharing};
@@ -75,6 +79,9 @@ pub use storm::Storm;
 pub use strategy::{
     storm_budget, RetryErrors, Strategy, BUDGET_RATIO, FIRST_DELAY, FIXED_INTERVAL, MAX_ATTEMPTS,
     MAX_DELAY, UNTIL_SUCCESS_FACTOR, UNTIL_SUCCESS_MAX_DELAY,
+};
+pub use tail::{
+    tail_table, BackendModel, LatencyModel, Tail, TailAttempt, TailBackend, TailReport, TailSample,
 };
 pub use workload::ClientSample;
 
