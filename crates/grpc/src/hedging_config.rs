@@ -21,6 +21,11 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer, Constant, Hedging, Jitter
 /// or negative pushback ends the call with that status. Every copy counts
 /// against `maxAttempts`, so a hedged call is never retried past it.
 ///
+/// A `hedgingDelay` of zero sends every copy at once, and is not safe yet
+/// behind [`GrpcRetryLayer`](super::GrpcRetryLayer): an earlier copy still
+/// sending its request body when a later one starts is ended with
+/// `INTERNAL` (see the crate docs).
+///
 /// ```
 /// use std::time::Duration;
 /// use tonic::Code;

@@ -63,9 +63,12 @@
 //!   still pending, where A6 sends the next one after the pushback: one copy
 //!   fewer, never more. An invalid pushback ends the call with that copy's
 //!   status at once, cancelling the copies still pending.
-//! - There is a per-call replay limit, no per-channel one. A hedge copies
-//!   the request body recorded so far: hedge only methods whose request is
-//!   sent whole before the first hedge (unary calls).
+//! - There is a per-call replay limit, no per-channel one.
+//! - A hedge made while an earlier copy is still sending its request body
+//!   ends that copy with `INTERNAL`, which then wins as a fatal status: the
+//!   replay body lets only the newest copy read on. Hedge methods whose
+//!   request is sent whole within `hedgingDelay` (unary calls with a delay
+//!   of a few milliseconds or more); a `hedgingDelay` of 0 is not safe yet.
 
 mod code;
 mod duration;
