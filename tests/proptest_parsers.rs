@@ -128,4 +128,26 @@ proptest! {
             Err(error) => prop_assert!(!error.to_string().is_empty()),
         }
     }
+
+    /// The same for a `hedgingPolicy`: an error, or at most 5 copies, a
+    /// delay a timer can take, and never a retry policy beside it.
+    #[test]
+    fn the_hedging_policy_never_panics(cut in 0usize..400, junk in ".{0,8}") {
+        let valid = r#"{"methodConfig": [{"name": [{"service": "pkg.Svc"}],
+            "hedgingPolicy": {"maxAttempts": 9, "hedgingDelay": "0.05s",
+            "nonFatalStatusCodes": ["UNAVAILABLE", 10]}}],
+            "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#;
+        let at = valid.char_indices().map(|(i, _)| i).nth(cut % valid.chars().count()).unwrap_or(0);
+        let mutated = format!("{}{}{}", &valid[..at], junk, &valid[at..]);
+        match ServiceConfig::from_json(&mutated) {
+            Ok(config) => {
+                if let Some(hedging) = config.hedging_config("/pkg.Svc/Any") {
+                    prop_assert!((2..=5).contains(&hedging.max_attempts()));
+                    prop_assert!(hedging.hedging_delay() <= Duration::from_secs(365 * 86_400));
+                    prop_assert!(config.retry_config("/pkg.Svc/Any").is_none());
+                }
+            }
+            Err(error) => prop_assert!(!error.to_string().is_empty()),
+        }
+    }
 }

@@ -9,9 +9,10 @@
 //! - [`ReplayLayer`] makes tonic's streaming request bodies replayable up to
 //!   a per-call limit; past it a call is committed. [`TonicBodyLayer`] hands
 //!   the channel its own body type back.
-//! - [`ServiceConfig`] parses a service config's `methodConfig[].retryPolicy`
-//!   and `retryThrottling`, with A6's validation; [`GrpcRetryLayer`] applies
-//!   it to a channel, each method with its own settings.
+//! - [`ServiceConfig`] parses a service config's `methodConfig[].retryPolicy`,
+//!   `methodConfig[].hedgingPolicy` and `retryThrottling`, with A6's
+//!   validation; [`GrpcRetryLayer`] applies it to a channel, each method with
+//!   its own settings.
 //! - [`RetryThrottle`] is A6's retry throttling, as a [`Budget`](tower_backoff_core::Budget)
 //!   any layer can use.
 //!
@@ -53,12 +54,26 @@
 //!   says not to retry, are not counted there (gRPC counts both).
 //! - A committed call (headers received) counts as a success for the budget,
 //!   whatever status its trailers bring later.
-//! - Hedging is not implemented: a method with a `hedgingPolicy` is not
-//!   retried. There is a per-call replay limit, no per-channel one.
+//! - Hedging ([`HedgingConfig`]) is capped in extra load: in any second, at
+//!   most a share of a hedged method's calls (10 % by default,
+//!   [`GrpcRetryBuilder::hedge_load_cap`]) get a hedge, and none while the
+//!   method had no call in the last second. A6 has no such cap; it keeps
+//!   hedging from doubling the load on a server that is slow for everyone.
+//! - A valid pushback on a hedge stops the further hedges of the copies
+//!   still pending, where A6 sends the next one after the pushback: one copy
+//!   fewer, never more. An invalid pushback ends the call with that copy's
+//!   status at once, cancelling the copies still pending.
+//! - There is a per-call replay limit, no per-channel one.
+//! - A hedge made while an earlier copy is still sending its request body
+//!   ends that copy with `INTERNAL`, which then wins as a fatal status: the
+//!   replay body lets only the newest copy read on. Hedge methods whose
+//!   request is sent whole within `hedgingDelay` (unary calls with a delay
+//!   of a few milliseconds or more); a `hedgingDelay` of 0 is not safe yet.
 
 mod code;
 mod duration;
 mod error;
+mod hedging_config;
 #[cfg(all(test, tower_backoff_loom))]
 mod loom;
 mod policy;
@@ -71,6 +86,7 @@ mod throttle;
 
 pub use code::CodeSet;
 pub use error::{classify_transport_error, TransportFailure};
+pub use hedging_config::HedgingConfig;
 pub use policy::{GrpcPolicy, DEFAULT_MAX_PUSHBACK, PREVIOUS_RPC_ATTEMPTS};
 pub use pushback::{parse_pushback, Pushback, RETRY_PUSHBACK_MS};
 pub use replay::{Replay, ReplayLayer, TonicBody, TonicBodyLayer};

@@ -58,7 +58,14 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///   [`GrpcRetryLayer`](crate::GrpcRetryLayer), once that retry is spent a
 ///   call that never left again is the `UNAVAILABLE` it amounts to, for the
 ///   codes and `maxAttempts` to decide.
-/// - **Retries are marked**: each carries `grpc-previous-rpc-attempts`.
+/// - **Retries and hedges are marked**: each carries
+///   `grpc-previous-rpc-attempts`, the number of attempts sent before it.
+/// - **Hedges** (a layer built with
+///   [`hedge`](tower_backoff_core::BackoffBuilder::hedge), as a service
+///   config's `hedgingPolicy` makes [`GrpcRetryLayer`](crate::GrpcRetryLayer)
+///   do): the retryable codes are the non-fatal ones; with a
+///   [`throttle`](Self::throttle), no hedge goes out while it refuses
+///   retries.
 /// - **Request bodies**: tonic's body is a stream, not `Clone`; wrap it in a
 ///   [`ReplayBody`](tower_backoff_http::ReplayBody) ([`ReplayLayer`](super::ReplayLayer)).
 ///   Once a call's messages outgrow the replay limit, it is committed: its
@@ -95,6 +102,10 @@ pub struct GrpcPolicy {
     codes: CodeSet,
     max_pushback: Duration,
     throttle: Option<Arc<RetryThrottle>>,
+    /// A hedged method's policy: a failure the throttle counts stays a
+    /// failure of that copy, so the copies still pending run on (A6); the
+    /// layer's budget then refuses what follows.
+    hedging: bool,
 }
 
 /// How an outcome counts for gRFC A6's retry throttling.
@@ -114,7 +125,17 @@ impl GrpcPolicy {
             codes: CodeSet::DEFAULT,
             max_pushback: DEFAULT_MAX_PUSHBACK,
             throttle: None,
+            hedging: false,
         }
+    }
+
+    /// The policy of a hedged method: with a throttle, a counted failure is
+    /// not turned into the call's outcome while other copies may still win;
+    /// [`GrpcRetryLayer`](super::GrpcRetryLayer) gives such a method a budget
+    /// that stops its further copies instead.
+    pub(crate) fn for_hedging(mut self) -> Self {
+        self.hedging = true;
+        self
     }
 
     /// Also retries `code`.
@@ -314,6 +335,18 @@ where
             .headers_mut()
             .insert(PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(previous));
     }
+
+    fn prepare_hedge(&self, copy: &mut Request<ReqBody>, attempt: u32) -> bool {
+        // A6: hedges, like retries, stop while the throttle is at half.
+        if self.throttle.as_ref().is_some_and(|t| !t.allows_retry()) {
+            return false;
+        }
+        copy.headers_mut().insert(
+            PREVIOUS_RPC_ATTEMPTS,
+            HeaderValue::from(attempt.saturating_sub(1)),
+        );
+        true
+    }
 }
 
 impl GrpcPolicy {
@@ -330,7 +363,9 @@ impl GrpcPolicy {
         if let Some(throttle) = &self.throttle {
             match counted {
                 Counted::Success => throttle.record_success(),
-                Counted::Failure if !throttle.record_failure() => return Decision::Final,
+                Counted::Failure if !throttle.record_failure() && !self.hedging => {
+                    return Decision::Final;
+                }
                 Counted::Failure | Counted::Neither => {}
             }
         }
@@ -566,5 +601,38 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn hedges_carry_the_number_of_attempts_before_them() {
+        let policy = GrpcPolicy::new();
+        let mut copy = Request::new(String::new());
+        let prepare = |copy: &mut Request<String>, attempt| {
+            Policy::<_, Response<()>, std::io::Error>::prepare_hedge(&policy, copy, attempt)
+        };
+        assert!(prepare(&mut copy, 2));
+        assert_eq!(copy.headers()[PREVIOUS_RPC_ATTEMPTS], "1");
+        assert!(prepare(&mut copy, 3));
+        assert_eq!(copy.headers()[PREVIOUS_RPC_ATTEMPTS], "2");
+    }
+
+    #[test]
+    fn a_throttle_at_half_refuses_hedges_and_keeps_hedged_failures_non_fatal() {
+        let throttle = Arc::new(RetryThrottle::new(2.0, 0.5).unwrap());
+        let policy = GrpcPolicy::new()
+            .throttle(Arc::clone(&throttle))
+            .for_hedging();
+        let mut copy = Request::new(String::new());
+        let hedge = |copy: &mut Request<String>| {
+            Policy::<_, Response<()>, std::io::Error>::prepare_hedge(&policy, copy, 2)
+        };
+        assert!(hedge(&mut copy));
+        // Counted (2 → 1, at half), yet still a failure of this copy only:
+        // the copies still pending may win. No further hedge goes out.
+        assert!(classify(&policy, trailers_only("14", None)).is_retry());
+        assert_eq!(throttle.tokens(), 1.0);
+        let mut refused = Request::new(String::new());
+        assert!(!hedge(&mut refused));
+        assert!(!refused.headers().contains_key(PREVIOUS_RPC_ATTEMPTS));
     }
 }

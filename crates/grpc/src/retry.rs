@@ -16,8 +16,8 @@ use tower_service::Service;
 use super::policy::{GrpcPolicy, TransparentRetry};
 use super::replay::TonicBody;
 use super::retry_config::RetryConfig;
-use super::service_config::ServiceConfig;
-use super::throttle::RetryThrottle;
+use super::service_config::{MethodPolicy, ServiceConfig};
+use super::throttle::{RetryThrottle, ThrottleGate};
 use tower_backoff_core::budget::{Budget, TokenBucket};
 use tower_backoff_core::deadline::NoTimeout;
 use tower_backoff_core::error::ConfigError;
@@ -33,7 +33,8 @@ type BoxError = Box<dyn Error + Send + Sync>;
 ///
 /// Each call is routed by its path (`/package.Service/Method`) to its
 /// method's own [`BackoffRetry`]: that method's [`RetryConfig`] (attempts, backoff,
-/// codes) with a [`GrpcPolicy`]. Methods the config gives no retry policy
+/// codes) or [`HedgingConfig`](super::HedgingConfig) (copies, delay,
+/// non-fatal codes) with a [`GrpcPolicy`]. Methods the config gives neither
 /// are not retried, except for A6's transparent retry of a call that never
 /// left the client. Every method of the channel shares one budget: the
 /// config's `retryThrottling` as a [`RetryThrottle`] if it has one (counted
@@ -102,6 +103,7 @@ impl GrpcRetryLayer {
             stats: None,
             max_elapsed: None,
             record_info: true,
+            hedge_load_cap: None,
         }
     }
 
@@ -142,9 +144,23 @@ pub struct GrpcRetryBuilder {
     stats: Option<Stats>,
     max_elapsed: Option<Duration>,
     record_info: bool,
+    hedge_load_cap: Option<f64>,
 }
 
 impl GrpcRetryBuilder {
+    /// The share of a hedged method's calls, in any second, that may get a
+    /// hedge (in (0, 1]; default 0.1, the core's
+    /// [`Hedging::max_extra_load`](tower_backoff_core::Hedging::max_extra_load)).
+    /// The calls counted are those of the last full second, so a method
+    /// with no call in the last second gets no hedge. gRFC A6 has no such
+    /// cap: 1.0 comes closest, at most one hedge per call of the last
+    /// second; the default keeps hedging from piling load on a server that
+    /// is slow for everyone.
+    pub fn hedge_load_cap(mut self, share: f64) -> Self {
+        self.hedge_load_cap = Some(share);
+        self
+    }
+
     /// Stops adding [`RetryInfo`](tower_backoff_http::RetryInfo) to
     /// responses (it costs one small allocation per call).
     pub fn without_retry_info(mut self) -> Self {
@@ -187,8 +203,16 @@ impl GrpcRetryBuilder {
     ///
     /// # Errors
     /// A [`ConfigError`] naming `max_elapsed` when it is zero or longer than
-    /// a year.
+    /// a year, or `hedge_load_cap` when it is not in (0, 1].
     pub fn build(self) -> Result<GrpcRetryLayer, ConfigError> {
+        if let Some(share) = self.hedge_load_cap {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(ConfigError::new(
+                    "hedge_load_cap",
+                    format!("must be in (0, 1], got {share}"),
+                ));
+            }
+        }
         let throttle = match (&self.budget, self.config.retry_throttling()) {
             (None, Some(throttling)) => Some(Arc::new(throttling.throttle())),
             _ => None,
@@ -200,14 +224,34 @@ impl GrpcRetryBuilder {
             (None, Some(_)) => None,
             (None, None) => Some(Arc::new(TokenBucket::default())),
         };
-        let build = |retry: &RetryConfig| {
-            let mut policy = retry.policy();
+        let build = |method: Option<&MethodPolicy>| {
+            let transparent_only = RetryConfig::transparent_only();
+            let (builder, mut policy, mut budget) = match method {
+                Some(MethodPolicy::Hedging(hedging)) => {
+                    let mut builder = hedging.layer();
+                    if let Some(share) = self.hedge_load_cap {
+                        builder = builder.hedge(hedging.hedging().max_extra_load(share));
+                    }
+                    // The policy counts the throttle; the layer reads it to
+                    // stop hedges and the copy after failed ones.
+                    let gate = throttle
+                        .as_ref()
+                        .map(|t| Arc::new(ThrottleGate(Arc::clone(t))) as Arc<dyn Budget>);
+                    (builder, hedging.policy(), budget.clone().or(gate))
+                }
+                Some(MethodPolicy::Retry(retry)) => (retry.layer(), retry.policy(), budget.clone()),
+                None => (
+                    transparent_only.layer(),
+                    transparent_only.policy(),
+                    budget.clone(),
+                ),
+            };
             if let Some(throttle) = &throttle {
                 policy = policy.throttle(Arc::clone(throttle));
             }
-            let mut builder = retry.layer().policy(policy);
-            builder = match &budget {
-                Some(budget) => builder.budget(Arc::clone(budget)),
+            let mut builder = builder.policy(policy);
+            builder = match budget.take() {
+                Some(budget) => builder.budget(budget),
                 None => builder.no_budget(),
             };
             if let Some(stats) = &self.stats {
@@ -222,9 +266,9 @@ impl GrpcRetryBuilder {
             .config
             .policies()
             .iter()
-            .map(|policy| build(&policy.unwrap_or(RetryConfig::transparent_only())))
+            .map(|policy| build(policy.as_ref()))
             .collect::<Result<_, _>>()?;
-        let unconfigured = build(&RetryConfig::transparent_only())?;
+        let unconfigured = build(None)?;
         Ok(GrpcRetryLayer {
             routes: Arc::new(Routes {
                 config: self.config,
@@ -353,5 +397,33 @@ mod tests {
             .retryable_codes()
             .is_empty());
         assert!(layer.throttle().is_none());
+    }
+
+    #[test]
+    fn a_hedged_method_gets_its_attempts_and_non_fatal_codes() {
+        let config: ServiceConfig = r#"{"methodConfig": [
+            {"name": [{"service": "h.S"}],
+             "hedgingPolicy": {"maxAttempts": 7, "hedgingDelay": "0.1s",
+                               "nonFatalStatusCodes": ["ABORTED"]}}
+        ]}"#
+        .parse()
+        .unwrap();
+        let layer = GrpcRetryLayer::builder(&config)
+            .hedge_load_cap(1.0)
+            .build()
+            .unwrap();
+        let hedged = layer.route("/h.S/M");
+        assert_eq!(hedged.max_attempts(), 5, "A6's limit");
+        assert_eq!(
+            hedged.policy().retryable_codes(),
+            crate::CodeSet::EMPTY.with(tonic::Code::Aborted)
+        );
+        for share in [0.0, 1.5, f64::NAN] {
+            let error = GrpcRetryLayer::builder(&config)
+                .hedge_load_cap(share)
+                .build()
+                .unwrap_err();
+            assert_eq!(error.field(), "hedge_load_cap");
+        }
     }
 }

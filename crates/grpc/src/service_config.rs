@@ -8,18 +8,20 @@ use tonic::Code;
 
 use super::code::CodeSet;
 use super::duration::parse_duration;
+use super::hedging_config::HedgingConfig;
 use super::retry_config::RetryConfig;
 use super::throttle::RetryThrottle;
 use tower_backoff_core::error::ConfigError;
 
 type Object = Map<String, Value>;
 
-/// The retry settings of a gRPC service config: a [`RetryConfig`] per
-/// method, service or channel, and the channel's `retryThrottling`.
+/// The retry settings of a gRPC service config: a [`RetryConfig`] or a
+/// [`HedgingConfig`] per method, service or channel, and the channel's
+/// `retryThrottling`.
 ///
 /// Parsed from the JSON that gRPC clients take (gRFC A6), with A6's
 /// validation rules; everything else in the document (load balancing,
-/// timeouts, hedging) is ignored. Field names are read as proto3 JSON
+/// timeouts) is ignored. Field names are read as proto3 JSON
 /// allows, `maxAttempts` or `max_attempts`, and case-insensitively as
 /// gRPC-Go reads them. An invalid document is a [`ConfigError`] naming the
 /// field, its reason saying where it is (`methodConfig[1].retryPolicy`).
@@ -27,8 +29,8 @@ type Object = Map<String, Value>;
 /// A method's settings come from the first `methodConfig` whose `name` is
 /// the method exactly, else the one naming its whole service (no `method`),
 /// else the one with an empty name (the default). A matching `methodConfig`
-/// without a `retryPolicy` means the method is not retried. A method with
-/// a `hedgingPolicy` is not retried either: hedging is not implemented.
+/// with neither a `retryPolicy` nor a `hedgingPolicy` means the method is not
+/// retried; one with both is invalid.
 ///
 /// ```
 /// use std::time::Duration;
@@ -58,12 +60,19 @@ type Object = Map<String, Value>;
 #[derive(Debug, Clone, Default)]
 pub struct ServiceConfig {
     /// One entry per `methodConfig`, in document order; `None` where it has
-    /// no retry policy.
-    policies: Vec<Option<RetryConfig>>,
+    /// neither policy.
+    policies: Vec<Option<MethodPolicy>>,
     /// `"service/method"` and `"service"` to an index into `policies`.
     by_name: HashMap<String, usize>,
     default: Option<usize>,
     throttling: Option<RetryThrottling>,
+}
+
+/// What a `methodConfig` says to do when a call fails or is slow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum MethodPolicy {
+    Retry(RetryConfig),
+    Hedging(HedgingConfig),
 }
 
 /// A service config's `retryThrottling`: the settings of a
@@ -122,7 +131,35 @@ impl ServiceConfig {
     /// The retry policy of the method at `path` (`"/package.Service/Method"`,
     /// as in a request's URI), or `None` when it is not retried.
     pub fn retry_config(&self, path: &str) -> Option<&RetryConfig> {
-        self.policies[self.entry(path)?].as_ref()
+        match self.policies[self.entry(path)?].as_ref()? {
+            MethodPolicy::Retry(retry) => Some(retry),
+            MethodPolicy::Hedging(_) => None,
+        }
+    }
+
+    /// The hedging policy of the method at `path` (`"/package.Service/Method"`),
+    /// or `None` when it is not hedged.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backoff::grpc::ServiceConfig;
+    ///
+    /// let config: ServiceConfig = r#"{"methodConfig": [{
+    ///   "name": [{ "service": "pkg.Search" }],
+    ///   "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.05s",
+    ///                      "nonFatalStatusCodes": ["UNAVAILABLE"] }
+    /// }]}"#.parse()?;
+    /// let hedging = config.hedging_config("/pkg.Search/Find").unwrap();
+    /// assert_eq!(hedging.max_attempts(), 3);
+    /// assert_eq!(hedging.hedging_delay(), Duration::from_millis(50));
+    /// assert!(config.retry_config("/pkg.Search/Find").is_none());
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn hedging_config(&self, path: &str) -> Option<&HedgingConfig> {
+        match self.policies[self.entry(path)?].as_ref()? {
+            MethodPolicy::Hedging(hedging) => Some(hedging),
+            MethodPolicy::Retry(_) => None,
+        }
     }
 
     /// Which `methodConfig` applies to `path`.
@@ -136,8 +173,8 @@ impl ServiceConfig {
             .or(self.default)
     }
 
-    /// Every `methodConfig`'s retry policy, in document order.
-    pub(crate) fn policies(&self) -> &[Option<RetryConfig>] {
+    /// Every `methodConfig`'s retry or hedging policy, in document order.
+    pub(crate) fn policies(&self) -> &[Option<MethodPolicy>] {
         &self.policies
     }
 
@@ -155,15 +192,24 @@ impl ServiceConfig {
             ));
         };
         let retry = field(method, "retryPolicy", "retry_policy");
-        if retry.is_some() && field(method, "hedgingPolicy", "hedging_policy").is_some() {
-            return Err(ConfigError::new(
-                "hedgingPolicy",
-                format!("{at}: only one of retryPolicy and hedgingPolicy may be set"),
-            ));
-        }
-        let policy = retry
-            .map(|retry| parse_retry_config(retry, &format!("{at}.retryPolicy")))
-            .transpose()?;
+        let hedging = field(method, "hedgingPolicy", "hedging_policy");
+        let policy = match (retry, hedging) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "hedgingPolicy",
+                    format!("{at}: only one of retryPolicy and hedgingPolicy may be set"),
+                ));
+            }
+            (Some(retry), None) => Some(MethodPolicy::Retry(parse_retry_config(
+                retry,
+                &format!("{at}.retryPolicy"),
+            )?)),
+            (None, Some(hedging)) => Some(MethodPolicy::Hedging(parse_hedging_config(
+                hedging,
+                &format!("{at}.hedgingPolicy"),
+            )?)),
+            (None, None) => None,
+        };
         let entry = self.policies.len();
         self.policies.push(policy);
         let names = match field(method, "name", "name") {
@@ -265,9 +311,59 @@ fn parse_retry_config(value: &Value, at: &str) -> Result<RetryConfig, ConfigErro
     };
     let codes = parse_codes(
         required(policy, "retryableStatusCodes", "retryable_status_codes", at)?,
+        "retryableStatusCodes",
         at,
     )?;
+    if codes.is_empty() {
+        return Err(ConfigError::new(
+            "retryableStatusCodes",
+            format!("{at}: must name at least one status code"),
+        ));
+    }
     RetryConfig::new(max_attempts, initial, max, multiplier, codes)
+        .map_err(|e| ConfigError::new(e.field(), format!("{at}: {}", e.reason())))
+}
+
+fn parse_hedging_config(value: &Value, at: &str) -> Result<HedgingConfig, ConfigError> {
+    let Value::Object(policy) = value else {
+        return Err(ConfigError::new(
+            "hedgingPolicy",
+            format!("{at}: must be an object"),
+        ));
+    };
+    let max_attempts =
+        parse_max_attempts(required(policy, "maxAttempts", "max_attempts", at)?, at)?;
+    let delay = match field(policy, "hedgingDelay", "hedging_delay") {
+        None | Some(Value::Null) => std::time::Duration::ZERO,
+        Some(value) => {
+            let text = value.as_str().ok_or_else(|| {
+                ConfigError::new(
+                    "hedgingDelay",
+                    format!("{at}: must be a duration string such as \"0.1s\", got {value}"),
+                )
+            })?;
+            match parse_duration(text) {
+                Some(Ok(delay)) => delay,
+                Some(Err(_)) => {
+                    return Err(ConfigError::new(
+                        "hedgingDelay",
+                        format!("{at}: must not be negative, got {text:?}"),
+                    ));
+                }
+                None => {
+                    return Err(ConfigError::new(
+                        "hedgingDelay",
+                        format!("{at}: {text:?} is not a duration such as \"0.1s\""),
+                    ));
+                }
+            }
+        }
+    };
+    let codes = match field(policy, "nonFatalStatusCodes", "non_fatal_status_codes") {
+        None | Some(Value::Null) => CodeSet::EMPTY,
+        Some(codes) => parse_codes(codes, "nonFatalStatusCodes", at)?,
+    };
+    HedgingConfig::new(max_attempts, delay, codes)
         .map_err(|e| ConfigError::new(e.field(), format!("{at}: {}", e.reason())))
 }
 
@@ -315,8 +411,8 @@ fn parse_backoff(
     }
 }
 
-fn parse_codes(value: &Value, at: &str) -> Result<CodeSet, ConfigError> {
-    let field = "retryableStatusCodes";
+/// A list of status codes, by name or number; empty if it is.
+fn parse_codes(value: &Value, field: &'static str, at: &str) -> Result<CodeSet, ConfigError> {
     let Value::Array(codes) = value else {
         return Err(ConfigError::new(field, format!("{at}: must be an array")));
     };
@@ -337,12 +433,6 @@ fn parse_codes(value: &Value, at: &str) -> Result<CodeSet, ConfigError> {
             ));
         };
         set = set.with(parsed);
-    }
-    if set.is_empty() {
-        return Err(ConfigError::new(
-            field,
-            format!("{at}: must name at least one status code"),
-        ));
     }
     Ok(set)
 }

@@ -1,6 +1,7 @@
 //! [`RetryThrottle`]: gRPC's retry throttling (gRFC A6) as a [`Budget`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use tower_backoff_core::budget::Budget;
 use tower_backoff_core::error::ConfigError;
@@ -188,6 +189,28 @@ impl Budget for RetryThrottle {
     fn on_success(&self, last_retry: Option<Cause>) {
         let _ = last_retry;
         self.record_success();
+    }
+}
+
+/// A hedged method's budget under a policy that counts the throttle
+/// ([`GrpcPolicy::for_hedging`](super::GrpcPolicy)): it only reads the
+/// count, so nothing is counted twice, and refuses hedges and the next copy
+/// after failed ones while retries are not allowed.
+pub(crate) struct ThrottleGate(pub(crate) Arc<RetryThrottle>);
+
+impl Budget for ThrottleGate {
+    fn would_allow(&self, cause: Cause) -> bool {
+        let _ = cause;
+        self.0.allows_retry()
+    }
+
+    fn try_retry(&self, cause: Cause) -> bool {
+        let _ = cause;
+        self.0.allows_retry()
+    }
+
+    fn on_success(&self, last_retry: Option<Cause>) {
+        let _ = last_retry;
     }
 }
 
