@@ -9,7 +9,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use tower::{service_fn, Layer, ServiceExt};
-use tower_backoff::{BackoffLayer, Constant, Jitter, TokenBucket};
+use tower_backoff::{BackoffLayer, Constant, Hedging, Jitter, TokenBucket};
 
 /// One metric of a snapshot: its key, unit, description and value.
 type Recorded = (
@@ -104,6 +104,57 @@ fn two_failures_then_a_success_record_2_retries_and_3_attempts() {
         &snapshot,
         MetricKind::Counter,
         "tower_backoff.budget.refusals",
+        None
+    )
+    .is_none());
+}
+
+#[test]
+fn a_hedge_that_wins_records_1_hedge_and_no_retry() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let layer = BackoffLayer::builder()
+                .hedge(Hedging::after(Duration::from_millis(10)).max_extra_load(1.0))
+                .build()
+                .unwrap();
+            // The first call answers at once (traffic the load cap grants a
+            // hedge from), the second hangs until its hedge, the third,
+            // answers.
+            let calls = Arc::new(AtomicU32::new(0));
+            let svc = layer.layer(service_fn(move |()| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 1 {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, &str>(())
+                }
+            }));
+            assert_eq!(svc.clone().oneshot(()).await, Ok(()));
+            tokio::time::advance(Duration::from_millis(100)).await;
+            assert_eq!(svc.oneshot(()).await, Ok(()));
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let histogram = |name| match read(&snapshot, MetricKind::Histogram, name, None) {
+        Some(DebugValue::Histogram(samples)) => {
+            samples.iter().map(|s| s.into_inner()).collect::<Vec<_>>()
+        }
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(histogram("tower_backoff.call.attempts"), [1.0, 2.0]);
+    assert_eq!(histogram("tower_backoff.call.hedges"), [1.0]);
+    assert!(read(
+        &snapshot,
+        MetricKind::Histogram,
+        "tower_backoff.call.retries",
         None
     )
     .is_none());

@@ -8,13 +8,16 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower::hedge::{Hedge, Policy};
+use tower_backoff::{BackoffLayer, Hedging};
 use tower_backoff_sim::{
     tail_table, BackendModel, LatencyModel, Request, Tail, TailBackend, TailReport,
 };
+use tower_layer::Layer;
 use tower_service::Service;
 
 /// Five seeds in a release build. The CI runs the tests in a debug build
@@ -35,7 +38,7 @@ const ROTATION: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
 
 /// The issue's four backends.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Backend {
     /// 2 % of attempts take 1 s, the others about 10 ms.
     Bimodal,
@@ -93,17 +96,40 @@ where
     Runs { stack, reports }
 }
 
-/// Every client stack against `backend`; our hedging goes here as one more
-/// entry.
+/// Every client stack against `backend`.
 fn stacks(backend: Backend) -> Vec<Runs> {
     vec![
         run(backend, "no hedging", |b| b),
         run(backend, "tower::hedge", tower_hedge),
+        run(backend, OURS_95, |b| ours(95.0).layer(b)),
+        run(backend, OURS_90, |b| ours(90.0).layer(b)),
     ]
 }
 
-/// Measures every stack against `backend` and prints the table.
-fn measure(backend: Backend) -> Vec<Runs> {
+const OURS_95: &str = "tower-backoff, 95th percentile";
+const OURS_90: &str = "tower-backoff, 90th percentile";
+
+/// This crate's layer with its defaults (the default budget pays the
+/// hedges) and hedging at `percentile` of recent attempts, the default
+/// window (a second, 100 attempts) and the default cap of 10 % extra load
+/// in every second.
+fn ours(percentile: f64) -> BackoffLayer {
+    BackoffLayer::builder()
+        .hedge(Hedging::at_percentile(percentile))
+        .build()
+        .expect("valid settings")
+}
+
+/// Measures every stack against `backend` and prints the table, once per
+/// backend for all the tests that read it.
+fn measure(backend: Backend) -> Arc<Vec<Runs>> {
+    static MEASURED: Mutex<Vec<(Backend, Arc<Vec<Runs>>)>> = Mutex::new(Vec::new());
+    // Held while measuring: a second test of the same backend waits for
+    // the first one's runs instead of repeating them.
+    let mut measured = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, runs)) = measured.iter().find(|(b, _)| *b == backend) {
+        return runs.clone();
+    }
     let runs = stacks(backend);
     let table = tail_table(runs.iter().map(|r| (r.stack, &r.reports[..])));
     println!(
@@ -111,6 +137,8 @@ fn measure(backend: Backend) -> Vec<Runs> {
         backend.name(),
         SEEDS.len()
     );
+    let runs = Arc::new(runs);
+    measured.push((backend, runs.clone()));
     runs
 }
 
@@ -196,6 +224,55 @@ fn bimodal_tower_hedge_cuts_the_p99_from_a_second_to_30_ms_with_8_percent_extra(
     }
 }
 
+/// The issue's targets for this crate's hedging on this backend: p99 ≤ 25 ms
+/// and p99.9 ≤ 35 ms at ≤ 6 % extra attempts, ≤ 10 % in every second after
+/// the first 10 s. Met at the 90th percentile; at the 95th the p99 is
+/// 25.6 ms (fewer hedges, 2.4 % extra), so it is not asserted there.
+#[test]
+fn bimodal_our_hedging_meets_the_issues_targets_at_the_90th_percentile() {
+    let runs = measure(Backend::Bimodal);
+    for (seed, r) in SEEDS.iter().zip(stack(&runs, OURS_90)) {
+        assert!(r.p99 <= 25 * MS, "seed {seed}: p99 {:?}", r.p99);
+        assert!(r.p999 <= 35 * MS, "seed {seed}: p99.9 {:?}", r.p999);
+        assert!(r.extra_share <= 0.06, "seed {seed}: {}", r.extra_share);
+        assert!(
+            r.max_second_extra <= 0.10,
+            "seed {seed}: {}",
+            r.max_second_extra
+        );
+    }
+}
+
+/// The issue asks for p99 ≤ 55 ms at ≤ 10 % extra attempts here: missed.
+/// One hedge at a fixed delay `d` gives `P(T > x) = P(O > x) P(H > x - d)`,
+/// smallest for the shortest `d` the 10 % allows, the 90th percentile
+/// (36 ms); for independent log-normal attempts that puts the p99 at
+/// 56.4 ms, above 55 ms before any measurement error. Ours reaches 63 ms
+/// at 8 % extra (the load cap trims the busiest seconds); `tower::hedge`
+/// 56 ms at 10.6 %, over the 10 %. Asserted: every second within 10 %,
+/// and the p99 well below no hedging's 104 ms.
+#[test]
+fn log_normal_our_hedging_stays_within_10_percent_every_second() {
+    let runs = measure(Backend::LogNormal);
+    for stack_name in [OURS_90, OURS_95] {
+        for (seed, r) in SEEDS.iter().zip(stack(&runs, stack_name)) {
+            assert!(
+                r.max_second_extra <= 0.10,
+                "{stack_name}, seed {seed}: {}",
+                r.max_second_extra
+            );
+            assert!(
+                r.extra_share <= 0.10,
+                "{stack_name}, seed {seed}: {}",
+                r.extra_share
+            );
+        }
+    }
+    for (seed, r) in SEEDS.iter().zip(stack(&runs, OURS_90)) {
+        assert!(r.p99 <= 70 * MS, "seed {seed}: p99 {:?}", r.p99);
+    }
+}
+
 #[test]
 fn log_normal_is_measured_for_every_stack() {
     let runs = measure(Backend::LogNormal);
@@ -223,6 +300,45 @@ fn slowdown_makes_tower_hedge_hedge_most_requests_for_a_second() {
             "seed {seed}: {}",
             r.max_second_extra
         );
+    }
+}
+
+/// The issue's target: when every latency doubles for 20 s, at most 10 %
+/// extra attempts in every second (`tower::hedge` above: over 90 %).
+#[test]
+fn slowdown_our_hedging_adds_at_most_10_percent_in_every_second() {
+    let runs = measure(Backend::Slowdown);
+    for stack_name in [OURS_90, OURS_95] {
+        for (seed, r) in SEEDS.iter().zip(stack(&runs, stack_name)) {
+            assert!(
+                r.max_second_extra <= 0.10,
+                "{stack_name}, seed {seed}: {}",
+                r.max_second_extra
+            );
+        }
+    }
+}
+
+/// The issue's target behind 20 workers at about 75 % busy: median and p99
+/// no worse than sending no hedges.
+#[test]
+fn with_workers_our_hedging_is_no_worse_than_no_hedging() {
+    let runs = measure(Backend::Workers);
+    let none = stack(&runs, "no hedging");
+    for stack_name in [OURS_90, OURS_95] {
+        let ours = stack(&runs, stack_name);
+        for ((seed, none), ours) in SEEDS.iter().zip(none).zip(ours) {
+            assert!(
+                ours.p50 <= none.p50,
+                "{stack_name}, seed {seed}: p50 {:?}",
+                ours.p50
+            );
+            assert!(
+                ours.p99 <= none.p99,
+                "{stack_name}, seed {seed}: p99 {:?}",
+                ours.p99
+            );
+        }
     }
 }
 

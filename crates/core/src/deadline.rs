@@ -30,7 +30,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
+
+use crate::timer::Sleep;
 
 use crate::error::BreakerOpen;
 

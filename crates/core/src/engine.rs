@@ -124,6 +124,8 @@ pub struct Session {
     slept: Duration,
     deadline: Option<Instant>,
     last_retry: Option<Cause>,
+    /// Hedges sent, among `attempts`.
+    hedges: u32,
     /// Made at the first jittered delay, so a request that never retries
     /// never draws.
     rng: Option<Rng>,
@@ -146,6 +148,7 @@ impl Session {
             slept: Duration::ZERO,
             deadline,
             last_retry: None,
+            hedges: 0,
             rng: None,
         }
     }
@@ -205,6 +208,11 @@ impl Session {
     /// earns the plain refund, not the return of a cost never paid.
     pub fn last_retry(&self) -> Option<Cause> {
         self.last_retry
+    }
+
+    /// Hedges sent, among the attempts.
+    pub fn hedges(&self) -> u32 {
+        self.hedges
     }
 
     /// Transparent retries sent: 0, or 1 once the one free retry of a
@@ -425,6 +433,7 @@ impl Session {
             return None;
         }
         self.attempts = self.attempts.saturating_add(1);
+        self.hedges = self.hedges.saturating_add(1);
         Some(copy)
     }
 }

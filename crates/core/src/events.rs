@@ -177,6 +177,7 @@ impl RetryArgs {
 pub struct EndArgs {
     pub(crate) attempts: u32,
     pub(crate) transparent_retries: u32,
+    pub(crate) hedges: u32,
     pub(crate) slept: Duration,
     pub(crate) ending: Ending,
     pub(crate) outcome: OutcomeKind,
@@ -189,9 +190,20 @@ impl EndArgs {
     }
 
     /// How many of the retries were transparent (free, for a request that
-    /// never left): 0 or 1. The others are `attempts() - 1 - this`.
+    /// never left): 0 or 1.
     pub fn transparent_retries(&self) -> u32 {
         self.transparent_retries
+    }
+
+    /// How many of the attempts were [hedges](crate::hedge).
+    pub fn hedges(&self) -> u32 {
+        self.hedges
+    }
+
+    /// Retries sent, transparent ones included: the attempts that were
+    /// neither the first nor a hedge.
+    pub fn retries(&self) -> u32 {
+        self.attempts.saturating_sub(1).saturating_sub(self.hedges)
     }
 
     /// Time slept between attempts in all (backoff delays, not pacing).
@@ -268,6 +280,9 @@ impl Observer for Tracing {
                 "retry budget exhausted; returning the last outcome"
             ),
             Event::Breaker(state) => tracing::warn!(state = ?state, "circuit breaker"),
+            Event::Hedge(hedge) => {
+                tracing::debug!(attempt = hedge.attempt, event = ?hedge.event, "hedge")
+            }
             _ => {}
         }
     }

@@ -18,7 +18,8 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
+
 use tower_service::Service;
 
 use crate::adaptive::Gate;
@@ -33,7 +34,7 @@ use crate::hedge::{Copies, CopySent, Hedger};
 use crate::policy::{Policy, PrepareRetry};
 use crate::send::{pacing_stamp, poll_ready_to_send};
 use crate::span::{self, Traced};
-use crate::timer;
+use crate::timer::{self, Sleep};
 
 pin_project! {
     /// The response future of [`BackoffRetry`](crate::BackoffRetry): the attempts of one
@@ -352,6 +353,7 @@ where
                             return Poll::Ready(machine.finish(
                                 1,
                                 0,
+                                0,
                                 Duration::ZERO,
                                 outcome,
                                 ending,
@@ -360,6 +362,7 @@ where
                         Verdict::End(ending) => {
                             return Poll::Ready(machine.finish(
                                 1,
+                                0,
                                 0,
                                 Duration::ZERO,
                                 outcome,
@@ -378,6 +381,7 @@ where
                         Err(ending) => {
                             return Poll::Ready(machine.finish(
                                 1,
+                                0,
                                 0,
                                 Duration::ZERO,
                                 outcome,
@@ -879,16 +883,18 @@ where
     ) -> Flow<Outcome<S, Req, T>> {
         let session = &progress.session;
         let (attempts, transparent) = (session.attempts(), session.transparent_retries());
-        ControlFlow::Break(self.finish(attempts, transparent, session.slept(), outcome, ending))
+        let (hedges, slept) = (session.hedges(), session.slept());
+        ControlFlow::Break(self.finish(attempts, transparent, hedges, slept, outcome, ending))
     }
 
     /// The outcome to return after `attempts` attempts (`transparent` of the
-    /// retries free) and `slept` asleep.
+    /// retries free, `hedges` of them hedges) and `slept` asleep.
     #[inline(always)]
     fn finish(
         &self,
         attempts: u32,
         transparent: u32,
+        hedges: u32,
         slept: Duration,
         outcome: Outcome<S, Req, T>,
         ending: Ending,
@@ -898,6 +904,7 @@ where
             Event::Ended(EndArgs {
                 attempts,
                 transparent_retries: transparent,
+                hedges,
                 slept,
                 ending,
                 outcome: OutcomeKind::of(&outcome),

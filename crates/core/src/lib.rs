@@ -38,7 +38,7 @@ mod span;
 mod stats;
 #[doc(hidden)]
 pub mod sync;
-mod timer;
+pub mod timer;
 
 pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
 pub use budget::{Budget, RatioBudget, TokenBucket};

@@ -10,15 +10,14 @@
 //! | metric | kind | recorded |
 //! |---|---|---|
 //! | `tower_backoff.call.attempts` | histogram | attempts of each request, the first included |
-//! | `tower_backoff.call.retries` | histogram | retries of each request that had any (A96 reports no 0) |
+//! | `tower_backoff.call.retries` | histogram | retries of each request that had any (A96 reports no 0); hedges are not retries |
+//! | `tower_backoff.call.hedges` | histogram | hedges of each request that had any |
 //! | `tower_backoff.call.transparent_retries` | histogram | free retries of requests that never left, when any |
 //! | `tower_backoff.call.retry_delay` | histogram | seconds each retried request slept in all |
 //! | `tower_backoff.call.ended` | counter, label `ending` | requests, by how they ended (`success`, `final`, `out_of_attempts`, `out_of_time`, `budget_refused`, `not_replayable`, `breaker_open`) |
 //! | `tower_backoff.budget.refusals` | counter | retries the budget refused |
 //! | `tower_backoff.breaker.state` | gauge | the circuit breaker's state after its last change: 0 closed, 1 open, 2 half-open |
 //! | `tower_backoff.breaker.rejections` | counter | attempts the open breaker did not let out |
-//!
-//! Hedges come with that feature.
 //!
 //! The facade was chosen over OpenTelemetry's own API because it is one small
 //! dependency with a global recorder and no runtime of its own; an
@@ -56,7 +55,10 @@ impl Observer for Metrics {
         };
         let attempts = end.attempts();
         metrics::histogram!("tower_backoff.call.attempts").record(f64::from(attempts));
-        let retries = attempts.saturating_sub(1);
+        let retries = end.retries();
+        if end.hedges() > 0 {
+            metrics::histogram!("tower_backoff.call.hedges").record(f64::from(end.hedges()));
+        }
         if retries > 0 {
             metrics::histogram!("tower_backoff.call.retries").record(f64::from(retries));
             metrics::histogram!("tower_backoff.call.retry_delay").record(end.slept().as_secs_f64());

@@ -9,7 +9,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use crate::budget::{self, Budget};
 use crate::decision::Cause;
@@ -18,7 +18,7 @@ use crate::error::{ConfigError, MAX_DURATION};
 use crate::jitter::{Jitter, Rng};
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::schedule::{AnySchedule, Schedule};
-use crate::timer;
+use crate::timer::{self, Sleep};
 
 /// Calls `operation` until it succeeds, retrying errors after exponential,
 /// jittered sleeps. Awaiting it gives the last attempt's outcome.

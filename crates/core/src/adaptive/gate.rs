@@ -16,7 +16,9 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
+
+use crate::timer::Sleep;
 
 use super::AdaptivePacing;
 use crate::jitter::Rng;
