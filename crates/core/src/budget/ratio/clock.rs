@@ -271,4 +271,30 @@ mod tests {
         let expected = if coarse::lag().is_some() { 99 } else { 0 };
         assert_eq!(clock.epoch(), expected);
     }
+
+    /// The coarse limit is exclusive: a coarse read equal to it may be a
+    /// real clock already at the slot's end, in the next slot.
+    #[test]
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    fn a_remembered_slot_is_not_used_once_the_coarse_clock_reaches_its_limit() {
+        // Slots of an hour, the planted one hours ahead: only the coarse
+        // comparison could answer 99, and the slot found is 0.
+        let clock = SlotClock::new(Duration::from_secs(3600));
+        loop {
+            let limit = coarse::now();
+            let reached = Found {
+                clock: clock.id,
+                epoch: 99,
+                start: clock.origin + Duration::from_secs(9 * 3600),
+                end: clock.origin + Duration::from_secs(10 * 3600),
+                coarse_until: limit,
+            };
+            FOUND.with(|found| found[clock.id as usize % REMEMBERED].set(Some(reached)));
+            assert_eq!(clock.epoch(), 0, "the coarse clock is at or past the limit");
+            // A tick during the call read past the limit, not at it: again.
+            if coarse::now() == limit {
+                break;
+            }
+        }
+    }
 }
