@@ -48,6 +48,26 @@ async fn run_breaker_column(iters: u64) {
     common::drive(&mut svc, &common::request(), iters).await;
 }
 
+/// Hedging's cost when no hedge is needed: the defaults with hedging after a
+/// delay the healthy backend never reaches, against the defaults alone
+/// (`ours, default budget`), on the happy path. Issue 29's goal: 30
+/// instructions at most.
+const HEDGE_COLUMN: &str = "ours, hedging configured";
+
+fn hedge_layer() -> tower_backoff::BackoffLayer {
+    tower_backoff::BackoffLayer::builder()
+        .hedge(tower_backoff::Hedging::after(
+            std::time::Duration::from_secs(1),
+        ))
+        .build()
+        .unwrap()
+}
+
+async fn run_hedge_column(iters: u64) {
+    let mut svc = tower::Layer::layer(&hedge_layer(), common::Backend::healthy());
+    common::drive(&mut svc, &common::request(), iters).await;
+}
+
 /// The budget columns' rows of `--table`.
 fn budget_table(runtime: &tokio::runtime::Runtime) {
     for column in BUDGET_COLUMNS {
@@ -70,6 +90,15 @@ fn budget_table(runtime: &tokio::runtime::Runtime) {
     let svc = tower::Layer::layer(&breaker_layer(), common::Backend::healthy());
     let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
     println!("happy_path\t{BREAKER_COLUMN}\t{per_request:.2}\t{size}");
+    let count = |iters| {
+        let before = allocations();
+        runtime.block_on(run_hedge_column(iters));
+        allocations() - before
+    };
+    let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
+    let svc = tower::Layer::layer(&hedge_layer(), common::Backend::healthy());
+    let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
+    println!("happy_path\t{HEDGE_COLUMN}\t{per_request:.2}\t{size}");
 }
 
 fn main() {
@@ -105,6 +134,14 @@ fn main() {
         [flag] if flag == "--budget-table" => {
             println!("scenario\tcolumn\tallocations/request\tfuture bytes");
             budget_table(&runtime);
+        }
+        [scenario, column, iters] if column == HEDGE_COLUMN => {
+            assert_eq!(
+                scenario, "happy_path",
+                "the hedge column runs the happy path"
+            );
+            let iters = iters.parse().expect("a number of requests");
+            runtime.block_on(run_hedge_column(iters));
         }
         [scenario, column, iters] if column == BREAKER_COLUMN => {
             assert_eq!(

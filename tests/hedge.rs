@@ -400,3 +400,22 @@ fn invalid_hedging_fails_at_build_naming_the_field() {
         .unwrap_err();
     assert_eq!(error.field(), "hedge.percentile");
 }
+
+#[test]
+fn a_hedged_future_is_made_outside_a_runtime_and_polled_inside_one() {
+    // Made in plain code (no runtime): no timer may be made yet.
+    let host = Host::script(&[(5, true)]);
+    let mut svc = BackoffLayer::builder()
+        .hedge(Hedging::after(DELAY))
+        .build()
+        .unwrap()
+        .layer(host.service());
+    futures::executor::block_on(svc.ready()).unwrap();
+    let future = svc.call(4);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    assert_eq!(runtime.block_on(future).unwrap(), 401);
+}

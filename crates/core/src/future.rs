@@ -138,6 +138,10 @@ pin_project! {
 /// Where a hedged attempt stands with its next hedge.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum NextHedge {
+    /// The first hedge is due after this delay, from the first poll on: a
+    /// timer made at the call would need a runtime where the future is
+    /// made, not only where it is polled.
+    Arm(Duration),
     /// Sent when the delay is over, if `next` is set.
     Waiting,
     /// Due: sent as soon as the service is ready.
@@ -515,6 +519,10 @@ where
                         self.cancel(copies);
                         self.on_outcome(progress, kept, phase, Err(error))
                     } else {
+                        if let NextHedge::Arm(delay) = *hedge {
+                            next.set(Some(timer::sleep(delay)));
+                            *hedge = NextHedge::Waiting;
+                        }
                         if *hedge == NextHedge::Waiting {
                             match next.as_mut().as_pin_mut() {
                                 Some(sleep) => ready!(sleep.poll(cx)),
@@ -950,17 +958,17 @@ fn hedged<F: Future, Tm>(
         hedger.on_request(at);
     }
     let sent = CopySent { at, attempt, paid };
-    let (next, hedge) = match hedger.delay() {
+    let hedge = match hedger.delay() {
         // Zero: every copy at once, as gRPC's hedging does.
-        Some(delay) if delay.is_zero() => (None, NextHedge::Due),
-        Some(delay) => (Some(timer::sleep(delay)), NextHedge::Waiting),
+        Some(delay) if delay.is_zero() => NextHedge::Due,
+        Some(delay) => NextHedge::Arm(delay),
         // No percentile yet to go by.
-        None => (None, NextHedge::Stopped),
+        None => NextHedge::Stopped,
     };
     Phase::Hedged {
         copies: Copies::new(future, sent, hedger.max_copies()),
         timer,
-        next,
+        next: None,
         hedge,
     }
 }
