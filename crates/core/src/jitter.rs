@@ -143,6 +143,16 @@ impl Jitter {
 /// Not for cryptography: it only has to spread retries. Each request draws from
 /// its own stream, so concurrent requests get independent delays; a
 /// [seeded](crate::BackoffBuilder::seed) layer makes every stream reproducible.
+///
+/// # Why not `rand`
+///
+/// rand's `SmallRng` (0.10, Xoshiro256++) costs more where a retry pays for
+/// it: a stream from entropy takes 187 instructions against 27 here, a seeded
+/// stream 64 against 27, a full-jitter draw 81 against 72, and it is 32 bytes
+/// against 8 in every retrying request's session. A request that fails twice
+/// would pay about 184 more instructions, 3 % of its path through the layer
+/// (issue 27; rustc 1.95, x86_64). `bash benches/callgrind_jitter.sh` counts
+/// them; the table is in `docs/RESULTS.md`.
 #[derive(Debug, Clone)]
 pub struct Rng {
     state: u64,
