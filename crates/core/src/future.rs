@@ -127,7 +127,7 @@ pin_project! {
         // An attempt in flight with its hedges, all racing the attempt's
         // timer, with the delay to the next hedge.
         Hedged {
-            copies: Copies<F>,
+            #[pin] copies: Copies<F>,
             #[pin] timer: Tm,
             #[pin] next: Option<Sleep>,
             hedge: NextHedge,
@@ -500,14 +500,16 @@ where
                 // Nothing was sent: no `Ended`, as no `Called`.
                 PhaseProj::Rejected => return Poll::Ready(take(kept)),
                 PhaseProj::Hedged {
-                    copies,
+                    mut copies,
                     timer,
                     mut next,
                     hedge,
                 } => {
-                    if let Poll::Ready((outcome, future, sent)) = copies.poll_any(cx) {
+                    let answered = copies.as_mut().poll_any(cx, |future, outcome| {
+                        span::outcome(future, OutcomeKind::of(outcome));
+                    });
+                    if let Poll::Ready((outcome, sent)) = answered {
                         let outcome = outcome.map_err(T::inner);
-                        span::outcome(&*future, OutcomeKind::of(&outcome));
                         match self.on_copy(progress, kept, copies, hedge, outcome, sent) {
                             Ok(flow) => flow,
                             Err((outcome, after, cause)) => {
@@ -516,7 +518,7 @@ where
                         }
                     } else if let Poll::Ready(error) = timer.poll(cx) {
                         // The attempt's time is up, for every copy of it.
-                        self.cancel(copies);
+                        self.cancel(copies.as_mut());
                         self.on_outcome(progress, kept, phase, Err(error))
                     } else {
                         if let NextHedge::Arm(delay) = *hedge {
@@ -534,7 +536,7 @@ where
                         if *hedge == NextHedge::Stopped {
                             return Poll::Pending;
                         }
-                        let sent = ready!(self.hedge(progress, copies, cx));
+                        let sent = ready!(self.hedge(progress, copies.as_mut(), cx));
                         *hedge = match sent {
                             // Zero: every copy at once, as gRPC's hedging does.
                             Some(delay)
@@ -777,12 +779,12 @@ where
         &mut self,
         progress: &mut Progress,
         kept: &mut Option<Outcome<S, Req, T>>,
-        copies: &mut Copies<Traced<S::Future>>,
+        copies: Pin<&mut Copies<Traced<S::Future>>>,
         hedge: &mut NextHedge,
         outcome: Outcome<S, Req, T>,
         sent: CopySent,
     ) -> Result<Flow<Outcome<S, Req, T>>, (Outcome<S, Req, T>, Option<Duration>, Cause)> {
-        hedger(self.config).on_copy_end(sent.at, Instant::now());
+        hedger(self.config).on_copy_end(sent.at, Instant::now);
         let (after, cause) = match self.judge(&outcome, progress.stamp, sent.paid) {
             Verdict::End(ending) => {
                 self.cancel(copies);
@@ -812,7 +814,7 @@ where
     fn hedge(
         &mut self,
         progress: &mut Progress,
-        copies: &mut Copies<Traced<S::Future>>,
+        copies: Pin<&mut Copies<Traced<S::Future>>>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Duration>> {
         let config = self.config;
@@ -872,11 +874,14 @@ where
 
     /// Drops the copies still pending: another outcome won, or the
     /// attempt's time is up.
-    fn cancel(&self, copies: &mut Copies<Traced<S::Future>>) {
+    fn cancel(&self, copies: Pin<&mut Copies<Traced<S::Future>>>) {
+        if copies.len() == 0 {
+            return;
+        }
         let hedger = hedger(self.config);
         let now = Instant::now();
         copies.cancel(|sent| {
-            hedger.on_copy_end(sent.at, now);
+            hedger.on_copy_end(sent.at, || now);
             self.config
                 .emit(|| hedge_event(sent.attempt, HedgeEvent::Cancelled));
         });
@@ -966,7 +971,7 @@ fn hedged<F: Future, Tm>(
         None => NextHedge::Stopped,
     };
     Phase::Hedged {
-        copies: Copies::new(future, sent, hedger.max_copies()),
+        copies: Copies::new(future, sent),
         timer,
         next: None,
         hedge,

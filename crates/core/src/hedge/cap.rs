@@ -90,7 +90,13 @@ impl LoadCap {
 
     fn epoch(&self, now: Instant) -> u64 {
         let elapsed = now.saturating_duration_since(self.origin);
-        (elapsed.as_nanos() / SLOT.as_nanos()) as u64 + 1
+        // In whole slots, without a 128-bit division on every request.
+        let slot_millis = SLOT.as_millis() as u64;
+        let slots_a_second = 1000 / slot_millis;
+        elapsed
+            .as_secs()
+            .saturating_mul(slots_a_second)
+            .saturating_add(u64::from(elapsed.subsec_millis()) / slot_millis + 1)
     }
 
     /// The slot of `now`, emptied first if it last counted an older slot.

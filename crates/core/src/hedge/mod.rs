@@ -227,9 +227,11 @@ impl Hedger {
         self.cap.on_request(now);
     }
 
-    /// A copy sent at `sent` ended at `now`, answered or cancelled.
-    pub(crate) fn on_copy_end(&self, sent: Instant, now: Instant) {
+    /// A copy sent at `sent` ended at `now`, answered or cancelled. The
+    /// clock is read only when a percentile delay needs the latency.
+    pub(crate) fn on_copy_end(&self, sent: Instant, now: impl FnOnce() -> Instant) {
         if let Some(latencies) = &self.latencies {
+            let now = now();
             latencies.record(now.saturating_duration_since(sent), now);
         }
     }
@@ -298,7 +300,7 @@ mod tests {
         let start = Instant::now();
         tokio::time::advance(Duration::from_secs(1)).await;
         for _ in 0..16 {
-            hedger.on_copy_end(start, Instant::now());
+            hedger.on_copy_end(start, Instant::now);
         }
         assert!(hedger.delay().unwrap() >= Duration::from_secs(1));
         assert_eq!(hedger.fresh().delay(), None);
