@@ -45,6 +45,10 @@ pub(crate) struct Config<P, T = NoTimeout> {
     /// Set only when `T`'s error can say the breaker rejected a request.
     pub(crate) breaker: Option<CircuitBreaker>,
     pub(crate) hedging: Option<Arc<Hedger>>,
+    /// Whether a request is tracked from its call: with a time limit,
+    /// pacing or hedging its first outcome needs more than the settings.
+    /// Worked out once, so the happy path reads one flag, not three.
+    pub(crate) track_from_call: bool,
 }
 
 /// Who hears a layer's events. Stats alone, the common case, is called
@@ -114,6 +118,7 @@ impl<P, T> Config<P, T> {
             streams: self.streams,
             breaker: self.breaker,
             hedging: self.hedging,
+            track_from_call: self.track_from_call,
         }
     }
 

@@ -544,6 +544,7 @@ impl<P, T> BackoffBuilder<P, T> {
             BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
             BudgetChoice::None => None,
         };
+        let pacing_set = pacing.is_some();
         #[cfg(feature = "tracing")]
         observers.push(Box::new(crate::events::Tracing));
         #[cfg(feature = "metrics")]
@@ -563,6 +564,9 @@ impl<P, T> BackoffBuilder<P, T> {
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
                 breaker,
                 hedging: hedging.as_ref().map(|h| Arc::new(Hedger::new(h))),
+                track_from_call: limits.max_elapsed.is_some()
+                    || pacing_set
+                    || hedging.is_some(),
             }),
         })
     }

@@ -238,10 +238,7 @@ impl<S, P, T> BackoffRetry<S, P, T> {
         }
         // Only a request with limits of its own, a deadline, a pacing stamp or
         // hedges is tracked from the call: its first outcome already needs them.
-        let tracked = own.is_some()
-            || config.max_elapsed.is_some()
-            || config.pacing.is_some()
-            || config.hedging.is_some();
+        let tracked = own.is_some() || config.track_from_call;
         let limits = tracked.then(|| {
             let own = own.unwrap_or_default();
             RequestLimits {
