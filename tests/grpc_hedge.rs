@@ -367,12 +367,10 @@ async fn throttling_at_half_stops_hedges_but_lets_pending_copies_answer() {
     assert_eq!(server.seen().len(), 2, "no hedge while throttled");
 }
 
-/// Fails today: copies sent together share one `ReplayBody`, which lets only
-/// the newest copy read the request on from its source and ends the older
-/// ones with an error (made for retries, whose older attempt is abandoned);
-/// h2 resets them with INTERNAL, a fatal status that wins.
+/// Copies sent together share one `ReplayBody`: a hedge's copy is marked
+/// concurrent, so it neither ends the older copies still reading the
+/// request from its source (as a retry's copy does) nor is ended by them.
 #[tokio::test]
-#[ignore = "ReplayBody ends older copies sent together with a newer one (see the doc comment)"]
 async fn a_zero_delay_sends_every_copy_at_once() {
     let policy = r#""maxAttempts": 3, "nonFatalStatusCodes": []"#;
     let plan = vec![Copy::Hang, Copy::Hang, Copy::Ok(Duration::ZERO)];

@@ -564,9 +564,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
                 breaker,
                 hedging: hedging.as_ref().map(|h| Arc::new(Hedger::new(h))),
-                track_from_call: limits.max_elapsed.is_some()
-                    || pacing_set
-                    || hedging.is_some(),
+                track_from_call: limits.max_elapsed.is_some() || pacing_set || hedging.is_some(),
             }),
         })
     }

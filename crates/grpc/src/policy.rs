@@ -345,6 +345,7 @@ where
             PREVIOUS_RPC_ATTEMPTS,
             HeaderValue::from(attempt.saturating_sub(1)),
         );
+        copy.body_mut().mark_concurrent();
         true
     }
 }

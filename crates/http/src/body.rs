@@ -20,6 +20,13 @@ pub trait CloneBody: Sized {
     fn is_replayable(&self) -> bool {
         true
     }
+
+    /// This copy goes out while an earlier one may still be sending (a
+    /// [hedge](tower_backoff_core::hedge)), not after it failed (a retry): a
+    /// body that replays one source must let both finish rather than end the
+    /// earlier one. The default does nothing: a `Clone` body is no shared
+    /// source.
+    fn mark_concurrent(&mut self) {}
 }
 
 impl<B: Clone> CloneBody for B {

@@ -64,6 +64,9 @@ pub struct ReplayBody<B> {
     recording: Arc<Mutex<Recording<B>>>,
     /// Copies are numbered as they are made, so in the order attempts send them.
     copy: u64,
+    /// Sent beside earlier copies (a hedge) rather than after them: it
+    /// neither ends them nor is ended by them.
+    concurrent: bool,
     next_chunk: usize,
     sent_bytes: u64,
     sent_trailers: bool,
@@ -80,10 +83,11 @@ struct Recording<B> {
     capped: bool,
     copies: u64,
     newest_polled: u64,
-    /// The waker of the copy waiting on the source. A newer copy that polls
-    /// the source takes the source's waker slot, so the older one would sleep
-    /// until its connection woke it: it is woken here to end instead.
-    parked: Option<Waker>,
+    /// The wakers of the copies waiting on the source. The source keeps the
+    /// waker of the last copy that polled it only, so the others are woken
+    /// here: an older copy a newer one took over from, to end; a concurrent
+    /// copy, when another one read what it waits for or was dropped.
+    parked: Vec<Waker>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,9 +120,10 @@ impl<B: Body> ReplayBody<B> {
                 capped,
                 copies: 0,
                 newest_polled: 0,
-                parked: None,
+                parked: Vec::new(),
             })),
             copy: 0,
+            concurrent: false,
             next_chunk: 0,
             sent_bytes: 0,
             sent_trailers: false,
@@ -144,6 +149,21 @@ impl<B> Recording<B> {
     fn is_replayable(&self) -> bool {
         !self.capped && self.source_state != Source::Failed
     }
+
+    fn wake_parked(&mut self) {
+        for waker in self.parked.drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// Wakes the parked copies but the one `own` wakes, which is running.
+    fn wake_parked_but(&mut self, own: &Waker) {
+        for waker in self.parked.drain(..) {
+            if !waker.will_wake(own) {
+                waker.wake();
+            }
+        }
+    }
 }
 
 impl<B> Body for ReplayBody<B>
@@ -163,15 +183,13 @@ where
             return Poll::Ready(Some(Err(ReplayError::SourceFailed.into())));
         };
         let recording = &mut *recording;
-        if this.copy < recording.newest_polled {
+        if this.copy < recording.newest_polled && !this.concurrent {
             return Poll::Ready(Some(Err(ReplayError::Superseded.into())));
         }
-        if this.copy > recording.newest_polled {
+        if this.copy > recording.newest_polled && !this.concurrent {
             // Taking over from an older copy: if it waits on the source, wake
             // it, so it ends with `Superseded` and frees its connection now.
-            if let Some(older) = recording.parked.take() {
-                older.wake();
-            }
+            recording.wake_parked();
             recording.newest_polled = this.copy;
         }
 
@@ -194,10 +212,13 @@ where
         }
 
         let Poll::Ready(frame) = recording.source.as_mut().poll_frame(cx) else {
-            recording.parked = Some(cx.waker().clone());
+            if !recording.parked.iter().any(|w| w.will_wake(cx.waker())) {
+                recording.parked.push(cx.waker().clone());
+            }
             return Poll::Pending;
         };
-        recording.parked = None;
+        // What it read (or the end) is there for the others too.
+        recording.wake_parked_but(cx.waker());
         let frame = match frame {
             None => {
                 recording.source_state = Source::Ended;
@@ -271,6 +292,7 @@ impl<B> CloneBody for ReplayBody<B> {
         Some(Self {
             recording: Arc::clone(&self.recording),
             copy: recording.copies,
+            concurrent: false,
             next_chunk: 0,
             sent_bytes: 0,
             sent_trailers: false,
@@ -282,6 +304,20 @@ impl<B> CloneBody for ReplayBody<B> {
             .lock()
             .map(|recording| recording.is_replayable())
             .unwrap_or(false)
+    }
+
+    fn mark_concurrent(&mut self) {
+        self.concurrent = true;
+    }
+}
+
+impl<B> Drop for ReplayBody<B> {
+    /// A copy dropped while the source still had its waker: the others
+    /// waiting on it poll it again, with theirs.
+    fn drop(&mut self) {
+        if let Ok(mut recording) = self.recording.lock() {
+            recording.wake_parked();
+        }
     }
 }
 
@@ -503,6 +539,69 @@ mod tests {
             other => panic!("the newer copy got {other:?}"),
         }
         assert!(!newer_flag.woken(), "a copy polling again woke itself");
+    }
+
+    fn data_of(polled: Polled) -> Bytes {
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap(),
+            other => panic!("not a data frame: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn concurrent_copies_of_one_source_both_send_the_whole_body() {
+        let (mut sender, receiver) =
+            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let mut first = ReplayBody::new(StreamBody::new(receiver));
+        let mut hedge = first.clone_body().unwrap();
+        hedge.mark_concurrent();
+        let (first_flag, hedge_flag) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
+
+        assert!(poll(&mut first, &first_flag).is_pending());
+        assert!(poll(&mut hedge, &hedge_flag).is_pending());
+        // A hedge does not end the copy it runs beside.
+        assert!(!first_flag.woken());
+        assert!(poll(&mut first, &first_flag).is_pending());
+
+        sender
+            .try_send(Ok(Frame::data(Bytes::from_static(b"x"))))
+            .unwrap();
+        // The source wakes whichever polled it last; that one reads and
+        // wakes the other, which replays what was read.
+        let (reader, reader_flag, other, other_flag) = if hedge_flag.woken() {
+            (&mut hedge, &hedge_flag, &mut first, &first_flag)
+        } else {
+            assert!(first_flag.woken(), "nobody woken");
+            (&mut first, &first_flag, &mut hedge, &hedge_flag)
+        };
+        assert_eq!(data_of(poll(reader, reader_flag)), "x");
+        assert!(other_flag.woken(), "the other copy was left asleep");
+        assert_eq!(data_of(poll(other, other_flag)), "x");
+
+        drop(sender);
+        assert!(matches!(poll(&mut first, &first_flag), Poll::Ready(None)));
+        assert!(matches!(poll(&mut hedge, &hedge_flag), Poll::Ready(None)));
+    }
+
+    #[test]
+    fn a_dropped_copy_wakes_the_one_left_waiting_on_the_source() {
+        let (mut sender, receiver) =
+            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let mut first = ReplayBody::new(StreamBody::new(receiver));
+        let mut hedge = first.clone_body().unwrap();
+        hedge.mark_concurrent();
+        let (first_flag, hedge_flag) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
+        assert!(poll(&mut first, &first_flag).is_pending());
+        // The source now holds the hedge's waker only.
+        assert!(poll(&mut hedge, &hedge_flag).is_pending());
+        drop(hedge);
+        assert!(first_flag.woken(), "the copy left waiting was not woken");
+        assert!(poll(&mut first, &first_flag).is_pending());
+        sender
+            .try_send(Ok(Frame::data(Bytes::from_static(b"y"))))
+            .unwrap();
+        assert!(first_flag.woken());
+        assert_eq!(data_of(poll(&mut first, &first_flag)), "y");
     }
 
     #[test]

@@ -101,6 +101,7 @@ where
             return false;
         }
         self.stamp_attempt(copy.headers_mut(), attempt);
+        copy.body_mut().mark_concurrent();
         true
     }
 }
