@@ -21,10 +21,8 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer, Constant, Hedging, Jitter
 /// or negative pushback ends the call with that status. Every copy counts
 /// against `maxAttempts`, so a hedged call is never retried past it.
 ///
-/// A `hedgingDelay` of zero sends every copy at once, and is not safe yet
-/// behind [`GrpcRetryLayer`](super::GrpcRetryLayer): an earlier copy still
-/// sending its request body when a later one starts is ended with
-/// `INTERNAL` (see the crate docs).
+/// A `hedgingDelay` of zero sends every copy at once; they share the
+/// request body's recording, each reading it in full.
 ///
 /// ```
 /// use std::time::Duration;

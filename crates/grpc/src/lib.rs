@@ -64,11 +64,6 @@
 //!   fewer, never more. An invalid pushback ends the call with that copy's
 //!   status at once, cancelling the copies still pending.
 //! - There is a per-call replay limit, no per-channel one.
-//! - A hedge made while an earlier copy is still sending its request body
-//!   ends that copy with `INTERNAL`, which then wins as a fatal status: the
-//!   replay body lets only the newest copy read on. Hedge methods whose
-//!   request is sent whole within `hedgingDelay` (unary calls with a delay
-//!   of a few milliseconds or more); a `hedgingDelay` of 0 is not safe yet.
 
 mod code;
 mod duration;
