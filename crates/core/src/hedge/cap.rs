@@ -165,6 +165,53 @@ mod tests {
         assert!(per_slot.iter().sum::<u32>() >= 200, "{per_slot:?}");
     }
 
+    proptest::proptest! {
+        /// Whatever the traffic, each hedge granted at slot `k` leaves the
+        /// hedges of slots `k - 10 ..= k` within the share of the requests
+        /// of the full slots `k - 10 ..= k - 1`: what the docs promise.
+        #[test]
+        fn no_hedge_is_granted_past_the_share_of_the_last_second(
+            steps in proptest::collection::vec((0u64..350, 0u32..40, 0u32..12), 1..120),
+            share in 0.01f64..=1.0,
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let cap = LoadCap::new(share);
+                let start = Instant::now();
+                let slot = |at: Instant| (at - start).as_millis() as u64 / 100;
+                let (mut requests, mut hedges) = (Vec::new(), Vec::new());
+                for (advance, new_requests, tries) in steps {
+                    tokio::time::advance(Duration::from_millis(advance)).await;
+                    let now = Instant::now();
+                    for _ in 0..new_requests {
+                        cap.on_request(now);
+                        requests.push(slot(now));
+                    }
+                    for _ in 0..tries {
+                        if cap.try_take(now) {
+                            hedges.push(slot(now));
+                            let k = slot(now);
+                            let window = k.saturating_sub(SECOND)..=k;
+                            let granted = hedges.iter().filter(|s| window.contains(s)).count();
+                            let before = requests
+                                .iter()
+                                .filter(|&&s| s + SECOND >= k && s < k)
+                                .count();
+                            assert!(
+                                granted as f64 <= share * before as f64,
+                                "{granted} hedges at slot {k} for {before} requests at {share}"
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_hedge_given_back_frees_its_place() {
         let cap = LoadCap::new(0.1);
