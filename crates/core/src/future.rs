@@ -254,7 +254,7 @@ where
                     future,
                     timer: first.timer,
                 },
-                Some(hedger) => hedged(hedger, future, first.timer, 1, None),
+                Some(hedger) => hedged(hedger, future, first.timer, 1, None, first.stamp),
             };
             let tracked = Box::pin(Tracked {
                 phase,
@@ -764,6 +764,7 @@ where
                 timer,
                 attempt + 1,
                 progress.session.last_retry(),
+                progress.stamp,
             )),
         }
         ControlFlow::Continue(())
@@ -785,7 +786,7 @@ where
         sent: CopySent,
     ) -> Result<Flow<Outcome<S, Req, T>>, (Outcome<S, Req, T>, Option<Duration>, Cause)> {
         hedger(self.config).on_copy_end(sent.at, Instant::now);
-        let (after, cause) = match self.judge(&outcome, progress.stamp, sent.paid) {
+        let (after, cause) = match self.judge(&outcome, sent.stamp, sent.paid) {
             Verdict::End(ending) => {
                 self.cancel(copies);
                 if sent.is_hedge() {
@@ -862,11 +863,13 @@ where
             return Poll::Ready(None);
         };
         config.emit(|| hedge_event(attempt, HedgeEvent::Sent));
-        progress.stamp = pacing_stamp(config, &mut progress.gate);
         let sent = CopySent {
             at: now,
             attempt,
             paid: Some(Cause::Hedge),
+            // Its own: the pacing hears each copy's outcome with the stamp
+            // it went out with.
+            stamp: pacing_stamp(config, &mut progress.gate),
         };
         copies.push(span::hedge(self.inner.call(copy), attempt), sent);
         Poll::Ready(Some(delay))
@@ -950,19 +953,25 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option
 
 /// Attempt number `attempt`, `future`, hedged: its first copy, racing
 /// `timer`, and the delay to its first hedge. `paid` is what the budget was
-/// paid to send it.
+/// paid to send it, `stamp` what the pacing gave it.
 fn hedged<F: Future, Tm>(
     hedger: &Hedger,
     future: F,
     timer: Tm,
     attempt: u32,
     paid: Option<Cause>,
+    stamp: u16,
 ) -> Phase<F, Tm> {
     let at = Instant::now();
     if attempt == 1 {
         hedger.on_request(at);
     }
-    let sent = CopySent { at, attempt, paid };
+    let sent = CopySent {
+        at,
+        attempt,
+        paid,
+        stamp,
+    };
     let hedge = match hedger.delay() {
         // Zero: every copy at once, as gRPC's hedging does.
         Some(delay) if delay.is_zero() => NextHedge::Due,

@@ -33,6 +33,8 @@ pub(crate) struct CopySent {
     /// What the budget was paid for it: a hedge is, the attempt it copies
     /// may have been (a retry).
     pub(crate) paid: Option<Cause>,
+    /// What the pacing gave it when it went out.
+    pub(crate) stamp: u16,
 }
 
 impl CopySent {
@@ -115,6 +117,7 @@ mod tests {
             at: Instant::now(),
             attempt,
             paid: (attempt > 1).then_some(Cause::Hedge),
+            stamp: 0,
         }
     }
 
