@@ -39,6 +39,7 @@ CORE=(
     crates/core/src/budget/
     crates/core/src/jitter.rs
     crates/core/src/schedule/
+    crates/core/src/hedge/
     crates/http/src/retry_after.rs
     crates/http/src/delay_headers.rs
     crates/http/src/policy.rs
@@ -57,17 +58,22 @@ tests_for() {
             # about a minute a mutant: MUTANTS_SIM=1 adds it.
             echo "--lib --test budget --test proptest_budget --test layer${MUTANTS_SIM:+ --test sim}"
             ;;
+        crates/core/src/hedge/ | crates/core/src/hedge/*)
+            # the cap, the latency tracker and the copies: their unit tests,
+            # the hedging tests and the metrics they report.
+            echo "--lib --test hedge --test metrics"
+            ;;
         crates/http/src/retry_after.rs | crates/http/src/delay_headers.rs)
             echo "--lib --test http --test http_signals --test proptest_parsers"
             ;;
         crates/core/src/policy.rs)
-            echo "--lib --test layer --test observability --test commit_at_send --test last_attempt --test deadline"
+            echo "--lib --test layer --test observability --test commit_at_send --test last_attempt --test deadline --test hedge"
             ;;
         crates/grpc/src/policy.rs)
-            echo "--lib --test grpc"
+            echo "--lib --test grpc --test grpc_hedge"
             ;;
         crates/http/src/policy.rs)
-            echo "--lib --test http --test hyper_client --test reqwest"
+            echo "--lib --test http --test hyper_client --test reqwest --test http_hedge"
             ;;
         crates/http/src/replay.rs)
             echo "--lib --test replay --test http"

@@ -751,4 +751,133 @@ mod tests {
             "other causes still pay"
         );
     }
+
+    #[test]
+    fn a_hedge_counts_as_an_attempt_and_none_goes_out_past_the_limit() {
+        let mut session = Session::new(3, None);
+        assert_eq!(
+            session.send_hedge(None, NO_BUDGET, never, || Some(2)),
+            Some(2)
+        );
+        assert_eq!((session.attempts(), session.hedges()), (2, 1));
+        assert_eq!(
+            session.send_hedge(None, NO_BUDGET, never, || Some(3)),
+            Some(3)
+        );
+        assert_eq!((session.attempts(), session.hedges()), (3, 2));
+        assert_eq!(
+            session.send_hedge(None, NO_BUDGET, never, || Some(4)),
+            None,
+            "three attempts in all"
+        );
+        assert_eq!((session.attempts(), session.hedges()), (3, 2));
+        let mut unlimited = Session::new(UNLIMITED_ATTEMPTS, None);
+        for _ in 0..4 {
+            assert_eq!(
+                unlimited.send_hedge(None, NO_BUDGET, never, || Some(())),
+                Some(())
+            );
+        }
+        assert_eq!((unlimited.attempts(), unlimited.hedges()), (5, 4));
+    }
+
+    #[test]
+    fn the_transparent_retry_leaves_room_for_a_hedge() {
+        let schedule = Constant::new(ms(10));
+        let rules = rules(&schedule);
+        let mut session = Session::new(2, None);
+        let free = session
+            .decide(&rules, None, Cause::NotSent, true, never, rng)
+            .unwrap();
+        session.send(&free, NO_BUDGET, never, || Some(())).unwrap();
+        // Two attempts sent, one of them free: a hedge is the second counted.
+        assert_eq!(
+            session.send_hedge(None, NO_BUDGET, never, || Some(())),
+            Some(())
+        );
+        assert_eq!(
+            session.send_hedge(None, NO_BUDGET, never, || Some(())),
+            None
+        );
+        assert_eq!((session.attempts(), session.hedges()), (3, 1));
+    }
+
+    #[test]
+    fn no_hedge_goes_out_once_the_deadline_is_reached() {
+        let start = Instant::now();
+        let mut session = Session::new(5, Some(start + ms(100)));
+        let hedge = |session: &mut Session, at: u64| {
+            session.send_hedge(None, NO_BUDGET, || start + ms(at), || Some(()))
+        };
+        assert_eq!(hedge(&mut session, 99), Some(()));
+        assert_eq!(hedge(&mut session, 100), None, "at the deadline");
+        assert_eq!(hedge(&mut session, 101), None, "after it");
+        assert_eq!((session.attempts(), session.hedges()), (2, 1));
+    }
+
+    #[test]
+    fn a_hedge_the_policy_does_not_copy_charges_nothing() {
+        let bucket = TokenBucket::builder()
+            .capacity(5)
+            .retry_cost(5)
+            .timeout_cost(5)
+            .build()
+            .unwrap();
+        let mut session = Session::new(3, None);
+        assert_eq!(
+            session.send_hedge(None, Some(&bucket), never, || None::<()>),
+            None
+        );
+        assert_eq!((session.attempts(), session.hedges()), (1, 0));
+        assert!(bucket.would_allow(Cause::Hedge), "nothing was charged");
+    }
+
+    #[test]
+    fn the_budget_pays_for_each_hedge_and_refuses_when_empty() {
+        let bucket = TokenBucket::builder()
+            .capacity(5)
+            .retry_cost(5)
+            .timeout_cost(5)
+            .build()
+            .unwrap();
+        let mut session = Session::new(5, None);
+        assert_eq!(
+            session.send_hedge(None, Some(&bucket), never, || Some(())),
+            Some(())
+        );
+        assert!(!bucket.would_allow(Cause::Hedge), "the hedge was paid");
+        assert_eq!(
+            session.send_hedge(None, Some(&bucket), never, || Some(())),
+            None
+        );
+        assert_eq!((session.attempts(), session.hedges()), (2, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_goes_through_a_closed_breaker_only_and_is_never_its_probe() {
+        let breaker = CircuitBreaker::builder()
+            .min_throughput(1)
+            .break_duration(Duration::from_secs(5))
+            .break_jitter(0.0)
+            .build()
+            .unwrap();
+        let mut session = Session::new(5, None);
+        let hedge = |session: &mut Session| {
+            session.send_hedge(Some(&breaker), NO_BUDGET, never, || Some(()))
+        };
+        assert_eq!(hedge(&mut session), Some(()), "closed");
+        breaker.record(true);
+        assert_eq!(hedge(&mut session), None, "open");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(
+            hedge(&mut session),
+            None,
+            "half-open: the probe is a retry's"
+        );
+        assert!(
+            breaker.admit().admitted(),
+            "the probe the hedge was offered is given back"
+        );
+        assert_eq!((session.attempts(), session.hedges()), (2, 1));
+    }
 }

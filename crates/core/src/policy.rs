@@ -392,6 +392,41 @@ mod tests {
         fn prepare_retry(&self, mut retry: PrepareRetry<'_, u32, (), ()>) {
             *retry.request_mut() += 1;
         }
+        /// Stamps the attempt number; lets out the first hedge only.
+        fn prepare_hedge(&self, copy: &mut u32, attempt: u32) -> bool {
+            *copy = attempt;
+            attempt == 2
+        }
+    }
+
+    /// Overrides nothing it need not.
+    struct Plain;
+
+    impl Policy<u32, (), ()> for Plain {
+        fn classify(&self, _: &u32, _: &Result<(), ()>) -> Decision {
+            Decision::Success
+        }
+        fn clone_request(&self, request: &u32) -> Option<u32> {
+            Some(*request)
+        }
+    }
+
+    #[test]
+    fn by_default_every_hedge_goes_out_unchanged() {
+        let mut copy = 7;
+        assert!(Policy::<_, (), ()>::prepare_hedge(&Plain, &mut copy, 2));
+        assert!(Policy::<_, (), ()>::prepare_hedge(&Plain, &mut copy, 5));
+        assert_eq!(copy, 7);
+    }
+
+    #[test]
+    fn an_arc_forwards_prepare_hedge() {
+        let policy = Arc::new(Stamp);
+        let mut copy = 0;
+        assert!(Policy::prepare_hedge(&policy, &mut copy, 2));
+        assert_eq!(copy, 2);
+        assert!(!Policy::prepare_hedge(&policy, &mut copy, 3));
+        assert_eq!(copy, 3);
     }
 
     #[test]

@@ -224,6 +224,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_slot_used_again_a_ring_later_starts_empty() {
+        let cap = LoadCap::new(0.1);
+        // 100 requests in the first slot, then one in the slot that reuses
+        // its place in the ring, RING slots later.
+        requests(&cap, 100, SLOT / 2).await;
+        tokio::time::advance(SLOT * RING as u32).await;
+        cap.on_request(Instant::now());
+        // A slot on: the last second holds that one request only, too few
+        // for a hedge. The first slot's 100 would grant 10.
+        tokio::time::advance(SLOT).await;
+        assert_eq!(hedges(&cap), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_idle_second_forgets_the_requests_before() {
         let cap = LoadCap::new(0.1);
         requests(&cap, 500, Duration::from_secs(1)).await;

@@ -158,7 +158,10 @@ mod tests {
     #[test]
     fn buckets_are_ordered_and_bound_what_they_hold() {
         let mut last = 0;
-        for micros in (0..100_000u64).chain([1 << 30, (1 << 37) - 1, u64::MAX]) {
+        // The powers of two from 2^36 µs up are the last bucket's: test the
+        // ones below it too.
+        let long = [1 << 30, 1 << 36, 3 << 35, (1 << 37) - 1, u64::MAX];
+        for micros in (0..100_000u64).chain(long) {
             let index = bucket(micros);
             assert!(index < BUCKETS, "{micros} µs in bucket {index}");
             assert!(index >= last, "buckets ordered at {micros} µs");
@@ -167,8 +170,16 @@ mod tests {
                 assert!(upper_bound(index) >= micros, "{micros} µs above its bucket");
                 // 1/32 of resolution.
                 assert!(upper_bound(index) - micros <= micros / 32, "{micros} µs");
+                // The largest latency the bucket holds: one more is the next's.
+                assert_eq!(bucket(upper_bound(index)), index, "{micros} µs");
+                if index < BUCKETS - 1 {
+                    assert_eq!(bucket(upper_bound(index) + 1), index + 1, "{micros} µs");
+                }
             }
         }
+        // 2^36 µs and longer share the last bucket; none is left unused.
+        assert_eq!(bucket(1 << 37), BUCKETS - 1);
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
     }
 
     #[test]

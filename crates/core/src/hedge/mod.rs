@@ -308,4 +308,13 @@ mod tests {
         assert_eq!(fixed.delay(), Some(Duration::from_millis(7)));
         assert_eq!(fixed.fresh().delay(), Some(Duration::from_millis(7)));
     }
+
+    #[test]
+    fn a_hedger_shows_its_copies_and_delay_in_debug() {
+        let hedger = Hedger::new(&Hedging::after(Duration::from_millis(7)).max_copies(3));
+        let shown = format!("{hedger:?}");
+        assert!(shown.starts_with("Hedger {"), "{shown}");
+        assert!(shown.contains("max_copies: 3"), "{shown}");
+        assert!(shown.contains("delay: Some(7ms)"), "{shown}");
+    }
 }
