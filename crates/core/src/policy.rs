@@ -124,9 +124,7 @@ pub trait Policy<Req, Res, E> {
     /// body so its connection goes back to the pool. Copies for later retries
     /// are made from the unstamped request. The default drops the replaced
     /// outcome.
-    fn prepare_retry(&self, retry: PrepareRetry<'_, Req, Res, E>) {
-        drop(retry);
-    }
+    fn prepare_retry(&self, _retry: PrepareRetry<'_, Req, Res, E>) {}
 
     /// Called for each [hedge](crate::hedge) about to go out, with a fresh
     /// copy of the request and the attempt number it will have (a hedge of
@@ -136,8 +134,7 @@ pub trait Policy<Req, Res, E> {
     /// made go out; the HTTP policy lets out idempotent requests and those
     /// with an `Idempotency-Key` only, and the gRPC policy stamps
     /// `grpc-previous-rpc-attempts`.
-    fn prepare_hedge(&self, copy: &mut Req, attempt: u32) -> bool {
-        let _ = (copy, attempt);
+    fn prepare_hedge(&self, _copy: &mut Req, _attempt: u32) -> bool {
         true
     }
 }
