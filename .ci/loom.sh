@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Model-checks the retry budgets and the circuit breaker with loom: every
-# interleaving of a few threads (crates/core/src/budget/loom.rs,
-# crates/core/src/breaker/loom.rs, and gRPC's retry throttling in
+# Model-checks the retry budgets, the circuit breaker and the hedges' load
+# cap with loom: every interleaving of a few threads
+# (crates/core/src/budget/loom.rs, crates/core/src/breaker/loom.rs, the loom
+# module of crates/core/src/hedge/cap.rs, and gRPC's retry throttling in
 # crates/grpc/src/loom.rs). About 2 CPU-minutes from cold, most of it compiling the
 # dependency tree once; the checks themselves take seconds.
 #

@@ -3,10 +3,11 @@
 //! request passes the hedge delay; the cap is what keeps hedging from adding
 //! load to a server that is slow already.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::sync::{AtomicU64, Ordering};
 
 /// The cap counts in slots of a tenth of a second.
 const SLOT: Duration = Duration::from_millis(100);
@@ -14,6 +15,13 @@ const SLOT: Duration = Duration::from_millis(100);
 const SECOND: u64 = 10;
 /// The ring holds a second of full slots and the current one.
 const RING: usize = SECOND as usize + 1;
+/// A slot's counts are tagged with the slot's number in their high bits, so
+/// that a count and the slot it belongs to change in one atomic step: a
+/// slot reused a ring later starts from zero without a reset that could race
+/// with a count. 24 bits of count (16 million a tenth of a second; it
+/// saturates), 40 of slot number (3,000 years).
+const COUNT_BITS: u32 = 24;
+const COUNT: u64 = (1 << COUNT_BITS) - 1;
 
 /// Hedges at most `share` of the requests of the last second.
 pub(crate) struct LoadCap {
@@ -24,10 +32,10 @@ pub(crate) struct LoadCap {
 
 #[derive(Default)]
 struct Slot {
-    /// The slot's number since `origin`, plus one: 0 is a slot never used.
-    epoch: AtomicU64,
-    requests: AtomicU32,
-    hedges: AtomicU32,
+    /// Requests called in the slot, tagged with its number.
+    requests: AtomicU64,
+    /// Hedges sent in the slot, tagged with its number.
+    hedges: AtomicU64,
 }
 
 impl LoadCap {
@@ -47,47 +55,45 @@ impl LoadCap {
 
     /// A request was called at `now`.
     pub(crate) fn on_request(&self, now: Instant) {
-        self.slot(now).requests.fetch_add(1, Ordering::Relaxed);
+        let epoch = self.epoch(now);
+        add(&self.slot(epoch).requests, epoch, u64::MAX);
     }
 
     /// Takes a hedge at `now` if the hedges of the last second, this one
     /// included, stay within the share of the requests of the last full
-    /// second. Concurrent callers may overshoot by one hedge each: the check
-    /// and the count are two steps.
+    /// second: so whatever second a clock on the wall picks, it holds no
+    /// more hedges than the share of its requests. Exact under concurrent
+    /// callers: the last check and the count are one atomic step.
     pub(crate) fn try_take(&self, now: Instant) -> bool {
         let current = self.epoch(now);
-        let slot = self.slot(now);
-        let (mut requests, mut hedges) = (0u64, 0u64);
-        for slot in &self.slots {
-            let epoch = slot.epoch.load(Ordering::Relaxed);
-            // Hedges over the second before this slot and this slot; the
-            // requests of the full slots only: the current one has just
-            // begun. So whatever second a clock on the wall picks, it holds
-            // no more hedges than the share of its requests.
-            if epoch + SECOND >= current && epoch <= current && epoch != 0 {
-                hedges += u64::from(slot.hedges.load(Ordering::Relaxed));
-                if epoch < current {
-                    requests += u64::from(slot.requests.load(Ordering::Relaxed));
-                }
-            }
+        let (mut requests, mut earlier_hedges) = (0u64, 0u64);
+        for epoch in current.saturating_sub(SECOND)..current {
+            let slot = self.slot(epoch);
+            requests += count(slot.requests.load(Ordering::Relaxed), epoch);
+            earlier_hedges += count(slot.hedges.load(Ordering::Relaxed), epoch);
         }
-        if (hedges + 1) as f64 > self.share * requests as f64 {
-            return false;
-        }
-        slot.hedges.fetch_add(1, Ordering::Relaxed);
-        true
+        // Floored: a hedge is whole.
+        let allowed = (self.share * requests as f64) as u64;
+        let room = allowed.saturating_sub(earlier_hedges);
+        add(&self.slot(current).hedges, current, room)
     }
 
     /// A hedge taken at `now` did not go out after all (the budget refused
     /// it).
     pub(crate) fn give_back(&self, now: Instant) {
-        let slot = self.slot(now);
-        // Saturating: the slot may have been reset since.
-        let _ = slot
-            .hedges
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| h.checked_sub(1));
+        let epoch = self.epoch(now);
+        let _ =
+            self.slot(epoch)
+                .hedges
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                    match count(word, epoch) {
+                        0 => None,
+                        taken => Some(tag(epoch, taken - 1)),
+                    }
+                });
     }
 
+    /// The number of `now`'s slot since `origin`.
     fn epoch(&self, now: Instant) -> u64 {
         let elapsed = now.saturating_duration_since(self.origin);
         // In whole slots, without a 128-bit division on every request.
@@ -96,23 +102,38 @@ impl LoadCap {
         elapsed
             .as_secs()
             .saturating_mul(slots_a_second)
-            .saturating_add(u64::from(elapsed.subsec_millis()) / slot_millis + 1)
+            .saturating_add(u64::from(elapsed.subsec_millis()) / slot_millis)
     }
 
-    /// The slot of `now`, emptied first if it last counted an older slot.
-    fn slot(&self, now: Instant) -> &Slot {
-        let epoch = self.epoch(now);
-        let slot = &self.slots[(epoch % RING as u64) as usize];
-        if slot.epoch.load(Ordering::Relaxed) != epoch
-            && slot.epoch.swap(epoch, Ordering::Relaxed) != epoch
-        {
-            // A request counted between the swap and these stores is lost:
-            // the cap errs towards fewer hedges.
-            slot.requests.store(0, Ordering::Relaxed);
-            slot.hedges.store(0, Ordering::Relaxed);
-        }
-        slot
+    fn slot(&self, epoch: u64) -> &Slot {
+        &self.slots[(epoch % RING as u64) as usize]
     }
+}
+
+/// `count` of slot `epoch`, as stored.
+fn tag(epoch: u64, count: u64) -> u64 {
+    (epoch << COUNT_BITS) | count.min(COUNT)
+}
+
+/// The count `word` holds for slot `epoch`: none if it was written for
+/// another slot (a ring earlier).
+fn count(word: u64, epoch: u64) -> u64 {
+    if word >> COUNT_BITS == epoch & (u64::MAX >> COUNT_BITS) {
+        word & COUNT
+    } else {
+        0
+    }
+}
+
+/// Adds one to slot `epoch`'s count in `counter` if it is below `limit`:
+/// whether it did.
+fn add(counter: &AtomicU64, epoch: u64, limit: u64) -> bool {
+    counter
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+            let now = count(word, epoch);
+            (now < limit).then(|| tag(epoch, now.saturating_add(1)))
+        })
+        .is_ok()
 }
 
 #[cfg(test)]
@@ -243,5 +264,53 @@ mod tests {
         requests(&cap, 500, Duration::from_secs(1)).await;
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(hedges(&cap), 0);
+    }
+}
+
+/// Model checks of the cap's counters with loom's atomics: every
+/// interleaving of two threads. Run by `.ci/loom.sh`.
+#[cfg(all(test, tower_backoff_loom))]
+mod loom {
+    use ::loom::sync::Arc;
+    use ::loom::thread;
+
+    use super::*;
+
+    const EARLIER: Duration = Duration::from_millis(150);
+    const NOW: Duration = Duration::from_millis(250);
+
+    #[test]
+    fn load_cap_concurrent_takers_get_exactly_the_share() {
+        ::loom::model(|| {
+            let cap = Arc::new(LoadCap::new(0.5));
+            // Two requests in the last full slot: at 50 %, one hedge.
+            cap.on_request(cap.origin + EARLIER);
+            cap.on_request(cap.origin + EARLIER);
+            let other = {
+                let cap = cap.clone();
+                thread::spawn(move || cap.try_take(cap.origin + NOW))
+            };
+            let mine = cap.try_take(cap.origin + NOW);
+            let granted = usize::from(mine) + usize::from(other.join().unwrap());
+            assert_eq!(granted, 1);
+        });
+    }
+
+    #[test]
+    fn load_cap_counts_every_concurrent_request() {
+        ::loom::model(|| {
+            let cap = Arc::new(LoadCap::new(1.0));
+            let other = {
+                let cap = cap.clone();
+                thread::spawn(move || cap.on_request(cap.origin + EARLIER))
+            };
+            cap.on_request(cap.origin + EARLIER);
+            other.join().unwrap();
+            // Both requests counted: at 100 %, two hedges and no third.
+            let now = cap.origin + NOW;
+            assert!(cap.try_take(now));
+            assert!(cap.try_take(now));
+            assert!(!cap.try_take(now));
+        });
     }
 }
