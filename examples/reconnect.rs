@@ -263,12 +263,15 @@ mod tests {
         assert!(planned.last().unwrap() > &planned[0], "{planned:?}");
 
         // The coordinator's signal ended the last sleep (short of its planned
-        // length but for a sleep that ran out in the same instant) and the
-        // client connected right after it.
+        // length but for a sleep that ran out in the same instant: the
+        // biased select takes the signal even when the task is polled a
+        // little after the sleep's end, as it was once on a loaded machine,
+        // 261.8 ms into 259.8) and the client connected right after it.
         let Event::Reset { slept, planned } = events[second - 1] else {
             panic!("expected a reset just before reconnecting: {events:#?}");
         };
-        assert!(slept <= planned, "{slept:?} of {planned:?}");
+        const LATE_POLL: Duration = Duration::from_millis(50);
+        assert!(slept <= planned + LATE_POLL, "{slept:?} of {planned:?}");
 
         // Stopped on the done signal, after the ticks of the second connection.
         let after: Vec<_> = events[second..]
