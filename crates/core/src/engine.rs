@@ -396,6 +396,13 @@ impl Session {
         Ok((copy, admission))
     }
 
+    /// Whether the attempt limit leaves room for one more copy: what
+    /// [`send_hedge`](Self::send_hedge) checks first (the transparent retry
+    /// does not count, unlimited attempts always leave room).
+    pub fn has_room_for_hedge(&self) -> bool {
+        self.counted() < self.max_attempts || self.max_attempts == UNLIMITED_ATTEMPTS
+    }
+
     /// A hedge of the attempt in flight is due: commits it and returns what
     /// `copy` makes of the request, or `None` when no hedge may go out. In
     /// this order: the attempt limit (a hedge counts against it), the
@@ -413,7 +420,7 @@ impl Session {
     where
         B: Budget + ?Sized,
     {
-        if self.counted() >= self.max_attempts && self.max_attempts != UNLIMITED_ATTEMPTS {
+        if !self.has_room_for_hedge() {
             return None;
         }
         if self.deadline.is_some_and(|deadline| now() >= deadline) {

@@ -537,21 +537,17 @@ where
                             return Poll::Pending;
                         }
                         let sent = ready!(self.hedge(progress, copies.as_mut(), cx));
+                        let full = copies.len() >= hedger(self.config).max_copies();
                         *hedge = match sent {
+                            None => NextHedge::Stopped,
+                            // The next hedge waits for a copy to fail.
+                            Some(_) if full => NextHedge::Waiting,
                             // Zero: every copy at once, as gRPC's hedging does.
-                            Some(delay)
-                                if delay.is_zero()
-                                    && copies.len() < hedger(self.config).max_copies() =>
-                            {
-                                NextHedge::Due
-                            }
-                            Some(delay) if copies.len() < hedger(self.config).max_copies() => {
+                            Some(delay) if delay.is_zero() => NextHedge::Due,
+                            Some(delay) => {
                                 next.set(Some(timer::sleep(delay)));
                                 NextHedge::Waiting
                             }
-                            // Full: the next hedge waits for a copy to fail.
-                            Some(_) => NextHedge::Waiting,
-                            None => NextHedge::Stopped,
                         };
                         ControlFlow::Continue(())
                     }
@@ -826,8 +822,10 @@ where
         if copies.len() >= hedger.max_copies() {
             return Poll::Ready(Some(delay));
         }
+        // Checked before readiness too: a request out of attempts should not
+        // hold a permit it will never use.
         let session = &mut progress.session;
-        if session.attempts() >= session.max_attempts() {
+        if !session.has_room_for_hedge() {
             return Poll::Ready(None);
         }
         if ready!(poll_ready_to_send(
