@@ -511,12 +511,22 @@ mod tests {
         Pin::new(body).poll_frame(&mut Context::from_waker(&waker))
     }
 
+    type Sender = futures::channel::mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+    type Streamed = ReplayBody<
+        StreamBody<futures::channel::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>>,
+    >;
+
+    /// A body fed frame by frame through the sender, and a copy of it.
+    fn two_copies() -> (Sender, Streamed, Streamed) {
+        let (sender, receiver) = futures::channel::mpsc::channel(1);
+        let original = ReplayBody::new(StreamBody::new(receiver));
+        let copy = original.clone_body().unwrap();
+        (sender, original, copy)
+    }
+
     #[test]
     fn a_copy_waiting_on_the_source_is_woken_and_ends_when_a_newer_copy_polls() {
-        let (mut sender, receiver) =
-            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-        let mut older = ReplayBody::new(StreamBody::new(receiver));
-        let mut newer = older.clone_body().unwrap();
+        let (mut sender, mut older, mut newer) = two_copies();
         let (older_flag, newer_flag) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
 
         assert!(poll(&mut older, &older_flag).is_pending());
@@ -550,10 +560,7 @@ mod tests {
 
     #[test]
     fn concurrent_copies_of_one_source_both_send_the_whole_body() {
-        let (mut sender, receiver) =
-            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-        let mut first = ReplayBody::new(StreamBody::new(receiver));
-        let mut hedge = first.clone_body().unwrap();
+        let (mut sender, mut first, mut hedge) = two_copies();
         hedge.mark_concurrent();
         let (first_flag, hedge_flag) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
 
@@ -585,10 +592,7 @@ mod tests {
 
     #[test]
     fn a_dropped_copy_wakes_the_one_left_waiting_on_the_source() {
-        let (mut sender, receiver) =
-            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-        let mut first = ReplayBody::new(StreamBody::new(receiver));
-        let mut hedge = first.clone_body().unwrap();
+        let (mut sender, mut first, mut hedge) = two_copies();
         hedge.mark_concurrent();
         let (first_flag, hedge_flag) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
         assert!(poll(&mut first, &first_flag).is_pending());
@@ -606,10 +610,7 @@ mod tests {
 
     #[test]
     fn a_newer_copy_wakes_nothing_once_the_older_one_got_its_frame() {
-        let (mut sender, receiver) =
-            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-        let mut older = ReplayBody::new(StreamBody::new(receiver));
-        let mut newer = older.clone_body().unwrap();
+        let (mut sender, mut older, mut newer) = two_copies();
         let (older_flag, newer_flag) = (Arc::new(Flag::default()), Arc::new(Flag::default()));
         assert!(poll(&mut older, &older_flag).is_pending());
         sender
