@@ -233,43 +233,50 @@ where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
 {
+    /// A request whose first outcome the layer's settings judge alone: the
+    /// happy path's future, its attempt in place and nothing allocated.
     #[inline(always)]
-    pub(crate) fn new(
-        first: Attempt<S::Future, T::Timer>,
+    pub(crate) fn untracked(
+        future: S::Future,
+        timer: T::Timer,
         request: Option<Req>,
-        limits: Option<RequestLimits>,
         inner: S,
         config: Arc<Config<P, T>>,
     ) -> Self {
-        // Tracked from the start only if the first outcome needs more than
-        // the layer's settings to be judged.
-        let state = if let Some(limits) = limits {
-            // `Box::pin`, not written in place as in `State::tracked`: this
-            // code is inlined into every call, and there the in-place write
-            // measured 33 instructions more on the happy path.
-            // The first attempt: the caller's span, none of its own.
-            let future = span::untraced(first.future);
-            let phase = match config.hedger() {
-                None => Phase::Called {
-                    future,
-                    timer: first.timer,
-                },
-                Some(hedger) => hedged(hedger, future, first.timer, 1, None, first.stamp),
-            };
-            let tracked = Box::pin(Tracked {
-                phase,
-                kept: None,
-                progress: Progress::new(limits, first.stamp),
-            });
-            State::Tracked { tracked }
-        } else {
-            State::First {
-                future: first.future,
-                timer: first.timer,
-            }
-        };
         Self {
-            state,
+            state: State::First { future, timer },
+            request,
+            inner,
+            config,
+        }
+    }
+
+    /// A request tracked from its call: its first outcome needs `limits`,
+    /// a pacing stamp or hedges.
+    #[inline(always)]
+    pub(crate) fn tracked_from_call(
+        first: Attempt<S::Future, T::Timer>,
+        request: Option<Req>,
+        limits: RequestLimits,
+        inner: S,
+        config: Arc<Config<P, T>>,
+    ) -> Self {
+        // The first attempt: the caller's span, none of its own.
+        let future = span::untraced(first.future);
+        let phase = match config.hedger() {
+            None => Phase::Called {
+                future,
+                timer: first.timer,
+            },
+            Some(hedger) => hedged(hedger, future, first.timer, 1, None, first.stamp),
+        };
+        let tracked = Box::pin(Tracked {
+            phase,
+            kept: None,
+            progress: Progress::new(limits, first.stamp),
+        });
+        Self {
+            state: State::Tracked { tracked },
             request,
             inner,
             config,

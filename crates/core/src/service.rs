@@ -253,6 +253,18 @@ impl<S, P, T> BackoffRetry<S, P, T> {
             .timeouts
             .timer(limits.and_then(|limits| limits.deadline));
         config.on_call();
+        let Some(limits) = limits else {
+            // No pacing either (it tracks from the call): no stamp to take.
+            let future = self.inner.call(request);
+            let inner = self.inner.clone();
+            return ResponseFuture::untracked(
+                future,
+                timer,
+                spare,
+                inner,
+                Arc::clone(&self.config),
+            );
+        };
         let stamp = pacing_stamp(config, &mut self.gate);
         let future = self.inner.call(request);
         let attempt = Attempt {
@@ -261,7 +273,7 @@ impl<S, P, T> BackoffRetry<S, P, T> {
             stamp,
         };
         let inner = self.inner.clone();
-        ResponseFuture::new(attempt, spare, limits, inner, Arc::clone(&self.config))
+        ResponseFuture::tracked_from_call(attempt, spare, limits, inner, Arc::clone(&self.config))
     }
 }
 
