@@ -200,7 +200,9 @@ impl TokenBucket {
         }
     }
 
-    /// Whole tokens in the bucket now.
+    /// Whole tokens in the bucket now: the sum of its shards, read one after
+    /// another, so a withdrawal moving tokens between them at that moment
+    /// can be missed halfway (see [Under contention](Self#under-contention)).
     pub fn available(&self) -> u64 {
         self.refill_now();
         self.tokens.total() / MILLI

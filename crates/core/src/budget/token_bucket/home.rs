@@ -9,8 +9,7 @@ use std::cell::Cell;
 const DEALT: u8 = 0x80;
 
 // A const initializer and no destructor: reading it is an offset from the
-// thread pointer, and it never fails, even in another thread-local's
-// destructor. Under loom, loom's, so each modelled thread gets its own.
+// thread pointer. Under loom, loom's, so each modelled thread gets its own.
 #[cfg(not(tower_backoff_loom))]
 std::thread_local! {
     static HOME: Cell<u8> = const { Cell::new(0) };
@@ -32,15 +31,20 @@ loom::lazy_static! {
 /// This thread's shard number, for every bucket: a bucket of `n` shards
 /// (a power of two, at most 128) uses it modulo `n`, so threads dealt one
 /// after another land on different shards.
+///
+/// Shard 0 for a thread whose thread-locals are being torn down (a budget
+/// used from another thread-local's destructor), on the platforms where
+/// that can fail: any shard is correct, the own one is only faster.
 #[inline]
 pub(super) fn index() -> usize {
-    HOME.with(|home| {
+    HOME.try_with(|home| {
         let mut dealt = home.get();
         if dealt == 0 {
             dealt = deal(home);
         }
         usize::from(dealt & !DEALT)
     })
+    .unwrap_or(0)
 }
 
 #[cold]
