@@ -133,6 +133,26 @@ fn shards_room_made_while_a_deposit_finds_them_full_is_not_lost() {
     });
 }
 
+/// A refund racing a deposit that finds every shard full: the withdrawal
+/// it refunds made room behind that deposit's walk, so the refund is not
+/// dropped while the deposit checks whether the bucket is full.
+#[test]
+fn shards_refund_racing_a_deposit_that_finds_them_full_is_kept() {
+    loom::model(|| {
+        let shards = Arc::new(Shards::new(2, 10, 10)); // full
+        let retry = {
+            let shards = shards.clone();
+            thread::spawn(move || {
+                assert!(shards.take(5, 0));
+                shards.put(5, || 0); // its success gives the cost back
+            })
+        };
+        shards.put(1, || 1);
+        retry.join().unwrap();
+        assert_eq!(shards.total(), 10, "{:?}", shards.each());
+    });
+}
+
 /// The same race with a capacity that grows: a deposit that lowers the flag
 /// on the old capacity does not hide the room the new one makes.
 #[test]

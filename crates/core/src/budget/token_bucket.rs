@@ -639,6 +639,35 @@ mod tests {
     }
 
     #[test]
+    fn threads_retrying_at_once_neither_make_nor_lose_a_token() {
+        let bucket = TokenBucket::builder().capacity(1_000).build().unwrap();
+        let granted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for round in 0..20_000 {
+                        if bucket.try_retry(Cause::Transient) {
+                            // Three of four retries end in success and give
+                            // their cost back; the rest drain the bucket.
+                            if round % 4 != 0 {
+                                bucket.on_success(Some(Cause::Transient));
+                            } else {
+                                granted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let kept = granted.into_inner() * 5;
+        assert_eq!(
+            kept + bucket.available(),
+            1_000,
+            "every token spent or still there"
+        );
+    }
+
+    #[test]
     fn a_success_without_retries_puts_back_the_refund_set() {
         let bucket = drained(TokenBucket::builder().success_refund(7));
         bucket.on_success(None);

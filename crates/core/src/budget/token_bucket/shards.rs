@@ -15,11 +15,24 @@ use crate::sync::{AtomicU64, Ordering};
 /// sum, walks more lines than threads gain by spreading.
 const MAX_SHARDS: usize = 16;
 
-/// `Limits::room` when a shard may hold less than its share.
+/// The state in the low bits of `Limits::room`: every shard held its share
+/// at the last look.
+const FULL: u64 = 0;
+
+/// A shard may hold less than its share.
 const ROOM: u64 = 1;
 
-/// `Limits::room` when every shard held its share at the last look.
-const FULL: u64 = 0;
+/// A deposit found every shard full and is looking again: deposits still
+/// walk the shards meanwhile.
+const CHECKING: u64 = 2;
+
+/// The bits of `Limits::room` that hold the state.
+const STATE: u64 = 0b11;
+
+/// What each write of `Limits::room` adds above the state, so that a
+/// deposit that finds its own `CHECKING` still there knows nothing was
+/// written since.
+const WRITE: u64 = STATE + 1;
 
 /// One shard's tokens, alone on its line. 128 bytes, not 64: x86 fetches
 /// lines in adjacent pairs, and Apple's cores have 128-byte lines.
@@ -34,11 +47,12 @@ struct Shard {
 struct Limits {
     /// The most the shards hold in all, split evenly between them.
     capacity: AtomicU64,
-    /// [`ROOM`] or [`FULL`]. A healthy service keeps the bucket full, and
-    /// then a deposit is this one read: no walk over the shards to find
-    /// them all full. Written only by read-modify-writes, so that what a
-    /// release write of it made visible stays visible through the writes
-    /// after it (its release sequence).
+    /// [`FULL`], [`ROOM`] or [`CHECKING`], and above them a count of the
+    /// writes. A healthy service keeps the bucket full, and then a deposit
+    /// is this one read: no walk over the shards to find them all full.
+    /// Written only by read-modify-writes, so that what a release write of
+    /// it made visible stays visible through the writes after it (its
+    /// release sequence).
     room: AtomicU64,
 }
 
@@ -161,7 +175,8 @@ impl Shards {
         }
         // Another thread took what the sum counted: refuse, and put back
         // what was gathered for the retries that can be paid.
-        self.spill(gathered, home);
+        let capacity = self.limits.capacity.load(Ordering::Relaxed);
+        self.spill(gathered, capacity, self.ring(home));
         false
     }
 
@@ -171,7 +186,7 @@ impl Shards {
     /// small enough to inline into every caller.
     #[inline]
     pub(in crate::budget) fn put(&self, amount: u64, home: impl FnOnce() -> usize) {
-        if self.limits.room.load(Ordering::Relaxed) == FULL {
+        if self.limits.room.load(Ordering::Relaxed) & STATE == FULL {
             return;
         }
         self.put_with_room(amount, home);
@@ -198,16 +213,16 @@ impl Shards {
             Err(_) => amount,
         };
         if left > 0 {
-            self.spill(left, home);
+            self.spill(left, capacity, self.ring(home).skip(1));
         }
     }
 
-    /// Puts `amount` into the shards, the one of `home` first, each up to its
-    /// share; when all are full, drops the rest and lowers the room flag.
+    /// Puts `amount` into the shards of `ring`, in turn, each up to its share
+    /// of `capacity`; when all are full, drops the rest and flags the bucket
+    /// full.
     #[cold]
-    fn spill(&self, mut amount: u64, home: usize) {
-        let capacity = self.limits.capacity.load(Ordering::Relaxed);
-        for i in self.ring(home) {
+    fn spill(&self, mut amount: u64, capacity: u64, ring: impl Iterator<Item = usize>) {
+        for i in ring {
             let share = self.share(i, capacity);
             // Saturating: a refill owed for a long idle spell can be any size.
             let had = self.shards[i].tokens.fetch_update(
@@ -225,22 +240,38 @@ impl Shards {
         self.lower_room_flag();
     }
 
-    /// Every shard was full as a deposit walked past it: lowers the flag, so
-    /// deposits stop at one read, unless a second look finds room.
+    /// Every shard was full as a deposit walked past it: flags the bucket
+    /// full, so deposits stop at one read, unless a second look finds room.
     ///
-    /// It races a withdrawal that empties a shard behind the walk, which
-    /// then raises the flag (`made_room`). The second look is a
-    /// read-modify-write of each shard, with release: it reads the shard's
-    /// latest value, so it sees any withdrawal before it; and a withdrawal
-    /// after it reads (acquire) what it wrote, or a later write of the same
-    /// chain of read-modify-writes, so the flag lowered before is visible
-    /// to that withdrawal, which raises it again. No room is lost either
-    /// way, with no fence on the withdrawals' path.
+    /// It races withdrawals that empty a shard behind the walk, which then
+    /// raise the flag (`made_room`). The second look is a read-modify-write
+    /// of each shard, with release: it reads the shard's latest value, so it
+    /// sees any withdrawal before it; and a withdrawal after it reads
+    /// (acquire) what it wrote, or a later write of the same chain of
+    /// read-modify-writes, so it sees the `CHECKING` written before the
+    /// look, and raises the flag. The flag turns `FULL` only if nothing
+    /// wrote it since this `CHECKING`: no withdrawal raised it, and no other
+    /// deposit took the check over. Until then deposits go on walking the
+    /// shards, so none is dropped while there may be room. No room is lost,
+    /// with no fence on the withdrawals' path.
     #[cold]
     fn lower_room_flag(&self) {
-        // Acquire: a `resize` that raised the flag before this, to say it
-        // grew the capacity, shows that capacity below.
-        self.limits.room.swap(FULL, Ordering::AcqRel);
+        let checking = self.start_check();
+        let room = self.look_again();
+        self.end_check(checking, room);
+    }
+
+    /// Flags a check under way; returns the flag as written, the check's
+    /// own mark. Acquire: a `resize` that raised the flag before this, to
+    /// say it grew the capacity, shows that capacity to `look_again`.
+    fn start_check(&self) -> u64 {
+        let flag = self.limits.room.load(Ordering::Relaxed);
+        self.write_room_flag(flag, CHECKING, Ordering::AcqRel)
+    }
+
+    /// Whether some shard holds less than its share, read by a
+    /// read-modify-write of each (see `lower_room_flag`).
+    fn look_again(&self) -> bool {
         let capacity = self.limits.capacity.load(Ordering::Relaxed);
         let mut room = false;
         for (i, shard) in self.shards.iter().enumerate() {
@@ -248,8 +279,23 @@ impl Shards {
             let tokens = shard.tokens.fetch_add(0, Ordering::Release);
             room |= tokens < self.share(i, capacity);
         }
+        room
+    }
+
+    /// Ends the check marked `checking`: raises the flag if it found room,
+    /// or flags the bucket full if nothing wrote the flag since its mark.
+    fn end_check(&self, checking: u64, room: bool) {
         if room {
-            self.limits.room.swap(ROOM, Ordering::Relaxed);
+            self.write_room_flag(checking, ROOM, Ordering::Relaxed);
+        } else {
+            // Failing means another write came after the mark: it stands.
+            let full = (checking & !STATE) | FULL;
+            let _ = self.limits.room.compare_exchange(
+                checking,
+                full,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -257,8 +303,25 @@ impl Shards {
     /// `lower_room_flag`). A write only when a deposit lowered the flag
     /// since, so threads retrying at once only read it.
     fn made_room(&self) {
-        if self.limits.room.load(Ordering::Relaxed) == FULL {
-            self.limits.room.swap(ROOM, Ordering::Relaxed);
+        let flag = self.limits.room.load(Ordering::Relaxed);
+        if flag & STATE != ROOM {
+            self.write_room_flag(flag, ROOM, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets the room flag to `state`, counting the write, from `flag` as the
+    /// value it likely holds; returns what it wrote.
+    fn write_room_flag(&self, mut flag: u64, state: u64, order: Ordering) -> u64 {
+        loop {
+            let next = (flag & !STATE).wrapping_add(WRITE) | state;
+            match self
+                .limits
+                .room
+                .compare_exchange_weak(flag, next, order, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(actual) => flag = actual,
+            }
         }
     }
 
@@ -286,9 +349,10 @@ impl Shards {
         // A larger capacity leaves room in every shard. Release: a deposit
         // that lowers the flag after this reads the new capacity (see
         // `lower_room_flag`); one that lowered it before is overwritten.
-        self.limits.room.swap(ROOM, Ordering::Release);
+        let flag = self.limits.room.load(Ordering::Relaxed);
+        self.write_room_flag(flag, ROOM, Ordering::Release);
         if over > 0 {
-            self.spill(over, 0);
+            self.spill(over, capacity, self.ring(0));
         }
     }
 
@@ -298,7 +362,8 @@ impl Shards {
         for shard in self.shards.iter() {
             shard.tokens.store(0, Ordering::Relaxed);
         }
-        self.limits.room.swap(ROOM, Ordering::Relaxed);
+        let flag = self.limits.room.load(Ordering::Relaxed);
+        self.write_room_flag(flag, ROOM, Ordering::Relaxed);
     }
 
     /// The tokens of each shard, for tests that look inside.
@@ -363,7 +428,7 @@ mod tests {
     impl Shards {
         /// Whether the room flag says every shard is full.
         fn says_full(&self) -> bool {
-            self.limits.room.load(Ordering::Relaxed) == FULL
+            self.limits.room.load(Ordering::Relaxed) & STATE == FULL
         }
     }
 
@@ -424,6 +489,35 @@ mod tests {
         assert!(!shards.says_full(), "a withdrawal made room");
         shards.put(1, || 0);
         assert_eq!(shards.total(), 80);
+    }
+
+    /// The race of two deposits that find the bucket full and a retry, one
+    /// step at a time: the first check's `FULL` must not land over the
+    /// second check, which began after the retry made room.
+    #[test]
+    fn a_check_taken_over_by_another_deposit_does_not_flag_full_over_room_made_since() {
+        let shards = Shards::new(1, 5, 5); // full
+        let first = shards.start_check();
+        let first_saw_room = shards.look_again();
+        assert!(!first_saw_room);
+        // A retry takes tokens behind the first look, and raises the flag...
+        assert!(shards.take(5, 0));
+        // ...which a second deposit, whose walk found the bucket full before
+        // the retry, overwrites with its own check.
+        let second = shards.start_check();
+        shards.end_check(first, first_saw_room);
+        assert!(
+            !shards.says_full(),
+            "the first check ended the second one's"
+        );
+        shards.put(5, || 0); // the retry's refund
+        assert_eq!(shards.total(), 5);
+        let second_saw_room = shards.look_again();
+        shards.end_check(second, second_saw_room);
+        assert!(
+            shards.says_full(),
+            "full again, and the second check says so"
+        );
     }
 
     #[test]
