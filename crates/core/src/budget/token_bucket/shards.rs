@@ -56,6 +56,7 @@ struct Limits {
     room: AtomicU64,
 }
 
+/// A bucket's tokens in thousandths, over its shards, and its capacity.
 pub(in crate::budget) struct Shards {
     /// A power of two of them, in an allocation of their own.
     shards: Box<[Shard]>,
@@ -91,7 +92,7 @@ impl Shards {
             shards,
             limits: Limits {
                 capacity: AtomicU64::new(capacity),
-                // The first deposit that finds every shard full lowers it.
+                // The first deposit that finds every shard full checks.
                 room: AtomicU64::new(ROOM),
             },
         }
