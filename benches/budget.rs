@@ -1,8 +1,9 @@
 //! Cost of one deposit plus one withdrawal, from one thread and from two
-//! threads sharing the budget, for our budgets and tower's `TpsBudget`, in the
-//! same run. Controls say what the machine gives: a clock read alone (tokio's,
-//! and the kernel's coarse clock), and work that shares no memory, on one
-//! thread and on two (on two free cores it takes as long on both).
+//! threads sharing the budget, for our budgets (and the token bucket a layer
+//! builds by default) and tower's `TpsBudget`, in the same run. Controls say
+//! what the machine gives: a clock read alone (tokio's, and the kernel's
+//! coarse clock), and work that shares no memory, on one thread and on two
+//! (on two free cores it takes as long on both).
 //!
 //! `cargo bench --bench budget -- --warm-up-time 1 --measurement-time 3`
 
@@ -70,6 +71,12 @@ fn budgets() -> Vec<(&'static str, Box<dyn Pair>)> {
         ("tower TpsBudget", Box::new(TpsBudget::default())),
         ("RatioBudget", Box::new(RatioBudget::new())),
         ("TokenBucket", Box::new(TokenBucket::new())),
+        // The bucket a layer built with no budget option gets: too small to
+        // shard (a full shard could not pay a timeout retry).
+        (
+            "TokenBucket::fleet_safe (layer default)",
+            Box::new(TokenBucket::fleet_safe()),
+        ),
         ("control: shares nothing", Box::new(SharesNothing)),
     ]
 }

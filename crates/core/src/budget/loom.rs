@@ -4,6 +4,7 @@
 use loom::sync::Arc;
 use loom::thread;
 
+use crate::budget::token_bucket::shards::Shards;
 use crate::budget::{Budget, Earn, RatioBudget, TokenBucket};
 use crate::decision::Cause;
 
@@ -74,6 +75,98 @@ fn token_bucket_refill_is_paid_once_per_millisecond() {
         bucket.refill_to(2000);
         early.join().unwrap();
         assert_eq!(bucket.available(), 2);
+    });
+}
+
+/// Two threads gathering across the two shards (3 tokens each) for a
+/// withdrawal of 5 that neither shard can pay alone: at most one is paid;
+/// both may be refused when each gathered part (the documented spurious
+/// refusal), but then everything gathered is back. Never a token made or
+/// lost.
+#[test]
+fn shards_gathering_at_once_never_overdraw_nor_lose_a_token() {
+    loom::model(|| {
+        let shards = Arc::new(Shards::new(2, 6, 10));
+        let other = {
+            let shards = shards.clone();
+            thread::spawn(move || shards.take(5, 1))
+        };
+        let mine = shards.take(5, 0);
+        let granted = u64::from(mine) + u64::from(other.join().unwrap());
+        assert!(granted <= 1, "two withdrawals of 5 from 6 tokens");
+        assert_eq!(shards.total() + 5 * granted, 6, "{:?}", shards.each());
+    });
+}
+
+/// A deposit that spills into the shard a withdrawal gathers from: every
+/// token is either taken by the withdrawal or still in a shard.
+#[test]
+fn shards_spilling_into_a_shard_being_gathered_from_keep_every_token() {
+    loom::model(|| {
+        let shards = Arc::new(Shards::new(2, 5, 10)); // 3 and 2
+        let deposit = {
+            let shards = shards.clone();
+            thread::spawn(move || shards.put(4, || 1)) // 3 fit, 1 spills
+        };
+        let taken = shards.take(4, 0); // 3 here, the rest from shard 1
+        deposit.join().unwrap();
+        assert!(taken, "the bucket held 5 or more throughout");
+        assert_eq!(shards.total(), 5 + 4 - 4, "{:?}", shards.each());
+    });
+}
+
+/// A deposit that finds every shard full lowers the room flag, racing a
+/// withdrawal that empties a shard behind its walk: whatever the order,
+/// the room that withdrawal made is not lost, and a later deposit fills it.
+#[test]
+fn shards_room_made_while_a_deposit_finds_them_full_is_not_lost() {
+    loom::model(|| {
+        let shards = Arc::new(Shards::new(2, 10, 10)); // full
+        let withdrawal = {
+            let shards = shards.clone();
+            thread::spawn(move || assert!(shards.take(5, 0)))
+        };
+        shards.put(1, || 1);
+        withdrawal.join().unwrap();
+        shards.put(5, || 1);
+        assert_eq!(shards.total(), 10, "{:?}", shards.each());
+    });
+}
+
+/// A refund racing a deposit that finds every shard full: the withdrawal
+/// it refunds made room behind that deposit's walk, so the refund is not
+/// dropped while the deposit checks whether the bucket is full.
+#[test]
+fn shards_refund_racing_a_deposit_that_finds_them_full_is_kept() {
+    loom::model(|| {
+        let shards = Arc::new(Shards::new(2, 10, 10)); // full
+        let retry = {
+            let shards = shards.clone();
+            thread::spawn(move || {
+                assert!(shards.take(5, 0));
+                shards.put(5, || 0); // its success gives the cost back
+            })
+        };
+        shards.put(1, || 1);
+        retry.join().unwrap();
+        assert_eq!(shards.total(), 10, "{:?}", shards.each());
+    });
+}
+
+/// The same race with a capacity that grows: a deposit that lowers the flag
+/// on the old capacity does not hide the room the new one makes.
+#[test]
+fn shards_room_made_by_a_larger_capacity_is_not_lost() {
+    loom::model(|| {
+        let shards = Arc::new(Shards::new(2, 10, 10)); // full
+        let resize = {
+            let shards = shards.clone();
+            thread::spawn(move || shards.resize(20))
+        };
+        shards.put(1, || 1);
+        resize.join().unwrap();
+        shards.put(10, || 0);
+        assert_eq!(shards.total(), 20, "{:?}", shards.each());
     });
 }
 

@@ -39,8 +39,9 @@
 //! - **Conflicts** ([`Cause::Conflict`]) cost nothing: 100 clients racing
 //!   on one record make the same 598 write calls as with no budget, where
 //!   charging them would refuse retries that callers re-send at once (3,215).
-//! - **Happy path**: a success that finds the bucket full reads three
-//!   atomics and writes none; no clock.
+//! - **Happy path**: a success that finds the bucket full reads two
+//!   atomics (whether its traffic is being measured, and whether the bucket
+//!   is full) and writes none; no clock.
 //!
 //! Pass [`TokenBucket::new`] (the AWS SDKs' standard mode) or a
 //! [`RatioBudget`] to cap the extra load at a fixed share instead; share one
@@ -149,8 +150,9 @@ impl<B: Budget + ?Sized> Budget for &'static B {
 
 /// The budget a layer gets when it is given none: a [`TokenBucket`] with its
 /// defaults (see [the module docs](self) for why). On the happy path it costs
-/// one relaxed load: `on_first_attempt` is empty, and a success's refund
-/// finds the bucket full.
+/// two relaxed loads: `on_first_attempt` is empty, a success is counted only
+/// while a measurement of the traffic is open, and its refund finds the
+/// bucket flagged full.
 pub(crate) fn default_budget() -> TokenBucket {
     TokenBucket::fleet_safe()
 }

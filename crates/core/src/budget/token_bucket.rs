@@ -9,6 +9,11 @@ use crate::decision::Cause;
 use crate::error::ConfigError;
 use crate::sync::{AtomicU64, Ordering};
 
+mod home;
+pub(in crate::budget) mod shards;
+
+use shards::Shards;
+
 /// Tokens are kept in thousandths, so a refill of a few tokens per second
 /// accrues exactly, millisecond by millisecond, with integers only.
 const MILLI: u64 = 1000;
@@ -46,6 +51,23 @@ const GROWTH_WINDOW_SECS: f64 = 10.0;
 /// success refund 1, no refill. Every operation is a few atomic instructions,
 /// with no lock; a refill reads the clock only when one is configured.
 ///
+/// # Under contention
+/// The tokens are spread over shards of a cache line each, one per CPU (up
+/// to 16), and each thread turns to its own shard first, so threads that
+/// retry at once mostly write different lines, not all the same one. The
+/// bound stays exact: every move of tokens is one atomic step on one shard,
+/// so no race creates a token, and each shard holds at most its share of the
+/// capacity. A withdrawal its own shard cannot pay gathers from the others;
+/// a refund its own shard cannot hold spills into them, so one thread alone
+/// can still fill the whole capacity, and sees exactly one counter. A race
+/// errs on the side of refusing: two withdrawals gathering at once can each
+/// hold part of what one needed, and both give it back and are refused. A
+/// full bucket is marked as such, so a refund into it is still one read.
+/// A bucket gets no more shards than can each pay its dearest retry from a
+/// full share of its [`capacity`](TokenBucketBuilder::capacity) (the floor of
+/// one that grows), so one with little (such as
+/// [`fleet_safe`](Self::fleet_safe)'s, one timeout retry) has a single shard.
+///
 /// ```
 /// use tower_backoff::budget::{Budget, TokenBucket};
 /// use tower_backoff::Cause;
@@ -59,11 +81,9 @@ const GROWTH_WINDOW_SECS: f64 = 10.0;
 /// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 pub struct TokenBucket {
-    /// Thousandths of a token.
-    tokens: AtomicU64,
-    /// Thousandths of a token; moves only when the capacity
-    /// [grows with traffic](TokenBucketBuilder::grow_with_traffic).
-    capacity: AtomicU64,
+    /// Thousandths of a token, and the capacity in thousandths, which moves
+    /// only when it [grows with traffic](TokenBucketBuilder::grow_with_traffic).
+    tokens: Shards,
     retry_cost: u64,
     timeout_cost: u64,
     throttled_cost: u64,
@@ -161,12 +181,12 @@ impl TokenBucket {
     /// Another bucket with the same settings, as this one was when it was
     /// built: what each host of a per-host stack gets.
     pub fn fresh(&self) -> Self {
+        let capacity = self
+            .growth
+            .as_ref()
+            .map_or_else(|| self.tokens.capacity(), |growth| growth.floor);
         TokenBucket {
-            tokens: AtomicU64::new(self.initial),
-            capacity: AtomicU64::new(self.growth.as_ref().map_or_else(
-                || self.capacity.load(Ordering::Relaxed),
-                |growth| growth.floor,
-            )),
+            tokens: Shards::new(self.tokens.count(), self.initial, capacity),
             retry_cost: self.retry_cost,
             timeout_cost: self.timeout_cost,
             throttled_cost: self.throttled_cost,
@@ -180,15 +200,17 @@ impl TokenBucket {
         }
     }
 
-    /// Whole tokens in the bucket now.
+    /// Whole tokens in the bucket now: the sum of its shards, read one after
+    /// another, so a withdrawal moving tokens between them at that moment
+    /// can be missed halfway (see [Under contention](Self#under-contention)).
     pub fn available(&self) -> u64 {
         self.refill_now();
-        self.tokens.load(Ordering::Relaxed) / MILLI
+        self.tokens.total() / MILLI
     }
 
     /// The most tokens the bucket holds now.
     pub fn capacity(&self) -> u64 {
-        self.capacity.load(Ordering::Relaxed) / MILLI
+        self.tokens.capacity() / MILLI
     }
 
     fn cost(&self, cause: Cause) -> u64 {
@@ -210,39 +232,24 @@ impl TokenBucket {
     /// starts from the same state every run.
     #[cfg(all(test, tower_backoff_loom))]
     pub(crate) fn empty(&self) {
-        self.tokens.store(0, Ordering::Relaxed);
+        self.tokens.empty();
     }
 
     /// Takes `amount` out if the bucket holds that much.
     fn withdraw(&self, amount: u64) -> bool {
-        // One location, read-modify-write: the CAS alone makes it exact, no
-        // ordering with other memory is needed.
-        let taken = self
-            .tokens
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
-                tokens.checked_sub(amount)
-            });
-        if let (Ok(_), Some(growth)) = (taken, &self.growth) {
+        let taken = self.tokens.take(amount, home::index());
+        if let (true, Some(growth)) = (taken, &self.growth) {
             growth.start_measuring();
         }
-        taken.is_ok()
+        taken
     }
 
     /// Puts `amount` back, up to the capacity.
     #[inline]
     fn deposit(&self, amount: u64) {
-        // A healthy service keeps the bucket full: then a refund is one read,
-        // not a write that would bounce the cache line between cores.
-        let capacity = self.capacity.load(Ordering::Relaxed);
-        if amount == 0 || self.tokens.load(Ordering::Relaxed) >= capacity {
-            return;
-        }
-        // Saturating: a refill owed for a long idle spell can be any size.
-        let _ = self
-            .tokens
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
-                (tokens < capacity).then(|| tokens.saturating_add(amount).min(capacity))
-            });
+        // A healthy service keeps the bucket full: then a refund is one read
+        // of a line no thread writes, and picks no shard.
+        self.tokens.put(amount, home::index);
     }
 
     /// A first attempt succeeded: counted by an open measurement of a
@@ -261,12 +268,7 @@ impl TokenBucket {
     /// share of the traffic now.
     #[cold]
     fn resize(&self, capacity: u64) {
-        self.capacity.store(capacity, Ordering::Relaxed);
-        let _ = self
-            .tokens
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
-                (tokens > capacity).then_some(capacity)
-            });
+        self.tokens.resize(capacity);
     }
 
     fn refill_now(&self) {
@@ -398,7 +400,7 @@ impl Budget for TokenBucket {
 
     fn would_allow(&self, cause: Cause) -> bool {
         self.refill_now();
-        self.tokens.load(Ordering::Relaxed) >= self.cost(cause)
+        self.tokens.holds(self.cost(cause), home::index())
     }
 
     fn try_retry(&self, cause: Cause) -> bool {
@@ -421,7 +423,7 @@ impl Budget for TokenBucket {
 impl fmt::Debug for TokenBucket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TokenBucket")
-            .field("available", &(self.tokens.load(Ordering::Relaxed) / MILLI))
+            .field("available", &(self.tokens.total() / MILLI))
             .field("capacity", &self.capacity())
             .field("retry_cost", &(self.retry_cost / MILLI))
             .field("timeout_cost", &(self.timeout_cost / MILLI))
@@ -596,9 +598,10 @@ impl TokenBucketBuilder {
             )),
         };
         let refill = (self.refill_per_second > 0).then(|| Refill::starting(self.refill_per_second));
+        let dearest = self.retry_cost.max(self.timeout_cost).max(throttled_cost);
+        let shards = Shards::count_for(self.capacity, dearest);
         Ok(TokenBucket {
-            tokens: AtomicU64::new(initial * MILLI),
-            capacity: AtomicU64::new(self.capacity * MILLI),
+            tokens: Shards::new(shards, initial * MILLI, self.capacity * MILLI),
             retry_cost: self.retry_cost * MILLI,
             timeout_cost: self.timeout_cost * MILLI,
             throttled_cost: throttled_cost * MILLI,
@@ -633,6 +636,35 @@ mod tests {
         assert_eq!(bucket.available(), 12, "7 s more: 7 tokens, not 17");
         bucket.refill_to(12_000);
         assert_eq!(bucket.available(), 12, "no time, no tokens");
+    }
+
+    #[test]
+    fn threads_retrying_at_once_neither_make_nor_lose_a_token() {
+        let bucket = TokenBucket::builder().capacity(1_000).build().unwrap();
+        let granted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for round in 0..20_000 {
+                        if bucket.try_retry(Cause::Transient) {
+                            // Three of four retries end in success and give
+                            // their cost back; the rest drain the bucket.
+                            if round % 4 != 0 {
+                                bucket.on_success(Some(Cause::Transient));
+                            } else {
+                                granted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let kept = granted.into_inner() * 5;
+        assert_eq!(
+            kept + bucket.available(),
+            1_000,
+            "every token spent or still there"
+        );
     }
 
     #[test]
