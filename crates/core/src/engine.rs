@@ -485,6 +485,19 @@ mod tests {
         Ok(retry.delay)
     }
 
+    /// Decides and sends the retry of an attempt that never left (the
+    /// transparent one, while it is free), returning it.
+    fn send_not_sent<S: Schedule>(
+        session: &mut Session,
+        rules: &Rules<'_, S, TokenBucket>,
+    ) -> Retry {
+        let retry = session
+            .decide(rules, None, Cause::NotSent, true, never, rng)
+            .unwrap();
+        session.send(&retry, NO_BUDGET, never, || Some(())).unwrap();
+        retry
+    }
+
     #[test]
     fn delays_follow_the_schedule_until_the_attempts_are_spent() {
         let schedule = Exponential::new(ms(100));
@@ -532,12 +545,9 @@ mod tests {
         let schedule = Constant::new(ms(50));
         let rules = rules(&schedule);
         let mut session = Session::new(2, None);
-        let free = session
-            .decide(&rules, None, Cause::NotSent, true, never, rng)
-            .unwrap();
+        let free = send_not_sent(&mut session, &rules);
         assert!(free.transparent);
         assert_eq!(free.delay, Duration::ZERO);
-        session.send(&free, NO_BUDGET, never, || Some(())).unwrap();
         // The free one did not count: one ordinary retry is left.
         let second = session
             .decide(&rules, None, Cause::NotSent, true, never, rng)
@@ -714,11 +724,8 @@ mod tests {
         let schedule = Constant::new(ms(10));
         let rules = rules(&schedule);
         let mut session = Session::new(3, None);
-        let free = session
-            .decide(&rules, None, Cause::NotSent, true, never, rng)
-            .unwrap();
+        let free = send_not_sent(&mut session, &rules);
         assert!(free.transparent);
-        session.send(&free, NO_BUDGET, never, || Some(())).unwrap();
         assert_eq!(session.last_retry(), None, "the free retry was not paid");
         let paid = session
             .decide(&rules, None, Cause::Timeout, true, never, rng)
@@ -793,10 +800,7 @@ mod tests {
         let schedule = Constant::new(ms(10));
         let rules = rules(&schedule);
         let mut session = Session::new(2, None);
-        let free = session
-            .decide(&rules, None, Cause::NotSent, true, never, rng)
-            .unwrap();
-        session.send(&free, NO_BUDGET, never, || Some(())).unwrap();
+        send_not_sent(&mut session, &rules);
         // Two attempts sent, one of them free: a hedge is the second counted.
         assert_eq!(
             session.send_hedge(None, NO_BUDGET, never, || Some(())),
