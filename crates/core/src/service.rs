@@ -255,6 +255,7 @@ impl<S, P, T> BackoffRetry<S, P, T> {
         config.on_call();
         let Some(limits) = limits else {
             // No pacing either (it tracks from the call): no stamp to take.
+            debug_assert!(config.pacing().is_none(), "pacing tracks from the call");
             let future = self.inner.call(request);
             let inner = self.inner.clone();
             return ResponseFuture::untracked(
