@@ -270,13 +270,20 @@ where
             },
             Some(hedger) => hedged(hedger, future, first.timer, 1, None, first.stamp),
         };
-        let tracked = Box::pin(Tracked {
-            phase,
-            kept: None,
-            progress: Progress::new(limits, first.stamp),
-        });
+        // Written into its allocation, as `State::tracked` is: `Box::pin`
+        // would build it on the stack and copy all of it.
+        let tracked = Box::write(
+            Box::new_uninit(),
+            Tracked {
+                phase,
+                kept: None,
+                progress: Progress::new(limits, first.stamp),
+            },
+        );
         Self {
-            state: State::Tracked { tracked },
+            state: State::Tracked {
+                tracked: Box::into_pin(tracked),
+            },
             request,
             inner,
             config,
@@ -959,6 +966,9 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option
 /// Attempt number `attempt`, `future`, hedged: its first copy, racing
 /// `timer`, and the delay to its first hedge. `paid` is what the budget was
 /// paid to send it, `stamp` what the pacing gave it.
+// Inline: out of line, the attempt's future is moved once more on its way
+// into `Copies`.
+#[inline(always)]
 fn hedged<F: Future, Tm>(
     hedger: &Hedger,
     future: F,
