@@ -414,11 +414,14 @@ async fn a_rate_above_a_thousand_a_second_keeps_its_nanoseconds() {
     });
     let service = layer.layer(store);
     write_until(service, 8, Instant::now() + Duration::from_millis(500)).await;
-    // Near 3.3 ms (a round of 10 ms counts a success more or less at its
-    // edges), and not a whole number of milliseconds.
+    // Near 3.3 ms, and not a whole number of milliseconds. A round of 10 ms
+    // counts a success more or less at its edges, and runs on to the first
+    // outcome after its end, up to half a round more: a probe that crossed
+    // the store's 3 by one send cuts to 0.9 x 2 successes over up to 1.5
+    // rounds, 8.3 ms (measured up to 7.9 ms in 8,000 runs).
     let interval = pacing.interval();
     assert!(
-        interval > Duration::from_millis(2) && interval < Duration::from_millis(6),
+        interval > Duration::from_millis(2) && interval < Duration::from_millis(9),
         "{interval:?}"
     );
     assert!(

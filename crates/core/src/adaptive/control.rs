@@ -9,8 +9,8 @@ const CUBIC_SCALE: f64 = 0.01;
 /// the server's rate by at most 15 % for one round.
 const MAX_PROBE: f64 = 1.15;
 
-/// A clean round turns pacing off when the rate it would set is at least this
-/// many times what was sent: pacing no longer holds anything back.
+/// A clean round turns pacing off when the rate in force let through at least
+/// this many times what was sent: pacing no longer holds anything back.
 const HEADROOM: f64 = 2.0;
 
 /// The settings the law reads, as rates (per second) and plain factors.
@@ -105,9 +105,21 @@ impl Law {
             return Change::Keep;
         }
         let next = self.climb(course);
+        // What was sent tells what clients want only if the rate did not hold
+        // it back. So it is judged against the rate in force, not the higher
+        // one about to be set, and with sends to spare: a round the rate held
+        // back can count fewer than its rate, as its first two slots may have
+        // been taken ahead at the rate before a raise (up to `up` times
+        // slower) and a count is whole; `up - 1` spare sends, one at least,
+        // cover that whatever the randomization. At a few sends a round,
+        // taking that shortfall for a lack of demand turned pacing off with
+        // clients queued behind it, and it re-engaged at full speed at the
+        // next throttle, over and over.
+        let spare = (self.up - 1.0).max(1.0);
+        let idle = course.rate * length >= HEADROOM * (round.sent + spare);
         // Off only past the peak: below it, clients queued behind the pacing
         // would all leave at once into a server that just recovered.
-        if next >= HEADROOM * round.sent / length && next > course.peak {
+        if idle && next > course.peak {
             Change::Off
         } else {
             Change::Raise(next)
@@ -480,6 +492,32 @@ mod tests {
             settling: false,
         };
         assert_eq!(law().decide(course, round(40.0, 40, 0)), Change::Off);
+    }
+
+    #[test]
+    fn a_round_the_rate_held_back_does_not_turn_pacing_off() {
+        // The round that turned pacing off in a flaky run of
+        // `a_rate_above_a_thousand_a_second_keeps_its_nanoseconds` (rounds of
+        // 10 ms, a store taking 3 a round, 8 workers queued for slots): slow
+        // start had just raised 2.7 to 4.05 a round, and two of the round's
+        // slots had been taken ahead at 2.7, so it sent 3. Turned off, pacing
+        // re-engaged at full speed at the next 429, and the same rounds came
+        // round again and again.
+        let course = Course {
+            rate: 4.049999676000026,
+            peak: 3.0,
+            at_least: true,
+            floor: 2.7,
+            since_cut: 2.2,
+            settling: false,
+        };
+        let Change::Raise(rate) = law().decide(course, round(3.0, 3, 0)) else {
+            panic!("a round that sent what its rate let through keeps pacing");
+        };
+        assert!((rate - 4.05 * 1.5).abs() < 1e-5, "{rate}");
+        // A round that sent less than half its rate, by a send, says demand
+        // fell.
+        assert_eq!(law().decide(course, round(1.0, 1, 0)), Change::Off);
     }
 
     #[test]

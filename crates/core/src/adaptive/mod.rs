@@ -69,9 +69,11 @@
 //!    scaled curve alone would keep their ratio forever.
 //!
 //! Pacing turns itself off when a clean round would set a rate above the peak
-//! and at least twice what was sent: it no longer holds anything back (below
-//! the peak, clients queued behind it would all leave at once). It turns back on at the
-//! next throttled outcome, with one round of measuring at full speed.
+//! and the rate in force let through at least twice what was sent, and a send
+//! more (a round it held back can count a send or so short: whole counts,
+//! slots taken before a raise): it no longer holds anything back (below the
+//! peak, clients queued behind it would all leave at once). It turns back on
+//! at the next throttled outcome, with one round of measuring at full speed.
 //!
 //! **Backpressure, not sleeps.** Sends take slots on one shared timeline,
 //! `1 / rate` apart (randomized by ± the randomization factor, mean kept), in
