@@ -518,6 +518,15 @@ mod tests {
         // A round that sent less than half its rate, by a send, says demand
         // fell.
         assert_eq!(law().decide(course, round(1.0, 1, 0)), Change::Off);
+        // Less than half, but by less than a whole send: still held back.
+        let short = Course {
+            rate: 3.5,
+            ..course
+        };
+        assert!(matches!(
+            law().decide(short, round(1.0, 1, 0)),
+            Change::Raise(_)
+        ));
     }
 
     #[test]
