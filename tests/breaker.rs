@@ -238,12 +238,14 @@ async fn a_retry_the_breaker_opened_for_during_its_sleep_returns_the_real_error_
     let host = Host::down();
     let bucket = Arc::new(TokenBucket::builder().capacity(100).build().unwrap());
     let stats = Stats::new();
+    let (events, observer) = recorder();
     let layer = BackoffLayer::builder()
         .max_attempts(3)
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .budget(bucket.clone())
         .stats(stats.clone())
+        .observer(observer)
         .circuit_breaker(breaker(2))
         .build()
         .unwrap();
@@ -264,6 +266,16 @@ async fn a_retry_the_breaker_opened_for_during_its_sleep_returns_the_real_error_
     assert_eq!(seen.retries, 0);
     assert_eq!(seen.gave_up_breaker, 2, "A at send, B at its decision");
     assert_eq!(seen.breaker_rejections, 2);
+    let rejected: Vec<u32> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|event| match event {
+            Event::Rejected(rejected) => Some(rejected.attempt()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rejected, [2, 2], "each stopped retry was to be attempt 2");
 }
 
 #[tokio::test(start_paused = true)]
