@@ -261,9 +261,25 @@ async fn a_zero_delay_sends_every_copy_at_once() {
         .unwrap()
         .layer(host.service());
     warm_up(&mut svc, 10).await;
+    // Between two of the timer's millisecond ticks, where a zero sleep would
+    // wait for the next one.
+    tokio::time::advance(Duration::from_micros(500)).await;
     let start = Instant::now();
-    assert_eq!(svc.ready().await.unwrap().call(0).await.unwrap(), 13);
-    assert_eq!(start.elapsed(), Duration::from_millis(10));
+    let mut attempt = std::pin::pin!(svc.ready().await.unwrap().call(0));
+    // All three go out in the first poll: none waits for a timer.
+    std::future::poll_fn(|cx| {
+        assert!(std::future::Future::poll(attempt.as_mut(), cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+    assert_eq!(host.calls(), 13, "every copy at the first poll");
+    assert_eq!(attempt.await.unwrap(), 13);
+    // The third copy's 10 ms, ending on the timer's next tick.
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(10) && took <= Duration::from_millis(11),
+        "{took:?}"
+    );
     assert_eq!((host.calls(), host.cancelled()), (13, 2));
 }
 
