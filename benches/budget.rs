@@ -71,14 +71,37 @@ fn budgets() -> Vec<(&'static str, Box<dyn Pair>)> {
         ("tower TpsBudget", Box::new(TpsBudget::default())),
         ("RatioBudget", Box::new(RatioBudget::new())),
         ("TokenBucket", Box::new(TokenBucket::new())),
-        // The bucket a layer built with no budget option gets: too small to
-        // shard (a full shard could not pay a timeout retry).
+        // The bucket a layer built with no budget option gets: at its floor,
+        // too small to shard (a full shard could not pay a timeout retry)...
         (
             "TokenBucket::fleet_safe (layer default)",
             Box::new(TokenBucket::fleet_safe()),
         ),
+        // ...and once the traffic it measured has grown it: a busy layer's.
+        (
+            "TokenBucket::fleet_safe, grown (busy layer default)",
+            Box::new(grown(TokenBucket::fleet_safe())),
+        ),
         ("control: shares nothing", Box::new(SharesNothing)),
     ]
+}
+
+/// `bucket` after it measured the traffic of a busy service: a retry opens
+/// the measurement, and first-try successes for a second or more close it.
+fn grown(bucket: TokenBucket) -> TokenBucket {
+    let floor = bucket.capacity();
+    assert!(bucket.try_retry(Cause::Transient));
+    let start = Instant::now();
+    while bucket.capacity() == floor {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the measurement never closed: {bucket:?}"
+        );
+        for _ in 0..1_000 {
+            bucket.on_success(None);
+        }
+    }
+    bucket
 }
 
 fn one_thread(c: &mut Criterion) {

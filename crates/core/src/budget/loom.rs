@@ -153,6 +153,28 @@ fn shards_refund_racing_a_deposit_that_finds_them_full_is_kept() {
     });
 }
 
+/// A deposit that read the size before a resize took a second shard into
+/// use, racing that resize: wherever its write lands, before the resize cuts
+/// its shard to the new share or after, the bucket ends within its capacity,
+/// and no room is lost.
+#[test]
+fn shards_deposit_racing_a_resize_into_more_shards_keeps_the_bound() {
+    loom::model(|| {
+        // One shard of two in use, 15 of 19 in it.
+        let shards = Arc::new(Shards::growing(2, 1, 15, 19));
+        let before = shards.size();
+        let resize = {
+            let shards = shards.clone();
+            thread::spawn(move || shards.resize(20, 2)) // shares of 10
+        };
+        shards.put_into(4, 0, before); // up to the share it read, 19
+        resize.join().unwrap();
+        assert!(shards.total() <= 20, "{:?}", shards.each());
+        shards.put(20, || 1);
+        assert_eq!(shards.total(), 20, "{:?}", shards.each());
+    });
+}
+
 /// The same race with a capacity that grows: a deposit that lowers the flag
 /// on the old capacity does not hide the room the new one makes.
 #[test]
@@ -161,7 +183,7 @@ fn shards_room_made_by_a_larger_capacity_is_not_lost() {
         let shards = Arc::new(Shards::new(2, 10, 10)); // full
         let resize = {
             let shards = shards.clone();
-            thread::spawn(move || shards.resize(20))
+            thread::spawn(move || shards.resize(20, 2))
         };
         shards.put(1, || 1);
         resize.join().unwrap();

@@ -63,10 +63,16 @@ const GROWTH_WINDOW_SECS: f64 = 10.0;
 /// errs on the side of refusing: two withdrawals gathering at once can each
 /// hold part of what one needed, and both give it back and are refused. A
 /// full bucket is marked as such, so a refund into it is still one read.
-/// A bucket gets no more shards than can each pay its dearest retry from a
-/// full share of its [`capacity`](TokenBucketBuilder::capacity) (the floor of
-/// one that grows), so one with little (such as
-/// [`fleet_safe`](Self::fleet_safe)'s, one timeout retry) has a single shard.
+/// A bucket uses no more shards than can each pay its dearest retry from a
+/// full share of its [`capacity`](TokenBucketBuilder::capacity), so one with
+/// little (such as [`fleet_safe`](Self::fleet_safe)'s floor, one timeout
+/// retry) starts on a single shard. One that
+/// [grows with traffic](TokenBucketBuilder::grow_with_traffic) makes room
+/// for a shard per CPU when it is built (128 bytes each) and takes them into
+/// use as its capacity comes to pay for them: the busy layer, whose retries
+/// contend, is the one whose capacity grew. It never goes back to fewer; a
+/// capacity that falls again splits over the same shards, and a retry one
+/// share cannot pay gathers.
 ///
 /// ```
 /// use tower_backoff::budget::{Budget, TokenBucket};
@@ -185,8 +191,9 @@ impl TokenBucket {
             .growth
             .as_ref()
             .map_or_else(|| self.tokens.capacity(), |growth| growth.floor);
+        let in_use = Shards::count_for(capacity, self.dearest()).min(self.tokens.most());
         TokenBucket {
-            tokens: Shards::new(self.tokens.count(), self.initial, capacity),
+            tokens: Shards::growing(self.tokens.most(), in_use, self.initial, capacity),
             retry_cost: self.retry_cost,
             timeout_cost: self.timeout_cost,
             throttled_cost: self.throttled_cost,
@@ -268,7 +275,17 @@ impl TokenBucket {
     /// share of the traffic now.
     #[cold]
     fn resize(&self, capacity: u64) {
-        self.tokens.resize(capacity);
+        // A capacity that grew may pay for more shards.
+        let wanted = Shards::count_for(capacity, self.dearest());
+        self.tokens.resize(capacity, wanted);
+    }
+
+    /// What the dearest retry costs, in thousandths: what a shard's share
+    /// must pay alone.
+    fn dearest(&self) -> u64 {
+        self.retry_cost
+            .max(self.timeout_cost)
+            .max(self.throttled_cost)
     }
 
     fn refill_now(&self) {
@@ -599,9 +616,16 @@ impl TokenBucketBuilder {
         };
         let refill = (self.refill_per_second > 0).then(|| Refill::starting(self.refill_per_second));
         let dearest = self.retry_cost.max(self.timeout_cost).max(throttled_cost);
-        let shards = Shards::count_for(self.capacity, dearest);
+        let in_use = Shards::count_for(self.capacity, dearest);
+        // A capacity that grows with traffic may come to pay for a shard per
+        // CPU: room for them is made now, and they are taken into use as it
+        // grows (a busy layer is the one whose retries contend).
+        let most = match growth {
+            Some(_) => Shards::count_for(MAX_TOKENS, dearest),
+            None => in_use,
+        };
         Ok(TokenBucket {
-            tokens: Shards::new(shards, initial * MILLI, self.capacity * MILLI),
+            tokens: Shards::growing(most, in_use, initial * MILLI, self.capacity * MILLI),
             retry_cost: self.retry_cost * MILLI,
             timeout_cost: self.timeout_cost * MILLI,
             throttled_cost: throttled_cost * MILLI,
@@ -665,6 +689,48 @@ mod tests {
             1_000,
             "every token spent or still there"
         );
+    }
+
+    /// The layer's default starts on one shard (its floor of 10 tokens pays
+    /// one timeout retry), takes a shard per CPU into use once the traffic
+    /// it measured grows its capacity, and keeps them when the capacity
+    /// falls back to its floor; alone, a thread still sees one counter.
+    #[tokio::test(start_paused = true)]
+    async fn a_capacity_that_grows_takes_more_shards_into_use_and_keeps_them() {
+        let per_cpu = Shards::count_for(u64::MAX, 1);
+        let bucket = TokenBucket::fleet_safe();
+        assert_eq!((bucket.tokens.in_use(), bucket.tokens.most()), (1, per_cpu));
+        // 1,000 first-try successes a second: 5,000 tokens, 500 timeout
+        // retries, enough for a shard per CPU to pay one.
+        assert!(bucket.try_retry(Cause::Transient));
+        for _ in 0..1024 {
+            tokio::time::advance(std::time::Duration::from_millis(1)).await;
+            bucket.on_success(None);
+        }
+        assert_eq!(bucket.capacity(), 5000);
+        assert_eq!(bucket.tokens.in_use(), per_cpu);
+        assert_eq!(
+            bucket.fresh().tokens.in_use(),
+            1,
+            "a fresh copy starts on its floor's"
+        );
+        // The traffic falls to 2 a second: back to the floor, on the same
+        // shards, holding exactly the floor in all.
+        for _ in 0..1000 {
+            bucket.on_success(None);
+        }
+        assert!(bucket.try_retry(Cause::Transient));
+        for _ in 0..8 {
+            tokio::time::advance(std::time::Duration::from_millis(500)).await;
+            bucket.on_success(None);
+        }
+        assert_eq!(bucket.capacity(), 10);
+        assert_eq!(bucket.tokens.in_use(), per_cpu, "never fewer again");
+        assert_eq!(bucket.available(), 10);
+        // A timeout retry, the whole floor, gathers from every shard.
+        assert!(bucket.try_retry(Cause::Timeout));
+        assert_eq!(bucket.available(), 0);
+        assert!(!bucket.try_retry(Cause::Transient));
     }
 
     #[test]

@@ -8,6 +8,12 @@
 //! into its own shard first, then walks the others: a withdrawal its shard
 //! cannot pay gathers from them, a deposit its shard cannot hold spills into
 //! them. So one thread alone sees exactly what a single counter would give.
+//!
+//! A bucket whose capacity grows takes more shards into use as it grows,
+//! never fewer again. The capacity and the count in use are one word, read
+//! together; a deposit that read them before a resize re-splits the tokens
+//! checks again after it wrote, and moves what it put over a share it no
+//! longer has (`recheck`).
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -41,12 +47,22 @@ struct Shard {
     tokens: AtomicU64,
 }
 
+/// Where `Limits::size` keeps the base-2 log of the shards in use, above the
+/// capacity, which stays below 2^51 thousandths (2^40 tokens).
+const IN_USE_SHIFT: u32 = 56;
+
+/// The bits of `Limits::size` that hold the capacity.
+const CAPACITY: u64 = (1 << IN_USE_SHIFT) - 1;
+
 /// What every deposit reads and almost never writes. Not padded to a line
 /// of its own: the bucket would more than double in size, and the layer
 /// keeps it by value; no shard shares its line, which is what matters.
 struct Limits {
-    /// The most the shards hold in all, split evenly between them.
-    capacity: AtomicU64,
+    /// The most the shards hold in all, and in its top bits how many shards
+    /// it is split over, evenly (see [`Size`]): one word, so that a deposit
+    /// reads a capacity with the shards it is split over, never one with
+    /// the other's count.
+    size: AtomicU64,
     /// [`FULL`], [`ROOM`] or [`CHECKING`], and above them a count of the
     /// writes. A healthy service keeps the bucket full, and then a deposit
     /// is this one read: no walk over the shards to find them all full.
@@ -57,10 +73,59 @@ struct Limits {
 }
 
 /// A bucket's tokens in thousandths, over its shards, and its capacity.
+///
+/// A bucket whose capacity grows with traffic starts on the shards its
+/// floor can pay for and takes more into use as it grows (never fewer
+/// again: a shard leaves no tokens behind that way). The ones not in use
+/// yet hold nothing, as every move of tokens goes to a shard in use in the
+/// size it read, and the shards in use only ever become more.
 pub(in crate::budget) struct Shards {
-    /// A power of two of them, in an allocation of their own.
+    /// A power of two of them, in an allocation of their own: the most the
+    /// bucket may use.
     shards: Box<[Shard]>,
     limits: Limits,
+}
+
+/// The capacity and the shards in use, as one read of `Limits::size` gave
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::budget) struct Size {
+    capacity: u64,
+    /// A power of two.
+    in_use: usize,
+}
+
+impl Size {
+    fn of(word: u64) -> Self {
+        Self {
+            capacity: word & CAPACITY,
+            in_use: 1 << (word >> IN_USE_SHIFT),
+        }
+    }
+
+    fn word(self) -> u64 {
+        debug_assert!(self.capacity <= CAPACITY && self.in_use.is_power_of_two());
+        self.capacity | (u64::from(self.in_use.trailing_zeros()) << IN_USE_SHIFT)
+    }
+
+    fn mask(self) -> usize {
+        self.in_use - 1
+    }
+
+    /// Every shard in use once, from `home` on.
+    fn ring(self, home: usize) -> impl Iterator<Item = usize> {
+        let mask = self.mask();
+        (0..self.in_use).map(move |k| (home + k) & mask)
+    }
+
+    /// The most shard `i` holds: nothing if it is not in use.
+    fn share(self, i: usize) -> u64 {
+        if i < self.in_use {
+            share_of(self.capacity, self.in_use, i)
+        } else {
+            0
+        }
+    }
 }
 
 impl Shards {
@@ -80,44 +145,86 @@ impl Shards {
 
     /// `count` shards (a power of two) holding `tokens` of `capacity` in all,
     /// split as evenly as the capacity.
+    #[cfg(any(test, tower_backoff_loom))]
     pub(in crate::budget) fn new(count: usize, tokens: u64, capacity: u64) -> Self {
-        debug_assert!(count.is_power_of_two() && count <= 128);
+        Self::growing(count, count, tokens, capacity)
+    }
+
+    /// Room for `most` shards, `count` of them in use, holding `tokens` of
+    /// `capacity` in all, split as evenly as the capacity; both counts
+    /// powers of two.
+    pub(in crate::budget) fn growing(
+        most: usize,
+        count: usize,
+        tokens: u64,
+        capacity: u64,
+    ) -> Self {
+        debug_assert!(most.is_power_of_two() && most <= 128);
+        debug_assert!(count.is_power_of_two() && count <= most);
         debug_assert!(tokens <= capacity);
-        let shards = (0..count)
+        let shards = (0..most)
             .map(|i| Shard {
-                tokens: AtomicU64::new(share_of(tokens, count, i)),
+                tokens: AtomicU64::new(if i < count {
+                    share_of(tokens, count, i)
+                } else {
+                    0
+                }),
             })
             .collect();
+        let size = Size {
+            capacity,
+            in_use: count,
+        };
         Self {
             shards,
             limits: Limits {
-                capacity: AtomicU64::new(capacity),
+                size: AtomicU64::new(size.word()),
                 // The first deposit that finds every shard full checks.
                 room: AtomicU64::new(ROOM),
             },
         }
     }
 
-    pub(in crate::budget) fn count(&self) -> usize {
+    /// The most shards the bucket may use.
+    pub(in crate::budget) fn most(&self) -> usize {
         self.shards.len()
     }
 
+    /// The shards in use now.
+    #[cfg(any(test, tower_backoff_loom))]
+    pub(in crate::budget) fn in_use(&self) -> usize {
+        self.size().in_use
+    }
+
     pub(in crate::budget) fn capacity(&self) -> u64 {
-        self.limits.capacity.load(Ordering::Relaxed)
+        self.size().capacity
+    }
+
+    pub(in crate::budget) fn size(&self) -> Size {
+        Size::of(self.limits.size.load(Ordering::Relaxed))
     }
 
     /// The sum of the shards. A snapshot of one shard after another: a
     /// withdrawal gathering at the same time may be missed halfway.
     pub(in crate::budget) fn total(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|shard| shard.tokens.load(Ordering::Relaxed))
+        self.total_of(self.size())
+    }
+
+    /// The sum of the shards in use in `size`: the others hold nothing.
+    fn total_of(&self, size: Size) -> u64 {
+        size.ring(0)
+            .map(|i| self.shards[i].tokens.load(Ordering::Relaxed))
             .sum()
     }
 
     /// Whether the bucket holds `amount`, reading the shard of `home` first.
     pub(in crate::budget) fn holds(&self, amount: u64, home: usize) -> bool {
-        self.shard(home).tokens.load(Ordering::Relaxed) >= amount || self.total() >= amount
+        let size = self.size();
+        self.shards[home & size.mask()]
+            .tokens
+            .load(Ordering::Relaxed)
+            >= amount
+            || self.total_of(size) >= amount
     }
 
     /// Takes `amount` if the shards hold it, from the shard of `home` first.
@@ -128,7 +235,8 @@ impl Shards {
     /// hold part of what one of them needed, and both give it back. It never
     /// grants what was not there.
     pub(in crate::budget) fn take(&self, amount: u64, home: usize) -> bool {
-        let home = home & self.mask();
+        let size = self.size();
+        let home = home & size.mask();
         // One location, read-modify-write: the CAS alone makes it exact.
         // Acquire only for the room flag (see `lower_room_flag`).
         let taken =
@@ -141,20 +249,20 @@ impl Shards {
             self.made_room();
             return true;
         }
-        self.gather(amount, home)
+        self.gather(amount, home, size)
     }
 
     /// Takes `amount` from as many shards as it takes, giving everything back
     /// when they do not hold that much in all.
     #[cold]
-    fn gather(&self, amount: u64, home: usize) -> bool {
+    fn gather(&self, amount: u64, home: usize, size: Size) -> bool {
         // A bucket that does not hold it refuses on reads alone, as one
         // counter does: an outage's refusals write nothing.
-        if self.total() < amount {
+        if self.total_of(size) < amount {
             return false;
         }
         let mut gathered = 0;
-        for i in self.ring(home) {
+        for i in size.ring(home) {
             let wanted = amount - gathered;
             let had = self.shards[i].tokens.fetch_update(
                 Ordering::Acquire,
@@ -176,8 +284,8 @@ impl Shards {
         }
         // Another thread took what the sum counted: refuse, and put back
         // what was gathered for the retries that can be paid.
-        let capacity = self.limits.capacity.load(Ordering::Relaxed);
-        self.spill(gathered, capacity, self.ring(home));
+        let size = self.size();
+        self.spill(gathered, size, size.ring(home));
         false
     }
 
@@ -200,13 +308,18 @@ impl Shards {
         if amount == 0 {
             return;
         }
-        let home = home() & self.mask();
-        let capacity = self.limits.capacity.load(Ordering::Relaxed);
-        let share = self.share(home, capacity);
+        self.put_into(amount, home(), self.size());
+    }
+
+    /// [`put_with_room`](Self::put_with_room) with `size` as it was read.
+    pub(in crate::budget) fn put_into(&self, amount: u64, home: usize, size: Size) {
+        let home = home & size.mask();
+        let share = size.share(home);
+        // Acquire: see `recheck`.
         let had =
             self.shards[home]
                 .tokens
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
+                .fetch_update(Ordering::Acquire, Ordering::Relaxed, |tokens| {
                     (tokens < share).then(|| tokens.saturating_add(amount).min(share))
                 });
         let left = match had {
@@ -214,31 +327,86 @@ impl Shards {
             Err(_) => amount,
         };
         if left > 0 {
-            self.spill(left, capacity, self.ring(home).skip(1));
+            self.spill(left, size, size.ring(home).skip(1));
+        } else {
+            self.recheck(size);
         }
     }
 
     /// Puts `amount` into the shards of `ring`, in turn, each up to its share
-    /// of `capacity`; when all are full, drops the rest and flags the bucket
+    /// in `size`; when all are full, drops the rest and flags the bucket
     /// full.
     #[cold]
-    fn spill(&self, mut amount: u64, capacity: u64, ring: impl Iterator<Item = usize>) {
+    fn spill(&self, amount: u64, size: Size, ring: impl Iterator<Item = usize>) {
+        if !self.spill_into(amount, size, ring) {
+            self.lower_room_flag();
+        }
+        self.recheck(size);
+    }
+
+    /// The walk of [`spill`](Self::spill): whether `amount` found room.
+    fn spill_into(&self, mut amount: u64, size: Size, ring: impl Iterator<Item = usize>) -> bool {
         for i in ring {
-            let share = self.share(i, capacity);
+            let share = size.share(i);
             // Saturating: a refill owed for a long idle spell can be any size.
+            // Acquire: see `recheck`.
             let had = self.shards[i].tokens.fetch_update(
-                Ordering::Relaxed,
+                Ordering::Acquire,
                 Ordering::Relaxed,
                 |tokens| (tokens < share).then(|| tokens.saturating_add(amount).min(share)),
             );
             if let Ok(had) = had {
                 amount -= amount.min(share - had);
                 if amount == 0 {
-                    return;
+                    return true;
                 }
             }
         }
-        self.lower_room_flag();
+        false
+    }
+
+    /// A deposit made with `read` as the size: if a resize changed it
+    /// meanwhile, the deposit may have filled a shard to a share it no
+    /// longer has, behind the resize's walk; it then moves what is over
+    /// itself. Its write to the shard acquired the resize's (a release, on
+    /// every shard), or came before it and was seen by it; so a deposit
+    /// behind the walk reads the new size here. Without this, a deposit
+    /// racing a resize that takes more shards into use could leave the
+    /// bucket holding more than its capacity.
+    #[inline]
+    fn recheck(&self, read: Size) {
+        if self.size() != read {
+            self.rebalance();
+        }
+    }
+
+    /// Moves what shards hold beyond their shares in the size now to those
+    /// with room; drops what none can hold.
+    #[cold]
+    fn rebalance(&self) {
+        let size = self.size();
+        let over = self.clamp(size);
+        if over > 0 {
+            self.spill(over, size, size.ring(0));
+        }
+    }
+
+    /// Cuts every shard down to its share in `size`, writing each even when
+    /// it holds no more (see `recheck`); returns what was cut.
+    fn clamp(&self, size: Size) -> u64 {
+        let mut over = 0u64;
+        for (i, shard) in self.shards.iter().enumerate() {
+            let share = size.share(i);
+            let had = shard
+                .tokens
+                .fetch_update(Ordering::Release, Ordering::Relaxed, |tokens| {
+                    Some(tokens.min(share))
+                });
+            // Always `Ok`: the update never declines.
+            let had = had.unwrap_or_else(|had| had);
+            over = over.saturating_add(had.saturating_sub(share));
+        }
+        over
     }
 
     /// Every shard was full as a deposit walked past it: flags the bucket
@@ -273,12 +441,14 @@ impl Shards {
     /// Whether some shard holds less than its share, read by a
     /// read-modify-write of each (see `lower_room_flag`).
     fn look_again(&self) -> bool {
-        let capacity = self.limits.capacity.load(Ordering::Relaxed);
+        let size = self.size();
         let mut room = false;
+        // Every shard, those not in use too (their share is nothing): the
+        // protocol's argument does not depend on which size was read.
         for (i, shard) in self.shards.iter().enumerate() {
             // Adding nothing changes no token.
             let tokens = shard.tokens.fetch_add(0, Ordering::Release);
-            room |= tokens < self.share(i, capacity);
+            room |= tokens < size.share(i);
         }
         room
     }
@@ -326,34 +496,38 @@ impl Shards {
         }
     }
 
-    /// Sets the capacity, giving up what the shards hold beyond it in all:
-    /// what one shard held beyond its new share moves to those with room.
+    /// Sets the capacity, giving up what the shards hold beyond it in all,
+    /// and takes up to `wanted` shards into use (a power of two; never fewer
+    /// than are in use, never more than the most): what one shard held
+    /// beyond its new share moves to those with room, new ones included.
     ///
-    /// A deposit that read the old capacity may still fill a shard to its
-    /// old share after this: the bucket holds more than the new capacity
-    /// until the next withdrawal or resize, as a single counter would.
+    /// A deposit that read the old size and fills a shard to its old share
+    /// behind this walk moves what is over itself (see `recheck`).
     #[cold]
-    pub(in crate::budget) fn resize(&self, capacity: u64) {
-        self.limits.capacity.store(capacity, Ordering::Relaxed);
-        let mut over = 0u64;
-        for (i, shard) in self.shards.iter().enumerate() {
-            let share = self.share(i, capacity);
-            let had = shard
-                .tokens
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
-                    (tokens > share).then_some(share)
+    pub(in crate::budget) fn resize(&self, capacity: u64, wanted: usize) {
+        debug_assert!(wanted.is_power_of_two());
+        let wanted = wanted.min(self.shards.len());
+        let resized = |word| Size {
+            capacity,
+            in_use: Size::of(word).in_use.max(wanted),
+        };
+        // A read-modify-write, so that two resizes at once never put fewer
+        // shards in use than either asked for.
+        let previous =
+            self.limits
+                .size
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                    Some(resized(word).word())
                 });
-            if let Ok(had) = had {
-                over = over.saturating_add(had - share);
-            }
-        }
+        let size = resized(previous.unwrap_or_else(|word| word));
+        let over = self.clamp(size);
         // A larger capacity leaves room in every shard. Release: a deposit
         // that lowers the flag after this reads the new capacity (see
         // `lower_room_flag`); one that lowered it before is overwritten.
         let flag = self.limits.room.load(Ordering::Relaxed);
         self.write_room_flag(flag, ROOM, Ordering::Release);
         if over > 0 {
-            self.spill(over, capacity, self.ring(0));
+            self.spill(over, size, size.ring(0));
         }
     }
 
@@ -374,25 +548,6 @@ impl Shards {
             .iter()
             .map(|shard| shard.tokens.load(Ordering::Relaxed))
             .collect()
-    }
-
-    fn mask(&self) -> usize {
-        self.shards.len() - 1
-    }
-
-    fn shard(&self, home: usize) -> &Shard {
-        &self.shards[home & self.mask()]
-    }
-
-    /// Every shard's index once, from `home` on.
-    fn ring(&self, home: usize) -> impl Iterator<Item = usize> {
-        let mask = self.mask();
-        (0..self.shards.len()).map(move |k| (home + k) & mask)
-    }
-
-    /// The most shard `i` holds of `capacity`.
-    fn share(&self, i: usize, capacity: u64) -> u64 {
-        share_of(capacity, self.shards.len(), i)
     }
 }
 
@@ -522,15 +677,26 @@ mod tests {
     }
 
     #[test]
+    fn a_deposit_that_read_the_size_before_a_resize_moves_what_is_over_its_new_share() {
+        let shards = Shards::growing(2, 1, 19, 19); // full, on one shard
+        let before = shards.size();
+        shards.resize(20, 2); // two shares of 10
+        assert_eq!(shards.each(), [10, 9]);
+        // Lands now, filling its shard to the share it read: 19.
+        shards.put_into(5, 0, before);
+        assert_eq!(shards.each(), [10, 10], "no more than the capacity");
+    }
+
+    #[test]
     fn a_smaller_capacity_keeps_what_fits_in_all_not_in_each_shard() {
         let shards = Shards::new(2, 0, 10);
         shards.put(5, || 0);
         assert_eq!(shards.each(), [5, 0]);
-        shards.resize(6); // shares of 3: shard 0 is over, shard 1 has room
+        shards.resize(6, 1); // shares of 3: shard 0 is over, shard 1 has room
         assert_eq!(shards.each(), [3, 2]);
-        shards.resize(4);
+        shards.resize(4, 1);
         assert_eq!(shards.each(), [2, 2]);
-        shards.resize(100);
+        shards.resize(100, 1);
         shards.put(100, || 1);
         assert_eq!(shards.total(), 100, "a larger capacity has room");
     }
@@ -538,9 +704,16 @@ mod tests {
     /// One step of a history, on the shard of `home`.
     #[derive(Debug, Clone)]
     enum Step {
-        Take { amount: u64, home: usize },
-        Put { amount: u64, home: usize },
-        Resize(u64),
+        Take {
+            amount: u64,
+            home: usize,
+        },
+        Put {
+            amount: u64,
+            home: usize,
+        },
+        /// To a capacity, asking for 2^k shards.
+        Resize(u64, u32),
     }
 
     fn step(capacity: u64) -> impl Strategy<Value = Step> {
@@ -555,23 +728,25 @@ mod tests {
         prop_oneof![
             4 => (amount.clone(), any::<usize>()).prop_map(|(amount, home)| Step::Take { amount, home }),
             4 => (amount, any::<usize>()).prop_map(|(amount, home)| Step::Put { amount, home }),
-            1 => (1..=capacity.saturating_mul(2)).prop_map(Step::Resize),
+            1 => (1..=capacity.saturating_mul(2), 0..=4u32)
+                .prop_map(|(to, k)| Step::Resize(to, k)),
         ]
     }
 
-    fn history() -> impl Strategy<Value = (usize, u64, u64, Vec<Step>)> {
-        (
-            prop_oneof![Just(1usize), Just(2), Just(4), Just(8), Just(16)],
-            prop_oneof![1u64..=100, 1u64..=1 << 50],
-        )
-            .prop_flat_map(|(count, capacity)| {
+    /// The most shards, how many are in use at first, the capacity, the
+    /// tokens at first, and the steps.
+    fn history() -> impl Strategy<Value = (usize, usize, u64, u64, Vec<Step>)> {
+        (0..=4u32, 0..=4u32, prop_oneof![1u64..=100, 1u64..=1 << 50]).prop_flat_map(
+            |(most, in_use, capacity)| {
                 (
-                    Just(count),
+                    Just(1 << most),
+                    Just(1 << in_use.min(most)),
                     Just(capacity),
                     0..=capacity,
                     proptest::collection::vec(step(capacity), 0..100),
                 )
-            })
+            },
+        )
     }
 
     proptest! {
@@ -580,9 +755,9 @@ mod tests {
         /// capacity, whichever shard it starts from.
         #[test]
         fn from_one_thread_the_shards_behave_as_one_counter(
-            (count, capacity, tokens, steps) in history(),
+            (most, mut in_use, capacity, tokens, steps) in history(),
         ) {
-            let shards = Shards::new(count, tokens, capacity);
+            let shards = Shards::growing(most, in_use, tokens, capacity);
             let (mut model, mut capacity) = (tokens, capacity);
             let (mut taken, mut given) = (0u128, 0u128);
             for step in steps {
@@ -600,16 +775,19 @@ mod tests {
                         model = model.saturating_add(amount).min(capacity);
                         given += u128::from(amount);
                     }
-                    Step::Resize(to) => {
-                        shards.resize(to);
+                    Step::Resize(to, k) => {
+                        shards.resize(to, 1 << k);
                         capacity = to;
+                        in_use = in_use.max((1 << k).min(most));
                         model = model.min(capacity);
                     }
                 }
                 prop_assert_eq!(shards.total(), model, "after {:?}: {:?}", step, shards.each());
                 prop_assert_eq!(shards.capacity(), capacity);
+                prop_assert_eq!(shards.in_use(), in_use);
                 for (i, held) in shards.each().into_iter().enumerate() {
-                    prop_assert!(held <= share_of(capacity, count, i), "{:?}", shards.each());
+                    let share = if i < in_use { share_of(capacity, in_use, i) } else { 0 };
+                    prop_assert!(held <= share, "{:?}", shards.each());
                 }
                 if shards.says_full() {
                     prop_assert_eq!(model, capacity, "the flag says full, but there is room");
