@@ -678,6 +678,19 @@ mod tests {
         );
     }
 
+    /// The layer's default at its floor: one shard in use of several. Full,
+    /// it is flagged full, so a refund is one read; the shards not in use
+    /// are no room.
+    #[test]
+    fn a_bucket_full_on_the_shards_in_use_is_flagged_full() {
+        let shards = Shards::growing(4, 1, 0, 10);
+        shards.put(10, || 3);
+        assert!(!shards.says_full(), "no deposit found it full yet");
+        shards.put(1, || 2);
+        assert!(shards.says_full());
+        assert_eq!(shards.each(), [10, 0, 0, 0]);
+    }
+
     #[test]
     fn a_deposit_that_read_the_size_before_a_resize_moves_what_is_over_its_new_share() {
         let shards = Shards::growing(2, 1, 19, 19); // full, on one shard
