@@ -726,7 +726,7 @@ where
             Instant::now,
             || {
                 copy = copy_for(&config.policy, request);
-                copy.as_ref().map(|_| ())
+                copy.is_some().then_some(())
             },
         );
         let admission = match sent {
