@@ -283,9 +283,7 @@ impl TokenBucket {
     /// What the dearest retry costs, in thousandths: what a shard's share
     /// must pay alone.
     fn dearest(&self) -> u64 {
-        self.retry_cost
-            .max(self.timeout_cost)
-            .max(self.throttled_cost)
+        dearest(self.retry_cost, self.timeout_cost, self.throttled_cost)
     }
 
     fn refill_now(&self) {
@@ -400,6 +398,11 @@ impl Growth {
         // `as` saturates, and NaN (impossible: the rate is finite) gives 0.
         (capacity as u64).clamp(self.floor, MAX_TOKENS * MILLI)
     }
+}
+
+/// The dearest of a bucket's three costs, in whatever unit they are given.
+fn dearest(retry: u64, timeout: u64, throttled: u64) -> u64 {
+    retry.max(timeout).max(throttled)
 }
 
 impl Default for TokenBucket {
@@ -615,7 +618,7 @@ impl TokenBucketBuilder {
             )),
         };
         let refill = (self.refill_per_second > 0).then(|| Refill::starting(self.refill_per_second));
-        let dearest = self.retry_cost.max(self.timeout_cost).max(throttled_cost);
+        let dearest = dearest(self.retry_cost, self.timeout_cost, throttled_cost);
         let in_use = Shards::count_for(self.capacity, dearest);
         // A capacity that grows with traffic may come to pay for a shard per
         // CPU: room for them is made now, and they are taken into use as it
