@@ -180,6 +180,24 @@ impl<F1, F, Tm, O> State<F1, F, Tm, O> {
     }
 }
 
+impl<F, Tm, R, E> Tracked<F, Tm, Result<R, E>> {
+    /// A request the breaker rejected: `error` is its outcome. Off the
+    /// happy path, it allocates.
+    #[cold]
+    #[inline(never)]
+    fn rejected(error: E, max_attempts: u32) -> Pin<Box<Self>> {
+        let limits = RequestLimits {
+            max_attempts,
+            deadline: None,
+        };
+        Box::pin(Self {
+            phase: Phase::Rejected,
+            kept: Some(Err(error)),
+            progress: Progress::new(limits, 0),
+        })
+    }
+}
+
 /// One request beyond its first attempt: the engine's session, and what
 /// pacing gave it.
 struct Progress {
@@ -297,18 +315,13 @@ where
     T: AttemptTimer<S::Error>,
 {
     /// A request whose first attempt the circuit breaker rejected: it
-    /// resolves to `error` and sends nothing. Off the happy path, it may
-    /// allocate.
+    /// resolves to `error` and sends nothing.
+    // Assembled here, inline, as the happy path's future is: made whole in a
+    // function of its own, it made LLVM copy every future of a layer with a
+    // breaker with one 416-byte `memcpy` (measured: 94 instructions a call).
+    #[inline(always)]
     pub(crate) fn rejected(error: T::Error, inner: S, config: Arc<Config<P, T>>) -> Self {
-        let limits = RequestLimits {
-            max_attempts: config.max_attempts,
-            deadline: None,
-        };
-        let tracked = Box::pin(Tracked {
-            phase: Phase::Rejected,
-            kept: Some(Err(error)),
-            progress: Progress::new(limits, 0),
-        });
+        let tracked = Tracked::rejected(error, config.max_attempts);
         Self {
             state: State::Tracked { tracked },
             request: None,

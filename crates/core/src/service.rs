@@ -281,18 +281,28 @@ impl<S, P, T> BackoffRetry<S, P, T> {
 impl<S, P, T> BackoffRetry<S, P, T> {
     /// A request the open breaker rejected: nothing sent, no budget, no
     /// `Called`; its future returns the breaker's error.
-    #[inline(never)]
-    #[cold]
+    // Inline, so the future is assembled where the happy path's is (see
+    // `ResponseFuture::rejected`); the work is in `rejection`, out of line.
+    #[inline(always)]
     fn reject<Req>(&mut self) -> ResponseFuture<S, P, Req, T>
     where
         S: Service<Req> + Clone,
         T: AttemptTimer<S::Error>,
     {
-        let config = &self.config;
-        config.emit(|| Event::Rejected(RejectArgs::first()));
+        let error = self.rejection::<S::Error>();
+        ResponseFuture::rejected(error, self.inner.clone(), Arc::clone(&self.config))
+    }
+
+    /// Tells the observers of a rejection and makes its error.
+    #[inline(never)]
+    #[cold]
+    fn rejection<E>(&self) -> T::Error
+    where
+        T: AttemptTimer<E>,
+    {
+        self.config.emit(|| Event::Rejected(RejectArgs::first()));
         // A breaker is set only where the error can say it rejected.
-        let error = T::rejected(BreakerOpen).expect("a layer with a breaker can reject");
-        ResponseFuture::rejected(error, self.inner.clone(), Arc::clone(config))
+        T::rejected(BreakerOpen).expect("a layer with a breaker can reject")
     }
 }
 
