@@ -49,6 +49,10 @@ pub(crate) struct Config<P, T = NoTimeout> {
     /// pacing or hedging its first outcome needs more than the settings.
     /// Worked out once, so the happy path reads one flag, not three.
     pub(crate) track_from_call: bool,
+    /// Whether the budget is told of every call: only a budget given as a
+    /// trait object can want to be (the token bucket never does). Worked
+    /// out once, so the happy path reads one flag, not the budget's kind.
+    pub(crate) budget_counts_calls: bool,
 }
 
 /// Who hears a layer's events. Stats alone, the common case, is called
@@ -119,6 +123,7 @@ impl<P, T> Config<P, T> {
             breaker: self.breaker,
             hedging: self.hedging,
             track_from_call: self.track_from_call,
+            budget_counts_calls: self.budget_counts_calls,
         }
     }
 
@@ -183,8 +188,10 @@ impl<P, T> Config<P, T> {
     /// A request was called: its first attempt is about to go out.
     #[inline]
     pub(crate) fn on_call(&self) {
-        if let Some(budget) = self.budget() {
-            budget.on_first_attempt();
+        if self.budget_counts_calls {
+            if let Some(budget) = self.budget() {
+                budget.on_first_attempt();
+            }
         }
         self.emit(|| Event::Called);
     }

@@ -545,6 +545,7 @@ impl<P, T> BackoffBuilder<P, T> {
             BudgetChoice::None => None,
         };
         let pacing_set = pacing.is_some();
+        let budget_counts_calls = matches!(budget, Some(LayerBudget::Given(_)));
         #[cfg(feature = "tracing")]
         observers.push(Box::new(crate::events::Tracing));
         #[cfg(feature = "metrics")]
@@ -565,6 +566,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 breaker,
                 hedging: hedging.as_ref().map(|h| Arc::new(Hedger::new(h))),
                 track_from_call: limits.max_elapsed.is_some() || pacing_set || hedging.is_some(),
+                budget_counts_calls,
             }),
         })
     }
