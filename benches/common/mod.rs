@@ -442,6 +442,47 @@ pub fn future_size(column: &str) -> usize {
     }
 }
 
+/// `Backend`, with every call pending at its first poll (it wakes itself at
+/// once) and answered at its second: a call over a network is pending first.
+#[derive(Clone)]
+pub struct PendingOnce(pub Backend);
+
+impl Service<Req> for PendingOnce {
+    type Response = Res;
+    type Error = Failed;
+    type Future = PendingFirst<Ready<Result<Res, Failed>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failed>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        PendingFirst {
+            polled: false,
+            inner: self.0.call(request),
+        }
+    }
+}
+
+/// A future pending at its first poll, then `inner`.
+pub struct PendingFirst<F> {
+    polled: bool,
+    inner: F,
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for PendingFirst<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        if !self.polled {
+            self.polled = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
 /// Counts every heap allocation made in this process. A bench binary that
 /// counts declares `#[global_allocator] static GLOBAL: Counting = Counting;`
 /// itself: a global allocator belongs to a binary, not to a module.
