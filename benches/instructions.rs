@@ -70,8 +70,8 @@ async fn run_hedge_column(iters: u64) {
 
 /// What hedging costs a call that is pending at its first poll, as one over
 /// a network is, and answers before the hedge delay: the defaults and the
-/// defaults with hedging, around a backend whose every call is pending once
-/// (it wakes itself) and then answers. Such a call arms the hedge delay's
+/// defaults with hedging, around a backend whose every call is pending until
+/// the runtime turned once (`common::PendingOnce`) and then answers. Such a call arms the hedge delay's
 /// timer, which a call answered at its first poll never does.
 ///
 /// Beside them, `tower::hedge` around the same backends, its delay the 95th
@@ -116,6 +116,12 @@ where
 }
 
 async fn run_pending_column(column: &str, iters: u64) {
+    let turns = tokio::spawn(common::turns());
+    drive_pending_column(column, iters).await;
+    turns.abort();
+}
+
+async fn drive_pending_column(column: &str, iters: u64) {
     let template = common::request();
     let pending = common::PendingOnce(common::Backend::healthy());
     match column {

@@ -442,8 +442,10 @@ pub fn future_size(column: &str) -> usize {
     }
 }
 
-/// `Backend`, with every call pending at its first poll (it wakes itself at
-/// once) and answered at its second: a call over a network is pending first.
+/// `Backend`, with every call pending until the runtime has turned once, as
+/// a call over a network is pending until its I/O driver wakes it: its first
+/// poll registers it with [`turns`], a task that wakes every call registered
+/// each time the runtime runs it. A second poll before that is pending too.
 #[derive(Clone)]
 pub struct PendingOnce(pub Backend);
 
@@ -458,15 +460,40 @@ impl Service<Req> for PendingOnce {
 
     fn call(&mut self, request: Req) -> Self::Future {
         PendingFirst {
-            polled: false,
+            turn: None,
             inner: self.0.call(request),
         }
     }
 }
 
-/// A future pending at its first poll, then `inner`.
+thread_local! {
+    /// The wakers of the calls waiting for the runtime to turn.
+    static WAITING: std::cell::RefCell<Vec<std::task::Waker>> = const {
+        std::cell::RefCell::new(Vec::new())
+    };
+    /// How many times [`turns`] ran.
+    static TURN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Wakes the calls of [`PendingOnce`] each time the runtime runs it: spawn
+/// it on the current-thread runtime that drives them, and abort it after.
+pub async fn turns() {
+    loop {
+        TURN.with(|turn| turn.set(turn.get() + 1));
+        // Woken from a list of its own, which goes back empty to keep its
+        // room: no allocation a turn. Waking polls nothing, so no call
+        // registers meanwhile.
+        let mut woken = WAITING.with(|waiting| std::mem::take(&mut *waiting.borrow_mut()));
+        woken.drain(..).for_each(std::task::Waker::wake);
+        WAITING.with(|waiting| *waiting.borrow_mut() = woken);
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A future pending until [`turns`] ran after its first poll, then `inner`.
 pub struct PendingFirst<F> {
-    polled: bool,
+    /// The turn of its first poll.
+    turn: Option<u64>,
     inner: F,
 }
 
@@ -474,12 +501,18 @@ impl<F: std::future::Future + Unpin> std::future::Future for PendingFirst<F> {
     type Output = F::Output;
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        if !self.polled {
-            self.polled = true;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+        let now = TURN.with(|turn| turn.get());
+        match self.turn {
+            None => {
+                self.turn = Some(now);
+                WAITING.with(|waiting| waiting.borrow_mut().push(cx.waker().clone()));
+                Poll::Pending
+            }
+            // Polled again by the same task before the runtime turned: its
+            // waker is registered already.
+            Some(first) if first == now => Poll::Pending,
+            Some(_) => std::pin::Pin::new(&mut self.inner).poll(cx),
         }
-        std::pin::Pin::new(&mut self.inner).poll(cx)
     }
 }
 
