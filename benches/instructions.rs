@@ -54,7 +54,8 @@ async fn run_breaker_column(iters: u64) {
 /// instructions at most.
 const HEDGE_COLUMN: &str = "ours, hedging configured";
 
-fn hedge_layer() -> tower_backoff::BackoffLayer {
+fn hedge_layer(
+) -> tower_backoff::BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::Hedged> {
     tower_backoff::BackoffLayer::builder()
         .hedge(tower_backoff::Hedging::after(
             std::time::Duration::from_secs(1),
@@ -152,21 +153,14 @@ async fn drive_pending_column(column: &str, iters: u64) {
 /// The size of one response future of a pending column, as a caller would
 /// store it.
 fn pending_future_size(column: &str) -> usize {
-    let request = common::request();
+    fn call<S: tower::Service<common::Req>>(mut svc: S) -> usize {
+        size_of_val(&svc.call(common::request()))
+    }
     let pending = common::PendingOnce(common::Backend::healthy());
-    let call = |mut svc| size_of_val(&tower::Service::call(&mut svc, request.clone()));
     match column {
-        "bare, pending once" => {
-            size_of_val(&tower::Service::call(&mut pending.clone(), request.clone()))
-        }
-        "tower::hedge" => size_of_val(&tower::Service::call(
-            &mut tower_hedge(common::Backend::healthy()),
-            request.clone(),
-        )),
-        "tower::hedge, pending once" => size_of_val(&tower::Service::call(
-            &mut tower_hedge(pending),
-            request.clone(),
-        )),
+        "bare, pending once" => call(pending),
+        "tower::hedge" => call(tower_hedge(common::Backend::healthy())),
+        "tower::hedge, pending once" => call(tower_hedge(pending)),
         "ours, pending once" => call(tower::Layer::layer(
             &tower_backoff::BackoffLayer::new(),
             pending,

@@ -137,6 +137,20 @@ fn happy_path_with_a_closed_breaker_allocates_only_the_request_copy() {
     assert_happy_path_allocates_only_the_request_copy(&layer);
 }
 
+/// A layer that hedges starts hedging an attempt only once it is found
+/// pending: one answered at its first poll allocates nothing for it, reads
+/// no clock and needs no runtime.
+#[test]
+fn happy_path_with_hedging_allocates_only_the_request_copy() {
+    for hedging in [
+        tower_backoff::Hedging::after(Duration::from_millis(20)),
+        tower_backoff::Hedging::at_percentile(95.0),
+    ] {
+        let layer = BackoffLayer::builder().hedge(hedging).build().unwrap();
+        assert_happy_path_allocates_only_the_request_copy(&layer);
+    }
+}
+
 #[test]
 fn max_attempts_one_keeps_one_copy_for_the_transparent_retry() {
     // The only attempt may still be followed by the one transparent retry
@@ -290,4 +304,52 @@ fn the_response_future_is_no_larger_than_tower_retrys() {
             "{ours} bytes against tower's {tower_size}"
         );
     }
+}
+
+/// Hedging's room costs a hedging layer's future one pointer, and every
+/// other layer's nothing: their futures stay the defaults' size.
+#[test]
+fn a_hedging_layer_s_future_is_one_pointer_larger_and_no_other_is() {
+    fn size<L>(layer: &L) -> usize
+    where
+        L: tower::Layer<Backend>,
+        L::Service: Service<Req>,
+    {
+        size_of_val(&layer.layer(Backend::default()).call(request()))
+    }
+    let defaults = size(&BackoffLayer::new());
+    let breaker = BackoffLayer::builder()
+        .circuit_breaker(tower_backoff::breaker::CircuitBreaker::new())
+        .build()
+        .unwrap();
+    assert_eq!(size(&breaker), defaults);
+    let hedging = tower_backoff::Hedging::after(Duration::from_millis(20));
+    let hedged = BackoffLayer::builder().hedge(hedging).build().unwrap();
+    assert_eq!(size(&hedged), defaults + size_of::<usize>());
+    // Hedged, whichever comes first of the settings that change the type.
+    let hedged_breaker = BackoffLayer::builder()
+        .hedge(hedging)
+        .circuit_breaker(tower_backoff::breaker::CircuitBreaker::new())
+        .build()
+        .unwrap();
+    assert_eq!(size(&hedged_breaker), size(&breaker) + size_of::<usize>());
+    // One type whichever comes first: `same` takes only two of one type.
+    fn same<P, T>(_: &BackoffLayer<P, T>, _: &BackoffLayer<P, T>) {}
+    let timeout_then_hedge = BackoffLayer::builder()
+        .attempt_timeout(Duration::from_secs(1))
+        .hedge(hedging)
+        .build()
+        .unwrap();
+    let hedge_then_timeout = BackoffLayer::builder()
+        .hedge(hedging)
+        .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    same(&timeout_then_hedge, &hedge_then_timeout);
+    let breaker_then_hedge = BackoffLayer::builder()
+        .circuit_breaker(tower_backoff::breaker::CircuitBreaker::new())
+        .hedge(hedging)
+        .build()
+        .unwrap();
+    same(&breaker_then_hedge, &hedged_breaker);
 }

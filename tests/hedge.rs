@@ -16,6 +16,9 @@ use tower_backoff::events::{Event, HedgeEvent, Observer};
 use tower_backoff::{BackoffLayer, ConfigError, Constant, Hedging, Jitter, Stats, TokenBucket};
 
 const DELAY: Duration = Duration::from_millis(10);
+/// What a call the script does not cover takes: long enough to be pending
+/// at its first poll, short of the hedging delay.
+const WAITED: Duration = Duration::from_millis(1);
 
 /// What each call of the host does, in the order of the calls: answer `Ok`
 /// or fail after a latency. Calls beyond the script answer `Ok` at once.
@@ -67,7 +70,7 @@ impl Host {
                 .lock()
                 .unwrap()
                 .pop_front()
-                .unwrap_or((Duration::ZERO, true));
+                .unwrap_or((WAITED, true));
             let cancelled = host.cancelled.clone();
             async move {
                 let mut guard = Cancelled(cancelled, false);
@@ -104,7 +107,12 @@ impl Hedges {
     }
 }
 
-fn layer(hedging: Hedging, stats: &Stats, hedges: &Hedges) -> Result<BackoffLayer, ConfigError> {
+fn layer(
+    hedging: Hedging,
+    stats: &Stats,
+    hedges: &Hedges,
+) -> Result<BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::Hedged>, ConfigError>
+{
     BackoffLayer::builder()
         .schedule(Constant::new(Duration::from_millis(100)))
         .jitter(Jitter::None)
@@ -115,11 +123,13 @@ fn layer(hedging: Hedging, stats: &Stats, hedges: &Hedges) -> Result<BackoffLaye
         .build()
 }
 
-/// Calls `svc` `count` times with requests answered at once: the traffic
-/// the load cap grants hedges from.
+/// Calls `svc` `count` times with quick requests: the traffic the load cap
+/// grants hedges from. Each waits (the script's 1 ms, or `WAITED` once the
+/// script is out): an answer ready at the first poll is not counted.
 async fn warm_up<S>(svc: &mut S, count: u32)
 where
-    S: Service<u32, Response = u32, Error = io::Error>,
+    S: Service<u32, Response = u32>,
+    S::Error: std::fmt::Debug,
 {
     for _ in 0..count {
         svc.ready().await.unwrap().call(0).await.unwrap();
@@ -130,7 +140,7 @@ where
 #[tokio::test(start_paused = true)]
 async fn a_slow_attempt_is_hedged_and_the_first_answer_wins() {
     // 10 quick calls, then one that takes a second, then its hedge.
-    let mut steps = vec![(0, true); 10];
+    let mut steps = vec![(1, true); 10];
     steps.extend([(1_000, true), (5, true)]);
     let host = Host::script(&steps);
     let (stats, hedges) = (Stats::new(), Hedges::default());
@@ -180,10 +190,102 @@ async fn an_attempt_that_answers_before_the_delay_sends_no_hedge() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_attempt_that_answers_at_its_first_poll_is_neither_hedged_nor_counted() {
+    // Ten calls ready at their first poll give the load cap no traffic to
+    // grant a hedge from: the slow call after them gets none.
+    let mut steps = vec![(0, true); 10];
+    steps.push((1_000, true));
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = layer(Hedging::after(DELAY), &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    let start = Instant::now();
+    assert_eq!(svc.ready().await.unwrap().call(7).await.unwrap(), 711);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(host.calls(), 11);
+    assert!(hedges.seen().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_attempt_timeout_cancels_a_first_copy_hedged_from_its_first_poll() {
+    // The first copy and its hedge both outlast the attempt's 30 ms: both
+    // are dropped then, and the retry, 100 ms later, answers in 5 ms.
+    let mut steps = vec![(1, true); 10];
+    steps.extend([(1_000, true), (1_000, true), (5, true)]);
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = BackoffLayer::builder()
+        .attempt_timeout(Duration::from_millis(30))
+        .schedule(Constant::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .budget(TokenBucket::new())
+        .stats(stats.clone())
+        .observer(hedges.clone())
+        .hedge(Hedging::after(DELAY))
+        .build()
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    let start = Instant::now();
+    let answer = svc.ready().await.unwrap().call(7).await.unwrap();
+    assert_eq!(answer, 713);
+    assert_eq!(start.elapsed(), Duration::from_millis(30 + 100 + 5));
+    assert_eq!((host.calls(), host.cancelled()), (13, 2));
+    assert_eq!(
+        hedges.seen(),
+        [
+            (2, HedgeEvent::Sent),
+            (1, HedgeEvent::Cancelled),
+            (2, HedgeEvent::Cancelled)
+        ]
+    );
+    let seen = stats.snapshot();
+    assert_eq!((seen.attempts, seen.retries, seen.hedges), (13, 1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_attempt_timeout_still_holds_a_hedge_once_a_first_copy_hedged_from_its_first_poll_failed(
+) {
+    // The first copy fails at 15 ms, after its hedge went out at 10 ms (the
+    // load cap grants no second hedge). The hedge outlasts the attempt's
+    // 30 ms, which still holds for it although the copy beside the timer is
+    // gone: it is dropped at 30 ms, and the retry, 100 ms later, answers in
+    // 5 ms. Had the timer gone with the first copy, the hedge would have
+    // answered at 1,010 ms.
+    let mut steps = vec![(1, true); 10];
+    steps.extend([(15, false), (1_000, true), (5, true)]);
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = BackoffLayer::builder()
+        .attempt_timeout(Duration::from_millis(30))
+        .schedule(Constant::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .budget(TokenBucket::new())
+        .stats(stats.clone())
+        .observer(hedges.clone())
+        .hedge(Hedging::after(DELAY))
+        .build()
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    let start = Instant::now();
+    let answer = svc.ready().await.unwrap().call(7).await.unwrap();
+    assert_eq!(answer, 713);
+    assert_eq!(start.elapsed(), Duration::from_millis(30 + 100 + 5));
+    assert_eq!((host.calls(), host.cancelled()), (13, 1));
+    assert_eq!(
+        hedges.seen(),
+        [(2, HedgeEvent::Sent), (2, HedgeEvent::Cancelled)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failed_copy_sends_the_next_hedge_at_once() {
     // Three copies at most: the first is slow, the first hedge fails after
     // 2 ms, the second hedge goes out then, not after another delay.
-    let mut steps = vec![(0, true); 10];
+    let mut steps = vec![(1, true); 10];
     steps.extend([(1_000, true), (2, false), (4, true)]);
     let host = Host::script(&steps);
     let (stats, hedges) = (Stats::new(), Hedges::default());
@@ -210,7 +312,7 @@ async fn a_failed_copy_sends_the_next_hedge_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn when_every_copy_fails_the_attempt_is_retried_and_hedged_again() {
-    let mut steps = vec![(0, true); 10];
+    let mut steps = vec![(1, true); 10];
     // Attempt 1 and its hedge fail together; the retry is slow and its
     // hedge wins.
     steps.extend([(20, false), (10, false), (1_000, true), (1, true)]);
@@ -250,7 +352,7 @@ async fn when_every_copy_fails_the_attempt_is_retried_and_hedged_again() {
 
 #[tokio::test(start_paused = true)]
 async fn a_zero_delay_sends_every_copy_at_once() {
-    let mut steps = vec![(0, true); 10];
+    let mut steps = vec![(1, true); 10];
     steps.extend([(30, true), (20, true), (10, true)]);
     let host = Host::script(&steps);
     let (stats, hedges) = (Stats::new(), Hedges::default());
@@ -285,7 +387,7 @@ async fn a_zero_delay_sends_every_copy_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn hedges_count_against_the_attempt_limit() {
-    let mut steps = vec![(0, true); 10];
+    let mut steps = vec![(1, true); 10];
     steps.extend([(50, false), (50, false)]);
     let host = Host::script(&steps);
     let (stats, hedges) = (Stats::new(), Hedges::default());
@@ -341,7 +443,7 @@ async fn the_load_cap_holds_when_every_attempt_is_slow() {
 
 #[tokio::test(start_paused = true)]
 async fn an_empty_budget_sends_no_hedge() {
-    let mut steps = vec![(0, true); 10];
+    let mut steps = vec![(1, true); 10];
     steps.push((1_000, true));
     let host = Host::script(&steps);
     let (stats, hedges) = (Stats::new(), Hedges::default());

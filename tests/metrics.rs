@@ -124,15 +124,18 @@ fn a_hedge_that_wins_records_1_hedge_and_no_retry() {
                 .hedge(Hedging::after(Duration::from_millis(10)).max_extra_load(1.0))
                 .build()
                 .unwrap();
-            // The first call answers at once (traffic the load cap grants a
-            // hedge from), the second hangs until its hedge, the third,
+            // The first call answers after 1 ms (traffic the load cap grants
+            // a hedge from: an answer ready at the first poll is not
+            // counted), the second hangs until its hedge, the third,
             // answers.
             let calls = Arc::new(AtomicU32::new(0));
             let svc = layer.layer(service_fn(move |()| {
                 let n = calls.fetch_add(1, Ordering::SeqCst);
                 async move {
-                    if n == 1 {
-                        std::future::pending::<()>().await;
+                    match n {
+                        0 => tokio::time::sleep(Duration::from_millis(1)).await,
+                        1 => std::future::pending::<()>().await,
+                        _ => {}
                     }
                     Ok::<_, &str>(())
                 }

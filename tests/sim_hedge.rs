@@ -113,7 +113,9 @@ const OURS_90: &str = "tower-backoff, 90th percentile";
 /// hedges) and hedging at `percentile` of recent attempts, the default
 /// window (a second, 100 attempts) and the default cap of 10 % extra load
 /// in every second.
-fn ours(percentile: f64) -> BackoffLayer {
+fn ours(
+    percentile: f64,
+) -> BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::Hedged> {
     BackoffLayer::builder()
         .hedge(Hedging::at_percentile(percentile))
         .build()

@@ -36,13 +36,22 @@ use crate::timer::Sleep;
 
 use crate::error::BreakerOpen;
 
-/// How attempts are timed: [`NoTimeout`] or [`AttemptTimeout`]. Sealed: the
-/// state machine relies on exactly these two.
+/// How attempts are timed: [`NoTimeout`], [`WithBreaker`] or
+/// [`AttemptTimeout`], each alone or [`Hedged`]. Sealed: the state machine
+/// relies on exactly these.
 pub trait AttemptTimer<E>: Clone + sealed::Sealed {
     /// The error of the layer's service.
     type Error;
     /// What an attempt races against; its output ends the attempt.
     type Timer: Future<Output = Self::Error>;
+    /// Where a response future keeps `X`, the state of a request whose first
+    /// attempt started hedging at its first poll: room for a pointer in a
+    /// [`Hedged`] layer's future, none in the others'.
+    type Hedging<X>: HedgeSlot<X>;
+
+    /// Whether the layer may hedge a first attempt from its first poll: a
+    /// constant, so a layer that cannot compiles the check out.
+    const HEDGES: bool;
 
     /// The layer's error for an error of the inner service.
     fn inner(error: E) -> Self::Error;
@@ -92,11 +101,201 @@ impl WithRejection for AttemptTimeout {
     }
 }
 
+/// The attempt timing a layer gets when it is given
+/// [hedging](crate::BackoffBuilder::hedge): the same, in [`Hedged`].
+pub trait WithHedging: sealed::Sealed {
+    /// `T` becomes `Hedged<T>`; a `Hedged` one stays.
+    type Hedging;
+
+    /// The timing, with room to hedge.
+    fn hedging(self) -> Self::Hedging;
+}
+
+impl WithHedging for NoTimeout {
+    type Hedging = Hedged<NoTimeout>;
+    fn hedging(self) -> Hedged<NoTimeout> {
+        Hedged(self)
+    }
+}
+
+impl WithHedging for WithBreaker {
+    type Hedging = Hedged<WithBreaker>;
+    fn hedging(self) -> Hedged<WithBreaker> {
+        Hedged(self)
+    }
+}
+
+impl WithHedging for AttemptTimeout {
+    type Hedging = Hedged<AttemptTimeout>;
+    fn hedging(self) -> Hedged<AttemptTimeout> {
+        Hedged(self)
+    }
+}
+
+impl<T> WithHedging for Hedged<T> {
+    type Hedging = Hedged<T>;
+    fn hedging(self) -> Hedged<T> {
+        self
+    }
+}
+
+impl<T: WithRejection> WithRejection for Hedged<T> {
+    type Rejecting = Hedged<T::Rejecting>;
+    fn rejecting(self) -> Hedged<T::Rejecting> {
+        Hedged(self.0.rejecting())
+    }
+}
+
+/// The attempt timing a layer gets when it is given an
+/// [attempt timeout](crate::BackoffBuilder::attempt_timeout).
+pub trait WithTimeout: sealed::Sealed {
+    /// [`AttemptTimeout`], or `Hedged<AttemptTimeout>` for a `Hedged` one.
+    type Timed;
+
+    /// The timing, with every attempt given at most `limit`.
+    fn timed(self, limit: Duration) -> Self::Timed;
+}
+
+impl WithTimeout for NoTimeout {
+    type Timed = AttemptTimeout;
+    fn timed(self, limit: Duration) -> AttemptTimeout {
+        AttemptTimeout { limit }
+    }
+}
+
+impl WithTimeout for WithBreaker {
+    type Timed = AttemptTimeout;
+    fn timed(self, limit: Duration) -> AttemptTimeout {
+        AttemptTimeout { limit }
+    }
+}
+
+impl WithTimeout for AttemptTimeout {
+    type Timed = AttemptTimeout;
+    fn timed(self, limit: Duration) -> AttemptTimeout {
+        AttemptTimeout { limit }
+    }
+}
+
+impl<T: WithTimeout> WithTimeout for Hedged<T> {
+    type Timed = Hedged<T::Timed>;
+    fn timed(self, limit: Duration) -> Hedged<T::Timed> {
+        Hedged(self.0.timed(limit))
+    }
+}
+
+/// The attempt timing of a layer given
+/// [hedging](crate::BackoffBuilder::hedge): `T`'s, and each response future
+/// has room for a pointer (8 bytes more), so that a first attempt starts
+/// hedging only once it is found pending at its first poll. An attempt that
+/// answers at once then costs the hedging nothing; one that is pending
+/// allocates its hedging state then, and stays where it is pinned.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hedged<T = NoTimeout>(T);
+
+impl<T> Hedged<T> {
+    /// The timing inside.
+    pub fn get_ref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<E, T: AttemptTimer<E>> AttemptTimer<E> for Hedged<T> {
+    type Error = T::Error;
+    type Timer = T::Timer;
+    type Hedging<X> = Option<Pin<Box<X>>>;
+
+    const HEDGES: bool = true;
+
+    #[inline(always)]
+    fn inner(error: E) -> T::Error {
+        T::inner(error)
+    }
+
+    #[inline(always)]
+    fn timer(&self, deadline: Option<Instant>) -> T::Timer {
+        self.0.timer(deadline)
+    }
+
+    const REJECTS: bool = T::REJECTS;
+
+    #[inline(always)]
+    fn rejected(open: BreakerOpen) -> Option<T::Error> {
+        T::rejected(open)
+    }
+}
+
+/// Where a response future keeps the state of a request hedged from its
+/// first attempt's first poll: [`AttemptTimer::Hedging`]. Sealed; used by
+/// the response future only.
+pub trait HedgeSlot<X>: sealed::Slot + Default {
+    /// The state kept, if any.
+    fn get(&self) -> Option<&X>;
+    /// The state kept, if any, pinned.
+    fn get_mut(&mut self) -> Option<Pin<&mut X>>;
+    /// Keeps `state`: only a slot with room for it is ever given one.
+    fn put(&mut self, state: Pin<Box<X>>);
+    /// Gives the state kept up, if any.
+    fn take(&mut self) -> Option<Pin<Box<X>>>;
+}
+
+/// The slot of a layer that does not hedge from the first poll: empty, and
+/// no bytes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoSlot;
+
+impl<X> HedgeSlot<X> for NoSlot {
+    #[inline(always)]
+    fn get(&self) -> Option<&X> {
+        None
+    }
+
+    #[inline(always)]
+    fn get_mut(&mut self) -> Option<Pin<&mut X>> {
+        None
+    }
+
+    fn put(&mut self, _: Pin<Box<X>>) {
+        unreachable!("only a hedged layer's future hedges from the first poll")
+    }
+
+    #[inline(always)]
+    fn take(&mut self) -> Option<Pin<Box<X>>> {
+        None
+    }
+}
+
+impl<X> HedgeSlot<X> for Option<Pin<Box<X>>> {
+    #[inline(always)]
+    fn get(&self) -> Option<&X> {
+        self.as_deref()
+    }
+
+    #[inline(always)]
+    fn get_mut(&mut self) -> Option<Pin<&mut X>> {
+        self.as_mut().map(Pin::as_mut)
+    }
+
+    fn put(&mut self, state: Pin<Box<X>>) {
+        *self = Some(state);
+    }
+
+    #[inline(always)]
+    fn take(&mut self) -> Option<Pin<Box<X>>> {
+        Option::take(self)
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::NoTimeout {}
     impl Sealed for super::AttemptTimeout {}
     impl Sealed for super::WithBreaker {}
+    impl<T> Sealed for super::Hedged<T> {}
+
+    pub trait Slot {}
+    impl Slot for super::NoSlot {}
+    impl<X> Slot for Option<std::pin::Pin<Box<X>>> {}
 }
 
 /// Attempts run as long as the inner service takes: the default. The layer's
@@ -107,6 +306,9 @@ pub struct NoTimeout;
 impl<E> AttemptTimer<E> for NoTimeout {
     type Error = E;
     type Timer = std::future::Pending<E>;
+    type Hedging<X> = NoSlot;
+
+    const HEDGES: bool = false;
 
     #[inline(always)]
     fn inner(error: E) -> E {
@@ -136,6 +338,9 @@ pub struct WithBreaker;
 impl<E> AttemptTimer<E> for WithBreaker {
     type Error = Error<E>;
     type Timer = std::future::Pending<Error<E>>;
+    type Hedging<X> = NoSlot;
+
+    const HEDGES: bool = false;
 
     #[inline(always)]
     fn inner(error: E) -> Error<E> {
@@ -172,6 +377,9 @@ impl AttemptTimeout {
 impl<E> AttemptTimer<E> for AttemptTimeout {
     type Error = Error<E>;
     type Timer = Expiry<E>;
+    type Hedging<X> = NoSlot;
+
+    const HEDGES: bool = false;
 
     #[inline]
     fn inner(error: E) -> Error<E> {

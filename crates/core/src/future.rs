@@ -26,7 +26,7 @@ use crate::adaptive::Gate;
 use crate::breaker::{Admission, BreakerState};
 use crate::budget::Budget;
 use crate::config::Config;
-use crate::deadline::{AttemptTimer, NoTimeout};
+use crate::deadline::{AttemptTimer, HedgeSlot, NoTimeout};
 use crate::decision::{Cause, Decision};
 use crate::engine::{Ending, Retry, Session};
 use crate::events::{EndArgs, Event, HedgeArgs, HedgeEvent, OutcomeKind, RejectArgs, RetryArgs};
@@ -85,6 +85,10 @@ pin_project! {
         // Sends the retries.
         inner: S,
         config: Arc<Config<P, T>>,
+        // A hedged layer's request whose first attempt, still pinned in
+        // `state`, began hedging at its first poll: its tracked state, until
+        // that attempt is over. No bytes in a layer that cannot hedge.
+        hedging: <T as AttemptTimer<S::Error>>::Hedging<TrackedOf<S, Req, T>>,
     }
 }
 
@@ -125,10 +129,12 @@ pin_project! {
         // its error, returned at the first poll.
         Rejected,
         // An attempt in flight with its hedges, all racing the attempt's
-        // timer, with the delay to the next hedge.
+        // timer, with the delay to the next hedge. The timer is `None` for a
+        // first attempt hedged from its first poll: it is beside its first
+        // copy, pinned in the response future.
         Hedged {
             #[pin] copies: Copies<F>,
-            #[pin] timer: Tm,
+            #[pin] timer: Option<Tm>,
             #[pin] next: Option<Sleep>,
             hedge: NextHedge,
         },
@@ -266,6 +272,7 @@ where
             request,
             inner,
             config,
+            hedging: Default::default(),
         }
     }
 
@@ -286,7 +293,7 @@ where
                 future,
                 timer: first.timer,
             },
-            Some(hedger) => hedged(hedger, future, first.timer, 1, None, first.stamp),
+            Some(hedger) => hedged(hedger, Some((future, first.timer)), 1, None, first.stamp),
         };
         // Written into its allocation, as `State::tracked` is: `Box::pin`
         // would build it on the stack and copy all of it.
@@ -305,6 +312,7 @@ where
             request,
             inner,
             config,
+            hedging: Default::default(),
         }
     }
 }
@@ -327,6 +335,7 @@ where
             request: None,
             inner,
             config,
+            hedging: Default::default(),
         }
     }
 
@@ -346,7 +355,7 @@ where
 
     fn progress(&self) -> Option<&Progress> {
         match &self.state {
-            State::First { .. } => None,
+            State::First { .. } => self.hedging.get().map(|t| &t.progress),
             State::Tracked { tracked } => Some(&tracked.progress),
         }
     }
@@ -372,9 +381,22 @@ where
         };
         let mut state = this.state;
         loop {
+            if T::HEDGES && this.hedging.get().is_some() {
+                return machine.drive_from_first(state, this.hedging, cx);
+            }
             match state.as_mut().project() {
                 StateProj::First { future, timer } => {
-                    let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
+                    let Poll::Ready(outcome) = poll_attempt::<_, _, T>(future, timer, cx) else {
+                        // A layer that hedges starts now, with the attempt
+                        // left where it is pinned: one that answers at its
+                        // first poll costs the hedging nothing.
+                        if let (true, Some(hedger)) = (T::HEDGES, machine.config.hedger()) {
+                            this.hedging
+                                .put(hedged_from_first_poll(hedger, machine.config.max_attempts));
+                            continue;
+                        }
+                        return Poll::Pending;
+                    };
                     let (after, cause) = match machine.judge(&outcome, 0, None) {
                         // A success apart, its ending a constant where it is
                         // told: no ending kept in a register across the
@@ -421,7 +443,7 @@ where
                         }
                     }
                 }
-                StateProj::Tracked { tracked } => return machine.drive(tracked.as_mut(), cx),
+                StateProj::Tracked { tracked } => return machine.drive(tracked.as_mut(), cx, None),
             }
         }
     }
@@ -452,6 +474,12 @@ type PhaseOf<S, Req, T> = Phase<
     Traced<<S as Service<Req>>::Future>,
     <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
 >;
+type StateOf<S, Req, T> = State<
+    <S as Service<Req>>::Future,
+    Traced<<S as Service<Req>>::Future>,
+    <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
+    Outcome<S, Req, T>,
+>;
 type TrackedOf<S, Req, T> = Tracked<
     Traced<<S as Service<Req>>::Future>,
     <T as AttemptTimer<<S as Service<Req>>::Error>>::Timer,
@@ -479,6 +507,7 @@ where
         &mut self,
         mut tracked: Pin<&mut TrackedOf<S, Req, T>>,
         cx: &mut Context<'_>,
+        mut outside: Option<Outside<'_, S::Future, T::Timer>>,
     ) -> Poll<Outcome<S, Req, T>> {
         loop {
             let this = tracked.as_mut().project();
@@ -532,9 +561,14 @@ where
                     mut next,
                     hedge,
                 } => {
-                    let answered = copies.as_mut().poll_any(cx, |future, outcome| {
+                    let first = outside.as_mut().map(|o| o.future.as_mut());
+                    let answered = copies.as_mut().poll_any(first, cx, |future, outcome| {
                         span::outcome(future, OutcomeKind::of(outcome));
                     });
+                    let timer = match timer.as_pin_mut() {
+                        Some(timer) => Some(timer),
+                        None => outside.as_mut().map(|o| o.timer.as_mut()),
+                    };
                     if let Poll::Ready((outcome, sent)) = answered {
                         let outcome = outcome.map_err(T::inner);
                         match self.on_copy(progress, kept, copies, hedge, outcome, sent) {
@@ -543,7 +577,7 @@ where
                                 self.after_failure(progress, kept, phase, outcome, after, cause)
                             }
                         }
-                    } else if let Poll::Ready(error) = timer.poll(cx) {
+                    } else if let Some(Poll::Ready(error)) = timer.map(|t| t.poll(cx)) {
                         // The attempt's time is up, for every copy of it.
                         self.cancel(copies.as_mut());
                         self.on_outcome(progress, kept, phase, Err(error))
@@ -584,6 +618,32 @@ where
                 return Poll::Ready(outcome);
             }
         }
+    }
+
+    /// Runs a request whose first attempt, pinned in `state`, began hedging
+    /// at its first poll: `slot` holds its tracked state. Once that attempt
+    /// is over (or the request), the first copy and its timer are dropped
+    /// and the tracked state moves into `state`, as any tracked request's.
+    // Out of line: the happy path's `poll` stays small.
+    #[inline(never)]
+    fn drive_from_first(
+        &mut self,
+        mut state: Pin<&mut StateOf<S, Req, T>>,
+        slot: &mut <T as AttemptTimer<S::Error>>::Hedging<TrackedOf<S, Req, T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Outcome<S, Req, T>> {
+        let StateProj::First { future, timer } = state.as_mut().project() else {
+            unreachable!("a request hedged from its first poll keeps its first attempt in place");
+        };
+        let Some(mut tracked) = slot.get_mut() else {
+            unreachable!("a request hedged from its first poll has its tracked state");
+        };
+        let polled = self.drive(tracked.as_mut(), cx, Some(Outside { future, timer }));
+        if polled.is_ready() || !tracked.lends_first() {
+            let tracked = slot.take().expect("taken once");
+            state.set(State::Tracked { tracked });
+        }
+        polled
     }
 
     /// An attempt's outcome arrived: return it, or keep it and wait for the
@@ -791,8 +851,7 @@ where
             None => phase.set(Phase::Called { future, timer }),
             Some(hedger) => phase.set(hedged(
                 hedger,
-                future,
-                timer,
+                Some((future, timer)),
                 attempt + 1,
                 progress.session.last_retry(),
                 progress.stamp,
@@ -984,16 +1043,16 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option
     }
 }
 
-/// Attempt number `attempt`, `future`, hedged: its first copy, racing
-/// `timer`, and the delay to its first hedge. `paid` is what the budget was
-/// paid to send it, `stamp` what the pacing gave it.
+/// Attempt number `attempt` hedged: `first`, its first copy and the timer
+/// it races, and the delay to its first hedge; `None` when the first copy is
+/// pinned in the response future with its timer. `paid` is what the budget
+/// was paid to send it, `stamp` what the pacing gave it.
 // Inline: out of line, the attempt's future is moved once more on its way
 // into `Copies`.
 #[inline(always)]
 fn hedged<F: Future, Tm>(
     hedger: &Hedger,
-    future: F,
-    timer: Tm,
+    first: Option<(F, Tm)>,
     attempt: u32,
     paid: Option<Cause>,
     stamp: u16,
@@ -1015,11 +1074,55 @@ fn hedged<F: Future, Tm>(
         // No percentile yet to go by.
         None => NextHedge::Stopped,
     };
+    let (copies, timer) = match first {
+        Some((future, timer)) => (Copies::new(future, sent), Some(timer)),
+        None => (Copies::outside(sent), None),
+    };
     Phase::Hedged {
-        copies: Copies::new(future, sent),
+        copies,
         timer,
         next: None,
         hedge,
+    }
+}
+
+/// The tracked state of a hedged layer's request whose first attempt is
+/// found pending at its first poll: its hedging starts now, the attempt
+/// staying where it is pinned. Such a request counts towards the hedges'
+/// share of the load, and its latency towards a percentile delay, from
+/// here: one that answers at its first poll is never hedged, and costs
+/// neither. Tracked from its first poll, it has no deadline and no pacing
+/// (either would have tracked it from its call).
+#[cold]
+#[inline(never)]
+fn hedged_from_first_poll<F: Future, Tm, O>(
+    hedger: &Hedger,
+    max_attempts: u32,
+) -> Pin<Box<Tracked<F, Tm, O>>> {
+    let limits = RequestLimits {
+        max_attempts,
+        deadline: None,
+    };
+    Box::pin(Tracked {
+        phase: hedged(hedger, None, 1, None, 0),
+        kept: None,
+        progress: Progress::new(limits, 0),
+    })
+}
+
+/// The first attempt of a request hedged from its first poll, with the
+/// timer it races: pinned in the response future, lent to each poll of the
+/// tracked request while that attempt is in flight.
+struct Outside<'a, F1, Tm> {
+    future: Pin<&'a mut F1>,
+    timer: Pin<&'a mut Tm>,
+}
+
+impl<F, Tm, O> Tracked<F, Tm, O> {
+    /// Whether the attempt in flight is a first attempt hedged from its
+    /// first poll, whose first copy and timer are lent from outside.
+    fn lends_first(&self) -> bool {
+        matches!(&self.phase, Phase::Hedged { timer: None, .. })
     }
 }
 

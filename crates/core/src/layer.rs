@@ -13,7 +13,7 @@ use crate::breaker::CircuitBreaker;
 use crate::budget::{self, Budget, TokenBucket};
 use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
-use crate::deadline::{AttemptTimeout, NoTimeout, WithRejection};
+use crate::deadline::{NoTimeout, WithHedging, WithRejection, WithTimeout};
 use crate::error::{check_duration, ConfigError};
 use crate::events::{Event, Observer, RetryArgs};
 use crate::hedge::{Hedger, Hedging};
@@ -274,13 +274,16 @@ impl<P, T> BackoffBuilder<P, T> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn attempt_timeout(self, limit: Duration) -> BackoffBuilder<P, AttemptTimeout> {
+    pub fn attempt_timeout(self, limit: Duration) -> BackoffBuilder<P, T::Timed>
+    where
+        T: WithTimeout,
+    {
         let mut settings = self.settings;
         settings.attempt_timeout = Some(limit);
         BackoffBuilder {
             policy: self.policy,
             schedule: self.schedule,
-            timeouts: AttemptTimeout { limit },
+            timeouts: self.timeouts.timed(limit),
             settings,
         }
     }
@@ -430,7 +433,10 @@ impl<P, T> BackoffBuilder<P, T> {
     /// Hedges slow attempts: a copy of an attempt still pending after the
     /// delay `hedging` sets, paid from the retry budget and capped in extra
     /// load every second. The first acceptable outcome wins and the other
-    /// copies are cancelled; see [`hedge`](crate::hedge).
+    /// copies are cancelled; see [`hedge`](crate::hedge). The timing type
+    /// becomes [`Hedged`](crate::deadline::Hedged): each response future is
+    /// 8 bytes larger, so that an attempt answered at its first poll costs
+    /// the hedging nothing.
     ///
     /// ```
     /// use tower_backoff::{BackoffLayer, Hedging};
@@ -440,9 +446,29 @@ impl<P, T> BackoffBuilder<P, T> {
     ///     .build()?;
     /// # Ok::<(), tower_backoff::ConfigError>(())
     /// ```
-    pub fn hedge(mut self, hedging: Hedging) -> Self {
-        self.settings.hedging = Some(hedging);
-        self
+    pub fn hedge(self, hedging: Hedging) -> BackoffBuilder<P, T::Hedging>
+    where
+        T: WithHedging,
+    {
+        let mut builder = self.hedgeable();
+        builder.settings.hedging = Some(hedging);
+        builder
+    }
+
+    /// The timing type of a layer that hedges
+    /// ([`Hedged`](crate::deadline::Hedged)), with hedging still off: for
+    /// layers that must share one type, some of which hedge (as gRPC's
+    /// methods do, by their service config).
+    pub fn hedgeable(self) -> BackoffBuilder<P, T::Hedging>
+    where
+        T: WithHedging,
+    {
+        BackoffBuilder {
+            policy: self.policy,
+            schedule: self.schedule,
+            timeouts: self.timeouts.hedging(),
+            settings: self.settings,
+        }
     }
 
     /// Paces every request of every clone, first attempts included, slowing
@@ -565,7 +591,9 @@ impl<P, T> BackoffBuilder<P, T> {
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
                 breaker,
                 hedging: hedging.as_ref().map(|h| Arc::new(Hedger::new(h))),
-                track_from_call: limits.max_elapsed.is_some() || pacing_set || hedging.is_some(),
+                // Hedging alone does not: a first attempt starts hedging at
+                // the first poll that finds it pending.
+                track_from_call: limits.max_elapsed.is_some() || pacing_set,
                 budget_counts_calls,
             }),
         })

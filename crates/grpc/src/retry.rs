@@ -19,7 +19,7 @@ use super::retry_config::RetryConfig;
 use super::service_config::{MethodPolicy, ServiceConfig};
 use super::throttle::{RetryThrottle, ThrottleGate};
 use tower_backoff_core::budget::{Budget, TokenBucket};
-use tower_backoff_core::deadline::NoTimeout;
+use tower_backoff_core::deadline::Hedged;
 use tower_backoff_core::error::ConfigError;
 use tower_backoff_core::BackoffLayer;
 use tower_backoff_core::BackoffRetry;
@@ -76,10 +76,10 @@ pub struct GrpcRetryLayer {
 struct Routes {
     config: ServiceConfig,
     /// One per `methodConfig`, in document order.
-    methods: Vec<BackoffLayer<GrpcPolicy>>,
+    methods: Vec<BackoffLayer<GrpcPolicy, Hedged>>,
     /// For methods no `methodConfig` matches, or matches without a retry
     /// policy: the transparent retry only.
-    unconfigured: BackoffLayer<GrpcPolicy>,
+    unconfigured: BackoffLayer<GrpcPolicy, Hedged>,
     throttle: Option<Arc<RetryThrottle>>,
 }
 
@@ -114,12 +114,12 @@ impl GrpcRetryLayer {
     }
 
     /// The layer calls to `path` get.
-    fn route(&self, path: &str) -> &BackoffLayer<GrpcPolicy> {
+    fn route(&self, path: &str) -> &BackoffLayer<GrpcPolicy, Hedged> {
         route(&self.routes, path)
     }
 }
 
-fn route<'a>(routes: &'a Routes, path: &str) -> &'a BackoffLayer<GrpcPolicy> {
+fn route<'a>(routes: &'a Routes, path: &str) -> &'a BackoffLayer<GrpcPolicy, Hedged> {
     match routes.config.entry(path) {
         Some(index) if routes.config.policies()[index].is_some() => &routes.methods[index],
         _ => &routes.unconfigured,
@@ -239,9 +239,13 @@ impl GrpcRetryBuilder {
                         .map(|t| Arc::new(ThrottleGate(Arc::clone(t))) as Arc<dyn Budget>);
                     (builder, hedging.policy(), budget.clone().or(gate))
                 }
-                Some(MethodPolicy::Retry(retry)) => (retry.layer(), retry.policy(), budget.clone()),
+                // One type for every method's layer: hedging ones have room
+                // to hedge, so all have (8 bytes a response future).
+                Some(MethodPolicy::Retry(retry)) => {
+                    (retry.layer().hedgeable(), retry.policy(), budget.clone())
+                }
                 None => (
-                    transparent_only.layer(),
+                    transparent_only.layer().hedgeable(),
                     transparent_only.policy(),
                     budget.clone(),
                 ),
@@ -312,7 +316,7 @@ pub struct GrpcRetry<S> {
 /// The response future of [`GrpcRetry`]: its method's [`BackoffRetry`] future,
 /// whose response gets a [`RetryInfo`](tower_backoff_http::RetryInfo).
 pub type GrpcResponseFuture<S, B> =
-    HttpResponseFuture<TonicBody<S>, Request<ReplayBody<B>>, NoTimeout, GrpcPolicy>;
+    HttpResponseFuture<TonicBody<S>, Request<ReplayBody<B>>, Hedged, GrpcPolicy>;
 
 impl<S> GrpcRetry<S> {
     /// The wrapped service.

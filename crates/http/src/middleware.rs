@@ -144,6 +144,10 @@ where
     T: AttemptTimer<reqwest_middleware::Error> + Send + Sync + 'static,
     T::Timer: Send,
     T::Error: IntoMiddlewareError + Send,
+    // What a hedged layer's future keeps of a request hedged from its first
+    // poll is `Send` when the request's attempts are: the compiler cannot
+    // see that through `T`, so it is asked of each timing where it is used.
+    for<'a> HttpResponseFuture<BufferBody<NextService<'a>>, RecordedRequest, T, P>: Send,
 {
     async fn handle(
         &self,

@@ -19,7 +19,9 @@ use ::http::{Extensions, Request, Response};
 use pin_project_lite::pin_project;
 use tower_backoff_core::breaker::CircuitBreaker;
 use tower_backoff_core::budget::Budget;
-use tower_backoff_core::deadline::{AttemptTimeout, AttemptTimer, NoTimeout, WithRejection};
+use tower_backoff_core::deadline::{
+    AttemptTimer, NoTimeout, WithHedging, WithRejection, WithTimeout,
+};
 use tower_backoff_core::events::{Observer, RetryArgs};
 use tower_backoff_core::future::ResponseFuture;
 use tower_backoff_core::policy::{Policy, RetryLimits};
@@ -309,9 +311,18 @@ impl<T> HttpRetryBuilder<T> {
     /// See [`BackoffBuilder::hedge`]: a copy of a request still pending
     /// after a delay, for idempotent requests (and those with an
     /// `Idempotency-Key`) only; the losing copies are cancelled, which
-    /// resets their HTTP/2 stream or closes their HTTP/1 connection.
-    pub fn hedge(self, hedging: Hedging) -> Self {
-        self.map(|backoff| backoff.hedge(hedging))
+    /// resets their HTTP/2 stream or closes their HTTP/1 connection. The
+    /// timing type becomes [`Hedged`](tower_backoff_core::deadline::Hedged).
+    pub fn hedge(self, hedging: Hedging) -> HttpRetryBuilder<T::Hedging>
+    where
+        T: WithHedging,
+    {
+        HttpRetryBuilder {
+            backoff: self.backoff.hedge(hedging),
+            record_info: self.record_info,
+            replay_limit: self.replay_limit,
+            buffer_limit: self.buffer_limit,
+        }
     }
 
     /// See [`BackoffBuilder::pacing`].
@@ -339,7 +350,10 @@ impl<T> HttpRetryBuilder<T> {
     }
 
     /// See [`BackoffBuilder::attempt_timeout`].
-    pub fn attempt_timeout(self, limit: Duration) -> HttpRetryBuilder<AttemptTimeout> {
+    pub fn attempt_timeout(self, limit: Duration) -> HttpRetryBuilder<T::Timed>
+    where
+        T: WithTimeout,
+    {
         HttpRetryBuilder {
             backoff: self.backoff.attempt_timeout(limit),
             record_info: self.record_info,

@@ -41,6 +41,14 @@
 //! - A percentile delay waits for a window of attempts (a second, and at
 //!   least 100 of them) before the first hedge; it then follows the last
 //!   window, so it moves with latency.
+//! - **Only once pending**: a request's hedging starts at the first poll
+//!   that finds its first attempt pending, as one over a network is. An
+//!   attempt answered at its first poll (a cache, an in-process service)
+//!   cannot need a hedge: it costs the hedging nothing (no allocation, no
+//!   clock, no timer), and neither the load cap nor a percentile delay
+//!   counts it. The layer's timing type becomes
+//!   [`Hedged`](crate::deadline::Hedged), whose futures have room for that
+//!   (8 bytes).
 //!
 //! Each copy sent, won and cancelled is an [`Event::Hedge`](crate::events::Event::Hedge).
 
@@ -112,7 +120,8 @@ impl Hedging {
     }
 
     /// The share of a second's requests that may get a hedge in that second
-    /// (10 % by default), in (0, 1].
+    /// (10 % by default), in (0, 1]. The requests counted are those whose
+    /// first attempt was pending at its first poll: only they can be hedged.
     pub fn max_extra_load(mut self, share: f64) -> Self {
         self.max_extra_load = share;
         self
