@@ -23,8 +23,8 @@ pin_project! {
     pub(crate) struct Copies<F> {
         #[pin]
         first: Option<F>,
-        // The first copy is pinned outside and still pending.
-        first_outside: bool,
+        // Whether the first copy is pinned outside, and still pending.
+        outside: Outside,
         first_sent: CopySent,
         hedges: Vec<(Pin<Box<F>>, CopySent)>,
     }
@@ -55,8 +55,20 @@ impl CopySent {
 impl<F> Copies<F> {
     /// Whether the first copy is pinned outside and still pending.
     fn first_outside(&self) -> bool {
-        self.first_outside
+        self.outside != Outside::No
     }
+}
+
+/// A first copy pinned outside [`Copies`], in the response future.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outside {
+    /// None: the first copy, if any, is in `first`.
+    No,
+    /// Found pending by the poll that made these copies: not polled again
+    /// by that poll.
+    JustPolled,
+    /// Pending, polled when lent.
+    Pending,
 }
 
 impl<F: Future> Copies<F> {
@@ -65,18 +77,19 @@ impl<F: Future> Copies<F> {
     pub(crate) fn new(future: F, sent: CopySent) -> Self {
         Self {
             first: Some(future),
-            first_outside: false,
+            outside: Outside::No,
             first_sent: sent,
             hedges: Vec::new(),
         }
     }
 
-    /// An attempt whose first copy is pinned outside, lent to each
-    /// [`poll_any`](Self::poll_any) until it answers or is cancelled.
+    /// An attempt whose first copy is pinned outside, just found pending:
+    /// lent to each [`poll_any`](Self::poll_any) until it answers or is
+    /// cancelled, and polled from the second on.
     pub(crate) fn outside(sent: CopySent) -> Self {
         Self {
             first: None,
-            first_outside: true,
+            outside: Outside::JustPolled,
             first_sent: sent,
             hedges: Vec::new(),
         }
@@ -84,7 +97,7 @@ impl<F: Future> Copies<F> {
 
     /// Copies still pending.
     pub(crate) fn len(&self) -> usize {
-        usize::from(self.first.is_some() || self.first_outside) + self.hedges.len()
+        usize::from(self.first.is_some() || self.outside != Outside::No) + self.hedges.len()
     }
 
     /// Adds a hedge.
@@ -103,11 +116,16 @@ impl<F: Future> Copies<F> {
         answered: impl FnOnce(&F, &F::Output),
     ) -> Poll<(F::Output, CopySent)> {
         let mut this = self.project();
-        if let (true, Some(first)) = (*this.first_outside, outside) {
-            if let Poll::Ready(output) = first.poll(cx) {
-                *this.first_outside = false;
-                return Poll::Ready((output, *this.first_sent));
+        match (*this.outside, outside) {
+            // Polled a moment ago, in this poll, with this context.
+            (Outside::JustPolled, _) => *this.outside = Outside::Pending,
+            (Outside::Pending, Some(first)) => {
+                if let Poll::Ready(output) = first.poll(cx) {
+                    *this.outside = Outside::No;
+                    return Poll::Ready((output, *this.first_sent));
+                }
             }
+            _ => {}
         }
         if let Some(first) = this.first.as_mut().as_pin_mut() {
             if let Poll::Ready(output) = first.poll(cx) {
@@ -136,9 +154,9 @@ impl<F: Future> Copies<F> {
             this.first.set(None);
             cancelled(*this.first_sent);
         }
-        if *this.first_outside {
-            // Its owner drops it, seeing it is no longer pending here.
-            *this.first_outside = false;
+        if *this.outside != Outside::No {
+            // Its owner drops it once the attempt is over.
+            *this.outside = Outside::No;
             cancelled(*this.first_sent);
         }
         for (future, sent) in this.hedges.drain(..) {
