@@ -229,7 +229,13 @@ async fn the_attempt_timeout_cancels_a_first_copy_hedged_from_its_first_poll() {
         .layer(host.service());
     warm_up(&mut svc, 10).await;
     let start = Instant::now();
-    let answer = svc.ready().await.unwrap().call(7).await.unwrap();
+    let mut call = std::pin::pin!(svc.ready().await.unwrap().call(7));
+    // Both are dropped when the time is up, not when the request ends: at
+    // 50 ms the retry is asleep and neither copy is held.
+    let asleep = tokio::time::timeout(Duration::from_millis(50), call.as_mut()).await;
+    assert!(asleep.is_err(), "the retry answers at 135 ms");
+    assert_eq!(host.cancelled(), 2);
+    let answer = call.await.unwrap();
     assert_eq!(answer, 713);
     assert_eq!(start.elapsed(), Duration::from_millis(30 + 100 + 5));
     assert_eq!((host.calls(), host.cancelled()), (13, 2));
