@@ -543,3 +543,26 @@ fn a_hedged_future_is_made_outside_a_runtime_and_polled_inside_one() {
         .unwrap();
     assert_eq!(runtime.block_on(future).unwrap(), 401);
 }
+
+/// A layer that hedges and has a circuit breaker: its open breaker rejects a
+/// request at once with the breaker's own error, as without hedging, and
+/// calls nothing.
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_rejects_a_hedging_layers_request_with_its_own_error() {
+    use tower_backoff::breaker::{BreakerState, CircuitBreaker};
+    let breaker = CircuitBreaker::builder().min_throughput(2).build().unwrap();
+    for _ in 0..2 {
+        breaker.record(true);
+    }
+    assert_eq!(breaker.state(), BreakerState::Open);
+    let host = Host::script(&[]);
+    let svc = BackoffLayer::builder()
+        .hedge(Hedging::after(DELAY))
+        .circuit_breaker(breaker)
+        .build()
+        .unwrap()
+        .layer(host.service());
+    let error = svc.oneshot(7).await.unwrap_err();
+    assert!(error.is_breaker_open(), "{error}");
+    assert_eq!(host.calls(), 0);
+}
