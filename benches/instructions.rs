@@ -172,47 +172,53 @@ fn pending_future_size(column: &str) -> usize {
     }
 }
 
+/// Allocations per request of `run`, which sends the number of requests it
+/// is given: those of 1,000 more requests, so that set-up and warm-up
+/// cancel out.
+fn allocations_per_request<F: std::future::Future>(
+    runtime: &tokio::runtime::Runtime,
+    run: impl Fn(u64) -> F,
+) -> f64 {
+    let count = |iters| {
+        let before = allocations();
+        runtime.block_on(run(iters));
+        allocations() - before
+    };
+    (count(1_100) as f64 - count(100) as f64) / 1_000.0
+}
+
+/// The size of one response future of `layer` around the healthy backend.
+fn future_size<L>(layer: &L) -> usize
+where
+    L: tower::Layer<common::Backend>,
+    L::Service: tower::Service<common::Req>,
+{
+    size_of_val(&tower::Service::call(
+        &mut layer.layer(common::Backend::healthy()),
+        common::request(),
+    ))
+}
+
 /// The budget columns' rows of `--table`.
 fn budget_table(runtime: &tokio::runtime::Runtime) {
     for column in BUDGET_COLUMNS {
-        let count = |iters| {
-            let before = allocations();
-            runtime.block_on(run_budget_column(column, iters));
-            allocations() - before
-        };
-        let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
-        let svc = tower::Layer::layer(&budget_layer(column), common::Backend::healthy());
-        let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
+        let per_request =
+            allocations_per_request(runtime, |iters| run_budget_column(column, iters));
+        let size = future_size(&budget_layer(column));
         println!("happy_path\t{column}\t{per_request:.2}\t{size}");
     }
-    let count = |iters| {
-        let before = allocations();
-        runtime.block_on(run_breaker_column(iters));
-        allocations() - before
-    };
-    let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
-    let svc = tower::Layer::layer(&breaker_layer(), common::Backend::healthy());
-    let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
+    let per_request = allocations_per_request(runtime, run_breaker_column);
+    let size = future_size(&breaker_layer());
     println!("happy_path\t{BREAKER_COLUMN}\t{per_request:.2}\t{size}");
-    let count = |iters| {
-        let before = allocations();
-        runtime.block_on(run_hedge_column(iters));
-        allocations() - before
-    };
-    let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
-    let svc = tower::Layer::layer(&hedge_layer(), common::Backend::healthy());
-    let size = size_of_val(&tower::Service::call(&mut svc.clone(), common::request()));
+    let per_request = allocations_per_request(runtime, run_hedge_column);
+    let size = future_size(&hedge_layer());
     println!("happy_path\t{HEDGE_COLUMN}\t{per_request:.2}\t{size}");
     // `tower::hedge` makes its delay's timer at the call: its size is
     // measured in the runtime.
     let _entered = runtime.enter();
     for column in PENDING_COLUMNS {
-        let count = |iters| {
-            let before = allocations();
-            runtime.block_on(run_pending_column(column, iters));
-            allocations() - before
-        };
-        let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
+        let per_request =
+            allocations_per_request(runtime, |iters| run_pending_column(column, iters));
         let size = pending_future_size(column);
         println!("happy_path\t{column}\t{per_request:.2}\t{size}");
     }
@@ -232,13 +238,9 @@ fn main() {
             println!("scenario\tcolumn\tallocations/request\tfuture bytes");
             for scenario in common::Scenario::ALL {
                 for &column in common::columns(scenario) {
-                    // Allocations of 1,000 more requests, so set-up and warm-up cancel out.
-                    let count = |iters| {
-                        let before = allocations();
-                        runtime.block_on(common::run_column(scenario, column, iters));
-                        allocations() - before
-                    };
-                    let per_request = (count(1_100) as f64 - count(100) as f64) / 1_000.0;
+                    let per_request = allocations_per_request(&runtime, |iters| {
+                        common::run_column(scenario, column, iters)
+                    });
                     println!(
                         "{}\t{column}\t{per_request:.2}\t{}",
                         scenario.name(),

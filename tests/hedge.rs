@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_backoff::deadline::{AttemptTimeout, Hedged};
 use tower_backoff::events::{Event, HedgeEvent, Observer};
 use tower_backoff::{BackoffLayer, ConfigError, Constant, Hedging, Jitter, Stats, TokenBucket};
 
@@ -111,16 +112,31 @@ fn layer(
     hedging: Hedging,
     stats: &Stats,
     hedges: &Hedges,
-) -> Result<BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::Hedged>, ConfigError>
-{
+) -> Result<BackoffLayer<tower_backoff::RetryOnError, Hedged>, ConfigError> {
+    builder(stats, hedges).hedge(hedging).build()
+}
+
+/// `layer`'s settings, with 30 ms for each attempt and hedges after `DELAY`.
+fn timed_layer(
+    stats: &Stats,
+    hedges: &Hedges,
+) -> BackoffLayer<tower_backoff::RetryOnError, Hedged<AttemptTimeout>> {
+    builder(stats, hedges)
+        .attempt_timeout(Duration::from_millis(30))
+        .hedge(Hedging::after(DELAY))
+        .build()
+        .unwrap()
+}
+
+/// A constant 100 ms between attempts, no jitter, a token bucket, and
+/// `stats` and `hedges` told of everything.
+fn builder(stats: &Stats, hedges: &Hedges) -> tower_backoff::BackoffBuilder {
     BackoffLayer::builder()
         .schedule(Constant::new(Duration::from_millis(100)))
         .jitter(Jitter::None)
         .budget(TokenBucket::new())
         .stats(stats.clone())
         .observer(hedges.clone())
-        .hedge(hedging)
-        .build()
 }
 
 /// Calls `svc` `count` times with quick requests: the traffic the load cap
@@ -216,17 +232,7 @@ async fn the_attempt_timeout_cancels_a_first_copy_hedged_from_its_first_poll() {
     steps.extend([(1_000, true), (1_000, true), (5, true)]);
     let host = Host::script(&steps);
     let (stats, hedges) = (Stats::new(), Hedges::default());
-    let mut svc = BackoffLayer::builder()
-        .attempt_timeout(Duration::from_millis(30))
-        .schedule(Constant::new(Duration::from_millis(100)))
-        .jitter(Jitter::None)
-        .budget(TokenBucket::new())
-        .stats(stats.clone())
-        .observer(hedges.clone())
-        .hedge(Hedging::after(DELAY))
-        .build()
-        .unwrap()
-        .layer(host.service());
+    let mut svc = timed_layer(&stats, &hedges).layer(host.service());
     warm_up(&mut svc, 10).await;
     let start = Instant::now();
     let mut call = std::pin::pin!(svc.ready().await.unwrap().call(7));
@@ -264,17 +270,7 @@ async fn the_attempt_timeout_still_holds_a_hedge_once_a_first_copy_hedged_from_i
     steps.extend([(15, false), (1_000, true), (5, true)]);
     let host = Host::script(&steps);
     let (stats, hedges) = (Stats::new(), Hedges::default());
-    let mut svc = BackoffLayer::builder()
-        .attempt_timeout(Duration::from_millis(30))
-        .schedule(Constant::new(Duration::from_millis(100)))
-        .jitter(Jitter::None)
-        .budget(TokenBucket::new())
-        .stats(stats.clone())
-        .observer(hedges.clone())
-        .hedge(Hedging::after(DELAY))
-        .build()
-        .unwrap()
-        .layer(host.service());
+    let mut svc = timed_layer(&stats, &hedges).layer(host.service());
     warm_up(&mut svc, 10).await;
     let start = Instant::now();
     let answer = svc.ready().await.unwrap().call(7).await.unwrap();
