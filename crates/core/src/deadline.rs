@@ -49,10 +49,6 @@ pub trait AttemptTimer<E>: Clone + sealed::Sealed {
     /// [`Hedged`] layer's future, none in the others'.
     type Hedging<X>: HedgeSlot<X>;
 
-    /// Whether the layer may hedge a first attempt from its first poll: a
-    /// constant, so a layer that cannot compiles the check out.
-    const HEDGES: bool;
-
     /// The layer's error for an error of the inner service.
     fn inner(error: E) -> Self::Error;
 
@@ -111,23 +107,9 @@ pub trait WithHedging: sealed::Sealed {
     fn hedging(self) -> Self::Hedging;
 }
 
-impl WithHedging for NoTimeout {
-    type Hedging = Hedged<NoTimeout>;
-    fn hedging(self) -> Hedged<NoTimeout> {
-        Hedged(self)
-    }
-}
-
-impl WithHedging for WithBreaker {
-    type Hedging = Hedged<WithBreaker>;
-    fn hedging(self) -> Hedged<WithBreaker> {
-        Hedged(self)
-    }
-}
-
-impl WithHedging for AttemptTimeout {
-    type Hedging = Hedged<AttemptTimeout>;
-    fn hedging(self) -> Hedged<AttemptTimeout> {
+impl<T: sealed::Base> WithHedging for T {
+    type Hedging = Hedged<T>;
+    fn hedging(self) -> Hedged<T> {
         Hedged(self)
     }
 }
@@ -156,21 +138,7 @@ pub trait WithTimeout: sealed::Sealed {
     fn timed(self, limit: Duration) -> Self::Timed;
 }
 
-impl WithTimeout for NoTimeout {
-    type Timed = AttemptTimeout;
-    fn timed(self, limit: Duration) -> AttemptTimeout {
-        AttemptTimeout { limit }
-    }
-}
-
-impl WithTimeout for WithBreaker {
-    type Timed = AttemptTimeout;
-    fn timed(self, limit: Duration) -> AttemptTimeout {
-        AttemptTimeout { limit }
-    }
-}
-
-impl WithTimeout for AttemptTimeout {
+impl<T: sealed::Base> WithTimeout for T {
     type Timed = AttemptTimeout;
     fn timed(self, limit: Duration) -> AttemptTimeout {
         AttemptTimeout { limit }
@@ -193,19 +161,10 @@ impl<T: WithTimeout> WithTimeout for Hedged<T> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hedged<T = NoTimeout>(T);
 
-impl<T> Hedged<T> {
-    /// The timing inside.
-    pub fn get_ref(&self) -> &T {
-        &self.0
-    }
-}
-
 impl<E, T: AttemptTimer<E>> AttemptTimer<E> for Hedged<T> {
     type Error = T::Error;
     type Timer = T::Timer;
     type Hedging<X> = Option<Pin<Box<X>>>;
-
-    const HEDGES: bool = true;
 
     #[inline(always)]
     fn inner(error: E) -> T::Error {
@@ -229,6 +188,9 @@ impl<E, T: AttemptTimer<E>> AttemptTimer<E> for Hedged<T> {
 /// first attempt's first poll: [`AttemptTimer::Hedging`]. Sealed; used by
 /// the response future only.
 pub trait HedgeSlot<X>: sealed::Slot + Default {
+    /// Whether the slot has room for a state: a constant, so that a layer
+    /// whose futures have none compiles hedging from the first poll out.
+    fn has_room(&self) -> bool;
     /// The state kept, if any.
     fn get(&self) -> Option<&X>;
     /// The state kept, if any, pinned.
@@ -245,6 +207,11 @@ pub trait HedgeSlot<X>: sealed::Slot + Default {
 pub struct NoSlot;
 
 impl<X> HedgeSlot<X> for NoSlot {
+    #[inline(always)]
+    fn has_room(&self) -> bool {
+        false
+    }
+
     #[inline(always)]
     fn get(&self) -> Option<&X> {
         None
@@ -266,6 +233,11 @@ impl<X> HedgeSlot<X> for NoSlot {
 }
 
 impl<X> HedgeSlot<X> for Option<Pin<Box<X>>> {
+    #[inline(always)]
+    fn has_room(&self) -> bool {
+        true
+    }
+
     #[inline(always)]
     fn get(&self) -> Option<&X> {
         self.as_deref()
@@ -293,6 +265,13 @@ mod sealed {
     impl Sealed for super::WithBreaker {}
     impl<T> Sealed for super::Hedged<T> {}
 
+    /// The timings [`Hedged`](super::Hedged) wraps: what `.hedge(..)` and
+    /// `.attempt_timeout(..)` map the same way.
+    pub trait Base: Sealed {}
+    impl Base for super::NoTimeout {}
+    impl Base for super::AttemptTimeout {}
+    impl Base for super::WithBreaker {}
+
     pub trait Slot {}
     impl Slot for super::NoSlot {}
     impl<X> Slot for Option<std::pin::Pin<Box<X>>> {}
@@ -307,8 +286,6 @@ impl<E> AttemptTimer<E> for NoTimeout {
     type Error = E;
     type Timer = std::future::Pending<E>;
     type Hedging<X> = NoSlot;
-
-    const HEDGES: bool = false;
 
     #[inline(always)]
     fn inner(error: E) -> E {
@@ -339,8 +316,6 @@ impl<E> AttemptTimer<E> for WithBreaker {
     type Error = Error<E>;
     type Timer = std::future::Pending<Error<E>>;
     type Hedging<X> = NoSlot;
-
-    const HEDGES: bool = false;
 
     #[inline(always)]
     fn inner(error: E) -> Error<E> {
@@ -378,8 +353,6 @@ impl<E> AttemptTimer<E> for AttemptTimeout {
     type Error = Error<E>;
     type Timer = Expiry<E>;
     type Hedging<X> = NoSlot;
-
-    const HEDGES: bool = false;
 
     #[inline]
     fn inner(error: E) -> Error<E> {

@@ -381,7 +381,7 @@ where
         };
         let mut state = this.state;
         loop {
-            if T::HEDGES && this.hedging.get().is_some() {
+            if this.hedging.get().is_some() {
                 return machine.drive_from_first(state, this.hedging, cx);
             }
             match state.as_mut().project() {
@@ -390,7 +390,9 @@ where
                         // A layer that hedges starts now, with the attempt
                         // left where it is pinned: one that answers at its
                         // first poll costs the hedging nothing.
-                        if let (true, Some(hedger)) = (T::HEDGES, machine.config.hedger()) {
+                        if let (true, Some(hedger)) =
+                            (this.hedging.has_room(), machine.config.hedger())
+                        {
                             this.hedging
                                 .put(hedged_from_first_poll(hedger, machine.config.max_attempts));
                             continue;
