@@ -45,9 +45,10 @@ pub(crate) struct Config<P, T = NoTimeout> {
     /// Set only when `T`'s error can say the breaker rejected a request.
     pub(crate) breaker: Option<CircuitBreaker>,
     pub(crate) hedging: Option<Arc<Hedger>>,
-    /// Whether a request is tracked from its call: with a time limit,
-    /// pacing or hedging its first outcome needs more than the settings.
-    /// Worked out once, so the happy path reads one flag, not three.
+    /// Whether a request is tracked from its call: with a time limit or
+    /// pacing its first outcome needs more than the settings (hedging
+    /// starts at the first poll that finds the attempt pending). Worked out
+    /// once, so the happy path reads one flag, not two.
     pub(crate) track_from_call: bool,
     /// Whether the budget is told of every call: only a budget given as a
     /// trait object can want to be (the token bucket never does). Worked

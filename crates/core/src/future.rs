@@ -78,7 +78,7 @@ pin_project! {
         T: AttemptTimer<S::Error>,
     {
         #[pin]
-        state: State<S::Future, Traced<S::Future>, T::Timer, Result<S::Response, T::Error>>,
+        state: StateOf<S, Req, T>,
         // The request, kept to classify outcomes and to copy for each retry;
         // `None` when the policy would not copy it.
         request: Option<Req>,
@@ -192,14 +192,10 @@ impl<F, Tm, R, E> Tracked<F, Tm, Result<R, E>> {
     #[cold]
     #[inline(never)]
     fn rejected(error: E, max_attempts: u32) -> Pin<Box<Self>> {
-        let limits = RequestLimits {
-            max_attempts,
-            deadline: None,
-        };
         Box::pin(Self {
             phase: Phase::Rejected,
             kept: Some(Err(error)),
-            progress: Progress::new(limits, 0),
+            progress: Progress::after_call(max_attempts),
         })
     }
 }
@@ -221,6 +217,18 @@ impl Progress {
             stamp,
             gate: Gate::default(),
         }
+    }
+
+    /// A request tracked only after its call (from its first retry, its
+    /// first pending poll or its rejection): it has the layer's attempts,
+    /// no deadline and no pacing stamp, or it would have been tracked from
+    /// its call.
+    fn after_call(max_attempts: u32) -> Self {
+        let limits = RequestLimits {
+            max_attempts,
+            deadline: None,
+        };
+        Self::new(limits, 0)
     }
 }
 
@@ -426,11 +434,7 @@ where
                         }
                         Verdict::Retry { after, cause } => (after, cause),
                     };
-                    let limits = RequestLimits {
-                        max_attempts: machine.config.max_attempts,
-                        deadline: None,
-                    };
-                    let mut progress = Progress::new(limits, 0);
+                    let mut progress = Progress::after_call(machine.config.max_attempts);
                     match machine.retry(&mut progress.session, after, cause) {
                         Ok(retry) => state.set(State::tracked(retry, outcome, progress)),
                         Err(ending) => {
@@ -502,14 +506,15 @@ where
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
 {
-    /// Runs a tracked request until it ends or has to wait.
+    /// Runs a tracked request until it ends or has to wait; `lent` is its
+    /// first attempt while that is pinned in the response future.
     // Out of line: the happy path's `poll` stays small.
     #[inline(never)]
     fn drive(
         &mut self,
         mut tracked: Pin<&mut TrackedOf<S, Req, T>>,
         cx: &mut Context<'_>,
-        mut outside: Option<Outside<'_, S::Future, T::Timer>>,
+        mut lent: Option<LentFirst<'_, S::Future, T::Timer>>,
     ) -> Poll<Outcome<S, Req, T>> {
         loop {
             let this = tracked.as_mut().project();
@@ -563,13 +568,13 @@ where
                     mut next,
                     hedge,
                 } => {
-                    let first = outside.as_mut().map(|o| o.future.as_mut());
+                    let first = lent.as_mut().map(|l| l.future.as_mut());
                     let answered = copies.as_mut().poll_any(first, cx, |future, outcome| {
                         span::outcome(future, OutcomeKind::of(outcome));
                     });
                     let timer = match timer.as_pin_mut() {
                         Some(timer) => Some(timer),
-                        None => outside.as_mut().map(|o| o.timer.as_mut()),
+                        None => lent.as_mut().map(|l| l.timer.as_mut()),
                     };
                     if let Poll::Ready((outcome, sent)) = answered {
                         let outcome = outcome.map_err(T::inner);
@@ -640,7 +645,7 @@ where
         let Some(mut tracked) = slot.get_mut() else {
             unreachable!("a request hedged from its first poll has its tracked state");
         };
-        let polled = self.drive(tracked.as_mut(), cx, Some(Outside { future, timer }));
+        let polled = self.drive(tracked.as_mut(), cx, Some(LentFirst { future, timer }));
         if polled.is_ready() || !tracked.lends_first() {
             let tracked = slot.take().expect("taken once");
             state.set(State::Tracked { tracked });
@@ -1101,21 +1106,17 @@ fn hedged_from_first_poll<F: Future, Tm, O>(
     hedger: &Hedger,
     max_attempts: u32,
 ) -> Pin<Box<Tracked<F, Tm, O>>> {
-    let limits = RequestLimits {
-        max_attempts,
-        deadline: None,
-    };
     Box::pin(Tracked {
         phase: hedged(hedger, None, 1, None, 0),
         kept: None,
-        progress: Progress::new(limits, 0),
+        progress: Progress::after_call(max_attempts),
     })
 }
 
 /// The first attempt of a request hedged from its first poll, with the
 /// timer it races: pinned in the response future, lent to each poll of the
 /// tracked request while that attempt is in flight.
-struct Outside<'a, F1, Tm> {
+struct LentFirst<'a, F1, Tm> {
     future: Pin<&'a mut F1>,
     timer: Pin<&'a mut Tm>,
 }
