@@ -8,7 +8,8 @@
 # Fails (exit 1) when, on either path, one of our columns costs more
 # instructions than a bare tower::retry or its future is larger, or when the
 # default budget adds more than DEFAULT_BUDGET_MAX instructions to the happy
-# path: issue 16's goals.
+# path (issue 16's goals), or a closed breaker or hedging with no hedge
+# needed more than OPTION_MAX (issue 29's).
 #
 #   bash benches/callgrind.sh            # markdown table on stdout
 set -euo pipefail
@@ -64,4 +65,14 @@ if (( budget_cost > DEFAULT_BUDGET_MAX )); then
     echo "the default budget adds $budget_cost instructions to the happy path, more than $DEFAULT_BUDGET_MAX" >&2
     status=1
 fi
+# Issue 29: a closed breaker, and hedging that needs no hedge, each cost at
+# most this much over the defaults on a call answered at once.
+OPTION_MAX=${OPTION_MAX:-30}
+for column in "ours, closed breaker" "ours, hedging configured"; do
+    cost=$(( per_request["happy_path/$column"] - with_budget ))
+    if (( cost > OPTION_MAX )); then
+        echo "$column adds $cost instructions to the happy path, more than $OPTION_MAX" >&2
+        status=1
+    fi
+done
 exit $status
