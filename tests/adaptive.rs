@@ -376,7 +376,7 @@ async fn no_attempt_starts_past_max_elapsed_while_pacing_waits() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_rate_above_a_thousand_a_second_keeps_its_nanoseconds() {
+async fn a_paced_interval_keeps_its_fraction_of_a_millisecond() {
     let pacing = AdaptivePacing::builder()
         .round(Duration::from_millis(10))
         .build()

@@ -497,7 +497,7 @@ mod tests {
     #[test]
     fn a_round_the_rate_held_back_does_not_turn_pacing_off() {
         // The round that turned pacing off in a flaky run of
-        // `a_rate_above_a_thousand_a_second_keeps_its_nanoseconds` (rounds of
+        // `a_paced_interval_keeps_its_fraction_of_a_millisecond` (rounds of
         // 10 ms, a store taking 3 a round, 8 workers queued for slots): slow
         // start had just raised 2.7 to 4.05 a round, and two of the round's
         // slots had been taken ahead at 2.7, so it sent 3. Turned off, pacing
