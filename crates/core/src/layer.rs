@@ -278,14 +278,9 @@ impl<P, T> BackoffBuilder<P, T> {
     where
         T: WithTimeout,
     {
-        let mut settings = self.settings;
-        settings.attempt_timeout = Some(limit);
-        BackoffBuilder {
-            policy: self.policy,
-            schedule: self.schedule,
-            timeouts: self.timeouts.timed(limit),
-            settings,
-        }
+        let mut builder = self.map_timing(|timing| timing.timed(limit));
+        builder.settings.attempt_timeout = Some(limit);
+        builder
     }
 
     /// Checks `breaker` before every attempt goes out and tells it every
@@ -314,14 +309,9 @@ impl<P, T> BackoffBuilder<P, T> {
     where
         T: WithRejection,
     {
-        let mut settings = self.settings;
-        settings.breaker = Some(breaker);
-        BackoffBuilder {
-            policy: self.policy,
-            schedule: self.schedule,
-            timeouts: self.timeouts.rejecting(),
-            settings,
-        }
+        let mut builder = self.map_timing(WithRejection::rejecting);
+        builder.settings.breaker = Some(breaker);
+        builder
     }
 
     /// Randomizes each delay (default [`Jitter::Full`]).
@@ -463,10 +453,15 @@ impl<P, T> BackoffBuilder<P, T> {
     where
         T: WithHedging,
     {
+        self.map_timing(WithHedging::hedging)
+    }
+
+    /// The same settings with the timing type `change` makes of this one.
+    fn map_timing<U>(self, change: impl FnOnce(T) -> U) -> BackoffBuilder<P, U> {
         BackoffBuilder {
             policy: self.policy,
             schedule: self.schedule,
-            timeouts: self.timeouts.hedging(),
+            timeouts: change(self.timeouts),
             settings: self.settings,
         }
     }
