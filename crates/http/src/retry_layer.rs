@@ -317,12 +317,7 @@ impl<T> HttpRetryBuilder<T> {
     where
         T: WithHedging,
     {
-        HttpRetryBuilder {
-            backoff: self.backoff.hedge(hedging),
-            record_info: self.record_info,
-            replay_limit: self.replay_limit,
-            buffer_limit: self.buffer_limit,
-        }
+        self.map(|backoff| backoff.hedge(hedging))
     }
 
     /// See [`BackoffBuilder::pacing`].
@@ -354,12 +349,7 @@ impl<T> HttpRetryBuilder<T> {
     where
         T: WithTimeout,
     {
-        HttpRetryBuilder {
-            backoff: self.backoff.attempt_timeout(limit),
-            record_info: self.record_info,
-            replay_limit: self.replay_limit,
-            buffer_limit: self.buffer_limit,
-        }
+        self.map(|backoff| backoff.attempt_timeout(limit))
     }
 
     /// See [`BackoffBuilder::circuit_breaker`]: stops calling a host that
@@ -370,12 +360,7 @@ impl<T> HttpRetryBuilder<T> {
     where
         T: WithRejection,
     {
-        HttpRetryBuilder {
-            backoff: self.backoff.circuit_breaker(breaker),
-            record_info: self.record_info,
-            replay_limit: self.replay_limit,
-            buffer_limit: self.buffer_limit,
-        }
+        self.map(|backoff| backoff.circuit_breaker(breaker))
     }
 
     /// Checks every setting and builds the layer per host: each authority
@@ -410,12 +395,18 @@ impl<T> HttpRetryBuilder<T> {
         })
     }
 
-    fn map(
-        mut self,
-        change: impl FnOnce(BackoffBuilder<HttpPolicy, T>) -> BackoffBuilder<HttpPolicy, T>,
-    ) -> Self {
-        self.backoff = change(self.backoff);
-        self
+    /// The same HTTP settings around what `change` makes of the layer's
+    /// builder, whose timing type it may change.
+    fn map<U>(
+        self,
+        change: impl FnOnce(BackoffBuilder<HttpPolicy, T>) -> BackoffBuilder<HttpPolicy, U>,
+    ) -> HttpRetryBuilder<U> {
+        HttpRetryBuilder {
+            backoff: change(self.backoff),
+            record_info: self.record_info,
+            replay_limit: self.replay_limit,
+            buffer_limit: self.buffer_limit,
+        }
     }
 }
 
