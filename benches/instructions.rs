@@ -224,6 +224,16 @@ fn budget_table(runtime: &tokio::runtime::Runtime) {
     }
 }
 
+/// The number of requests to run of `column`, which runs only the happy
+/// path.
+fn happy_path_requests(scenario: &str, column: &str, iters: &str) -> u64 {
+    assert_eq!(
+        scenario, "happy_path",
+        "the column {column:?} runs the happy path"
+    );
+    iters.parse().expect("a number of requests")
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -255,35 +265,19 @@ fn main() {
             budget_table(&runtime);
         }
         [scenario, column, iters] if column == HEDGE_COLUMN => {
-            assert_eq!(
-                scenario, "happy_path",
-                "the hedge column runs the happy path"
-            );
-            let iters = iters.parse().expect("a number of requests");
+            let iters = happy_path_requests(scenario, column, iters);
             runtime.block_on(run_hedge_column(iters));
         }
         [scenario, column, iters] if PENDING_COLUMNS.contains(&column.as_str()) => {
-            assert_eq!(
-                scenario, "happy_path",
-                "the pending columns run the happy path"
-            );
-            let iters = iters.parse().expect("a number of requests");
+            let iters = happy_path_requests(scenario, column, iters);
             runtime.block_on(run_pending_column(column, iters));
         }
         [scenario, column, iters] if column == BREAKER_COLUMN => {
-            assert_eq!(
-                scenario, "happy_path",
-                "the breaker column runs the happy path"
-            );
-            let iters = iters.parse().expect("a number of requests");
+            let iters = happy_path_requests(scenario, column, iters);
             runtime.block_on(run_breaker_column(iters));
         }
         [scenario, column, iters] if BUDGET_COLUMNS.contains(&column.as_str()) => {
-            assert_eq!(
-                scenario, "happy_path",
-                "the budget columns run the happy path"
-            );
-            let iters = iters.parse().expect("a number of requests");
+            let iters = happy_path_requests(scenario, column, iters);
             runtime.block_on(run_budget_column(column, iters));
         }
         [scenario, column, iters] => {
