@@ -75,12 +75,12 @@ fn budgets() -> Vec<(&'static str, Box<dyn Pair>)> {
         // too small to shard (a full shard could not pay a timeout retry)...
         (
             "TokenBucket::fleet_safe (layer default)",
-            Box::new(TokenBucket::fleet_safe()),
+            Box::new(TokenBucket::fleet_safe(3)),
         ),
         // ...and once the traffic it measured has grown it: a busy layer's.
         (
             "TokenBucket::fleet_safe, grown (busy layer default)",
-            Box::new(grown(TokenBucket::fleet_safe())),
+            Box::new(grown(TokenBucket::fleet_safe(3))),
         ),
         ("control: shares nothing", Box::new(SharesNothing)),
     ]

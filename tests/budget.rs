@@ -665,8 +665,8 @@ async fn a_layer_shows_its_budget_and_its_balance() {
     let budget = layer.budget().expect("the default budget");
     assert_eq!(
         budget.balance(),
-        Some(5),
-        "the fleet-safe default starts with one retry"
+        Some(2),
+        "the fleet-safe default starts with one request's retries"
     );
     let calls = Arc::new(AtomicU64::new(0));
     let count = Arc::clone(&calls);
@@ -675,17 +675,17 @@ async fn a_layer_shows_its_budget_and_its_balance() {
         async { Err::<(), _>("down") }
     }));
     assert!(down.oneshot(()).await.is_err());
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "one retry, then refused");
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "every attempt allowed");
     assert_eq!(
         layer.budget().and_then(|b| b.balance()),
         Some(0),
-        "the one retry paid"
+        "the two retries paid"
     );
     let up = layer.layer(service_fn(|()| async { Ok::<(), &str>(()) }));
     assert_eq!(up.oneshot(()).await, Ok(()));
     assert_eq!(
         layer.budget().and_then(|b| b.balance()),
-        Some(5),
+        Some(1),
         "a first-try success earns one retry"
     );
     let none = BackoffLayer::builder().no_budget().build().unwrap();
@@ -703,65 +703,134 @@ async fn a_layer_shows_its_budget_and_its_balance() {
 // ---- The fleet-safe default (issue 25) ----
 
 #[test]
-fn the_fleet_safe_bucket_starts_with_one_retry_and_a_success_earns_another() {
-    let bucket = TokenBucket::fleet_safe();
-    assert_eq!((bucket.available(), bucket.capacity()), (5, 10));
-    assert!(!bucket.would_allow(Cause::Timeout), "a timeout costs two");
-    bucket.on_success(None);
-    assert_eq!(bucket.available(), 10, "one first-try success: one retry");
-    bucket.on_success(None);
-    assert_eq!(bucket.available(), 10, "never above the capacity");
-    assert!(bucket.try_retry(Cause::Transient));
+fn the_fleet_safe_bucket_starts_with_one_requests_retries_and_a_success_earns_one_back() {
+    let bucket = TokenBucket::fleet_safe(3);
+    assert_eq!((bucket.available(), bucket.capacity()), (2, 2));
+    assert!(
+        bucket.try_retry(Cause::Timeout),
+        "a timeout costs one retry"
+    );
     assert!(bucket.try_retry(Cause::Transient));
     assert!(
-        !bucket.try_retry(Cause::Transient),
+        !bucket.would_allow(Cause::Transient),
         "two retries, then none"
     );
-    bucket.on_success(Some(Cause::Transient));
+    assert!(!bucket.try_retry(Cause::Throttled));
+    bucket.on_success(Some(Cause::Timeout));
     assert_eq!(
         bucket.available(),
-        5,
+        1,
         "a retry that worked gives its cost back"
     );
+    bucket.on_success(None);
+    assert_eq!(bucket.available(), 2, "a first-try success earns one");
+    bucket.on_success(None);
+    assert_eq!(bucket.available(), 2, "never above the capacity");
+}
+
+#[test]
+fn the_fleet_safe_reserve_is_one_requests_retries_for_the_attempts_set() {
+    for (attempts, retries) in [(2, 1), (4, 3), (6, 5), (100, 99)] {
+        let bucket = TokenBucket::fleet_safe(attempts);
+        assert_eq!(
+            (bucket.available(), bucket.capacity()),
+            (retries, retries),
+            "{attempts} attempts"
+        );
+    }
+    // No retry to hold for one attempt; unlimited attempts hold the
+    // default's two.
+    assert_eq!(TokenBucket::fleet_safe(1).capacity(), 1);
+    let unlimited = TokenBucket::fleet_safe(tower_backoff::engine::UNLIMITED_ATTEMPTS);
+    assert_eq!(unlimited.capacity(), 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_growing_capacity_follows_the_traffic_measured_after_a_retry() {
-    let bucket = TokenBucket::fleet_safe();
+    let bucket = TokenBucket::fleet_safe(3);
     // No retry, no measurement: a busy service's capacity stays at two.
     for _ in 0..1000 {
         bucket.on_success(None);
         tokio::time::advance(Duration::from_millis(1)).await;
     }
-    assert_eq!(bucket.capacity(), 10);
+    assert_eq!(bucket.capacity(), 2);
     // A retry opens one: 1,024 successes over 1.024 s, 1,000 a second,
-    // and a tenth of 10 s of them is 1,000 retries of 5 tokens.
+    // and a tenth of 10 s of them is 1,000 retries.
     assert!(bucket.try_retry(Cause::Transient));
     for _ in 0..1024 {
         tokio::time::advance(Duration::from_millis(1)).await;
         bucket.on_success(None);
     }
-    assert_eq!(bucket.capacity(), 5000);
+    assert_eq!(bucket.capacity(), 1000);
     // Earned one success at a time, not granted at once.
-    assert!(bucket.available() < 100, "{bucket:?}");
+    assert!(bucket.available() < 20, "{bucket:?}");
     // The traffic falls to 2 a second: the next measurement shrinks the
     // capacity back to its floor and the bucket gives up what is above it.
-    for _ in 0..1000 {
+    for _ in 0..500 {
         bucket.on_success(None);
     }
-    assert!(bucket.available() > 1000, "{bucket:?}");
+    assert!(bucket.available() > 200, "{bucket:?}");
     assert!(bucket.try_retry(Cause::Transient));
     for _ in 0..8 {
         tokio::time::advance(Duration::from_millis(500)).await;
         bucket.on_success(None);
     }
-    assert_eq!(bucket.capacity(), 10);
-    assert_eq!(bucket.available(), 10);
+    assert_eq!(bucket.capacity(), 2);
+    assert_eq!(bucket.available(), 2);
+}
+
+/// 1,000 first-try successes a second grow the capacity to 1,000 retries;
+/// with no newer measurement it falls in a straight line to the floor over
+/// the next 10 s, and the tokens above it go with it.
+async fn grown_at_1000_a_second() -> TokenBucket {
+    let bucket = TokenBucket::fleet_safe(3);
+    assert!(bucket.try_retry(Cause::Transient));
+    for _ in 0..1024 {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.capacity(), 1000);
+    for _ in 0..1000 {
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.available(), 1000);
+    bucket
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_measured_capacity_falls_back_to_the_floor_over_the_next_10_s() {
+    let bucket = grown_at_1000_a_second().await;
+    tokio::time::advance(Duration::from_millis(2_500)).await;
+    // Three quarters of the 998 above the floor are left.
+    assert_eq!(bucket.capacity(), 2 + 998 * 3 / 4);
+    assert_eq!(bucket.available(), 2 + 998 * 3 / 4, "the tokens above go");
+    tokio::time::advance(Duration::from_millis(5_000)).await;
+    assert_eq!(bucket.capacity(), 2 + 998 / 4);
+    tokio::time::advance(Duration::from_millis(2_500)).await;
+    assert_eq!((bucket.capacity(), bucket.available()), (2, 2));
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(bucket.capacity(), 2, "and stays there");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_capacity_grown_in_a_busy_spell_is_gone_after_quiet_minutes_without_failures() {
+    let bucket = grown_at_1000_a_second().await;
+    // Ten minutes at one request a second, every one a first-try success:
+    // no retry, so no measurement, and the clock is read by none of them.
+    for _ in 0..600 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        bucket.on_success(None);
+    }
+    // The outage that follows gets one request's retries, not 1,000.
+    let granted = (0..1000)
+        .filter(|_| bucket.try_retry(Cause::Timeout))
+        .count();
+    assert_eq!(granted, 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_shorter_than_a_second_is_not_measured_as_a_rate() {
-    let bucket = TokenBucket::fleet_safe();
+    let bucket = TokenBucket::fleet_safe(3);
     bucket.on_success(None);
     assert!(bucket.try_retry(Cause::Transient));
     // 64 successes within 64 ms: too short to be a rate.
@@ -769,7 +838,7 @@ async fn a_burst_shorter_than_a_second_is_not_measured_as_a_rate() {
         tokio::time::advance(Duration::from_millis(1)).await;
         bucket.on_success(None);
     }
-    assert_eq!(bucket.capacity(), 10);
+    assert_eq!(bucket.capacity(), 2);
 }
 
 #[test]
@@ -795,31 +864,31 @@ fn a_bucket_refuses_a_start_above_its_capacity_and_a_share_outside_0_to_1() {
 /// successes) would size the capacity on a count too small to be a rate.
 #[tokio::test(start_paused = true)]
 async fn a_measurement_closes_at_its_eighth_success_once_a_second_has_passed() {
-    let bucket = TokenBucket::fleet_safe();
+    let bucket = TokenBucket::fleet_safe(3);
     assert!(bucket.try_retry(Cause::Transient));
     tokio::time::advance(Duration::from_millis(1000)).await;
     for _ in 0..7 {
         bucket.on_success(None);
     }
-    assert_eq!(bucket.capacity(), 10, "7 successes are not yet a rate");
+    assert_eq!(bucket.capacity(), 2, "7 successes are not yet a rate");
     bucket.on_success(None);
-    // 8 a second: a tenth of 10 s of them is 8 retries of 5 tokens.
-    assert_eq!(bucket.capacity(), 40, "{bucket:?}");
+    // 8 a second: a tenth of 10 s of them is 8 retries.
+    assert_eq!(bucket.capacity(), 8, "{bucket:?}");
 }
 
 /// A rate that would size the capacity below the one set leaves it there:
-/// one first-try success a second is worth one retry (5 tokens), and the
-/// fleet-safe bucket keeps its two.
+/// one first-try success a second is worth one retry, and the fleet-safe
+/// bucket keeps its two.
 #[tokio::test(start_paused = true)]
 async fn a_measured_capacity_never_falls_below_the_capacity_set() {
-    let bucket = TokenBucket::fleet_safe();
+    let bucket = TokenBucket::fleet_safe(3);
     assert!(bucket.try_retry(Cause::Transient));
     for _ in 0..8 {
         tokio::time::advance(Duration::from_secs(1)).await;
         bucket.on_success(None);
     }
-    assert_eq!(bucket.capacity(), 10, "{bucket:?}");
-    assert_eq!(bucket.available(), 10, "and it holds them");
+    assert_eq!(bucket.capacity(), 2, "{bucket:?}");
+    assert_eq!(bucket.available(), 2, "and it holds them");
 }
 
 /// However busy the service, a growing capacity stops at the 2^40 tokens a
@@ -884,7 +953,9 @@ async fn a_fresh_bucket_is_the_original_as_it_was_built() {
         fresh.on_success(None);
     }
     assert_eq!(fresh.capacity(), 400, "4 a second × 10 s × 10 tokens");
-    assert_eq!(bucket.capacity(), 800, "the original is left as it was");
+    // The original's 800, measured 34 s ago, has fallen back to its floor;
+    // the fresh one's measurement did not move it.
+    assert_eq!(bucket.capacity(), 100, "the original is left to itself");
 }
 
 /// First attempts made in one slot leave the window when the clock comes

@@ -18,15 +18,15 @@ fn three_attempts_100_ms_doubling_to_20_s() {
 }
 
 #[test]
-fn the_budget_starts_with_one_retry_of_5_tokens() {
+fn the_budget_starts_with_one_requests_retries_a_timeout_costing_one() {
     let layer = BackoffLayer::new();
     let budget = layer.budget().expect("on by default");
-    assert_eq!(budget.balance(), Some(5));
-    assert!(budget.would_allow(tower_backoff::Cause::Transient));
-    assert!(
-        !budget.would_allow(tower_backoff::Cause::Timeout),
-        "10 tokens"
-    );
+    assert_eq!(budget.balance(), Some(2));
+    assert!(budget.try_retry(tower_backoff::Cause::Timeout));
+    assert!(budget.try_retry(tower_backoff::Cause::Transient));
+    assert!(!budget.would_allow(tower_backoff::Cause::Transient));
+    let six = BackoffLayer::builder().max_attempts(6).build().unwrap();
+    assert_eq!(six.budget().and_then(|b| b.balance()), Some(5));
 }
 
 #[test]

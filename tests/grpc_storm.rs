@@ -68,7 +68,7 @@ fn compare(storm: &Storm) -> [Summary; 3] {
     let bucket = run(
         storm,
         retry_errors,
-        Some(Arc::new(TokenBucket::fleet_safe())),
+        Some(Arc::new(TokenBucket::fleet_safe(MAX_ATTEMPTS))),
     );
     let budget = run(storm, retry_errors, Some(a6()));
     let exact = run(storm, CountedByPolicy(a6()), None);

@@ -118,9 +118,10 @@ async fn the_default_budget_bounds_an_operation_with_no_attempt_limit() {
     .max_attempts(u32::MAX)
     .await;
     assert!(result.is_err());
-    // The fleet-safe default starts a call with one retry, and a failure
-    // earns it none: an endless failure ends after two attempts.
-    assert_eq!(calls.get(), 2);
+    // The fleet-safe default starts with one request's retries (two, for
+    // unlimited attempts), and a failure earns it none: an endless failure
+    // ends after three attempts.
+    assert_eq!(calls.get(), 3);
 }
 
 #[tokio::test(start_paused = true)]
@@ -216,8 +217,9 @@ async fn a_reused_retry_shares_one_budget_across_100_runs_spawned() {
         let outcome = tokio::spawn(down.start()).await.unwrap();
         assert_eq!(outcome, Err("down"));
     }
-    // The fleet-safe default bucket (one retry to start with, none earned by
-    // a failure) pays for one retry in all: 100 first attempts and the first
-    // run's retry, not the 200 attempts of 100 budgets of their own.
-    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 101);
+    // The fleet-safe default bucket (one run's two retries to start with,
+    // none earned by a failure) pays for two retries in all: 100 first
+    // attempts and the first run's retries, not the 300 attempts of 100
+    // budgets of their own.
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 102);
 }

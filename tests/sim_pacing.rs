@@ -233,11 +233,11 @@ fn storms() -> Vec<(&'static str, Storm)> {
 
 #[test]
 fn pacing_on_the_default_budget_recovers_within_3_s_of_it_and_never_fails_more_in_the_storm() {
-    // The storm's server never says "slow down", only times out: this policy
-    // reports timeouts as throttling, so the pacing reacts to them.
+    // The storm's server never says "slow down", only times out: the pacing
+    // slows down for timeouts, and the budget pays for their retries.
     let layer = |seed: u64, pacing: Option<AdaptivePacing>| {
         let builder = BackoffLayer::builder()
-            .policy(RetryErrors::new(Cause::Throttled))
+            .policy(RetryErrors::new(Cause::Timeout))
             .seed(seed);
         match pacing {
             Some(pacing) => builder.pacing(pacing).build().unwrap(),
@@ -322,4 +322,55 @@ fn the_pacing_scenario_rejects_settings_that_cannot_work() {
         })),
         "demand"
     );
+}
+
+// ---- Throttling is not an outage (issue 39) ----
+
+/// Writes the store accepted over the whole run.
+fn accepted(report: &PacingReport) -> u64 {
+    report.seconds.iter().map(|s| s.accepted).sum()
+}
+
+/// A batch job of about 200 records: 8 workers writing to a store of 20 a
+/// second for 10 s, each through one layer they share, with shared pacing,
+/// retrying a throttled write up to 10 attempts. With the layer's default
+/// budget it writes what it writes with none: a throttled write's retry is
+/// paced by the server's signal, so the budget does not pay for it.
+#[test]
+fn eight_paced_writers_store_as_much_with_the_default_budget_as_with_none() {
+    for latency in [Duration::from_millis(1), Duration::from_millis(50)] {
+        for seed in 1..=CLOSED_LOOP_SEEDS {
+            let scenario = Pacing::new()
+                .capacity(20)
+                .workers(8)
+                .latency(latency)
+                .horizon(Duration::from_secs(10))
+                .seed(seed);
+            let layer = |budget: bool| {
+                let builder = BackoffLayer::builder()
+                    .policy(ThrottledWrites)
+                    .max_attempts(10)
+                    .seed(seed)
+                    .pacing(AdaptivePacing::new());
+                match budget {
+                    true => builder.build().unwrap(),
+                    false => builder.no_budget().build().unwrap(),
+                }
+            };
+            let run = |layer: BackoffLayer<ThrottledWrites>| {
+                let report = scenario
+                    .run(|_, store| tower_layer::Layer::layer(&layer, store))
+                    .unwrap();
+                (accepted(&report), layer.stats().map(|s| s.snapshot()))
+            };
+            let (defaults, _) = run(layer(true));
+            let (unbudgeted, _) = run(layer(false));
+            println!("{latency:?}, seed {seed}: {defaults} records with the defaults, {unbudgeted} with no budget");
+            assert!(unbudgeted >= 150, "{unbudgeted}");
+            assert!(
+                defaults as f64 >= 0.98 * unbudgeted as f64,
+                "{latency:?}, seed {seed}: {defaults} against {unbudgeted}"
+            );
+        }
+    }
 }

@@ -92,9 +92,9 @@ async fn unlimited_attempts_are_bounded_by_the_default_budget() {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let svc = tower::Layer::layer(&layer, failing(calls.clone()));
     assert_eq!(svc.oneshot(()).await, Err(()));
-    // The fleet-safe default starts with one retry and nothing earns it
-    // another: the first attempt and that one retry.
-    assert_eq!(calls.lock().unwrap().len(), 2);
+    // The fleet-safe default starts with one request's retries, two for
+    // unlimited attempts, and nothing earns it another.
+    assert_eq!(calls.lock().unwrap().len(), 3);
 }
 
 #[test]

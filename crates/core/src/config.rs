@@ -154,6 +154,7 @@ impl<P, T> Config<P, T> {
             jitter: self.jitter,
             stop_at_cap: self.stop_at_cap,
             budget: self.budget(),
+            paced: self.pacing.is_some(),
         }
     }
 

@@ -161,6 +161,7 @@ impl Delays {
             jitter: self.jitter,
             stop_at_cap: false,
             budget: None,
+            paced: false,
         };
         let no_deadline = || unreachable!("no deadline, so no clock");
         let retry = self

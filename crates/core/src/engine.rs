@@ -71,6 +71,10 @@ pub struct Rules<'a, S: ?Sized, B: ?Sized> {
     /// The budget retries are checked against when decided and charged to
     /// when sent, if any.
     pub budget: Option<&'a B>,
+    /// Whether every attempt goes through adaptive pacing: then a retry of
+    /// a [throttled](Cause::Throttled) attempt is paced by the server's own
+    /// signal and the budget does not pay for it.
+    pub paced: bool,
 }
 
 /// A retry decided but not sent yet: the front-end waits `delay`, then asks
@@ -84,16 +88,28 @@ pub struct Retry {
     /// The one free retry of a request that never left (`Cause::NotSent`): no
     /// delay, no attempt counted, no budget.
     pub transparent: bool,
+    /// Whether the budget pays for it (see [`Retry::budget_pays`]).
+    pub paid: bool,
     /// When its sleep ends, if the request has a deadline.
     pub due: Option<Instant>,
 }
 
 impl Retry {
-    /// Whether the budget pays for it: not for the transparent retry, which
-    /// the server never saw, nor for a [conflict](Cause::Conflict), which
-    /// the server answered promptly.
-    pub fn paid(&self) -> bool {
-        !self.transparent && self.cause != Cause::Conflict
+    /// Whether the budget pays for a retry for `cause`. Not for the
+    /// transparent retry, which the server never saw; nor for a
+    /// [conflict](Cause::Conflict), which the server answered promptly; nor
+    /// for a [throttled](Cause::Throttled) attempt's retry that waits the
+    /// delay the server named (`server_delay`) or goes through adaptive
+    /// pacing (`paced`): the server's own signal paces it, where a budget
+    /// would only refuse what the server invited back. A budget bounds
+    /// retries nobody paces, the ones that multiply an outage.
+    pub fn budget_pays(cause: Cause, transparent: bool, server_delay: bool, paced: bool) -> bool {
+        match cause {
+            _ if transparent => false,
+            Cause::Conflict => false,
+            Cause::Throttled => !(server_delay || paced),
+            _ => true,
+        }
     }
 
     /// A retry whose time the front-end sets itself, with no delay of the
@@ -103,6 +119,7 @@ impl Retry {
             cause,
             delay: Duration::ZERO,
             transparent: false,
+            paid: Self::budget_pays(cause, false, false, false),
             due: None,
         }
     }
@@ -204,7 +221,8 @@ impl Session {
 
     /// The cause of the last retry sent, if the budget paid for it: what a
     /// budget's refund on success depends on. `None` before any retry and
-    /// after a free one (the transparent retry, a conflict): its success
+    /// after a free one (the transparent retry, a conflict, a throttled
+    /// attempt's retry paced by the server): its success
     /// earns the plain refund, not the return of a cost never paid.
     pub fn last_retry(&self) -> Option<Cause> {
         self.last_retry
@@ -275,7 +293,7 @@ impl Session {
                 _ => return Err(Ending::OutOfTime),
             }
         }
-        let paid = !transparent && cause != Cause::Conflict;
+        let paid = Retry::budget_pays(cause, transparent, after.is_some(), rules.paced);
         if paid && rules.budget.is_some_and(|b| !b.would_allow(cause)) {
             return Err(Ending::BudgetRefused);
         }
@@ -287,6 +305,7 @@ impl Session {
             cause,
             delay,
             transparent,
+            paid,
             due,
         })
     }
@@ -383,7 +402,7 @@ impl Session {
                 admitted => admitted,
             },
         };
-        if retry.paid() && budget.is_some_and(|b| !b.try_retry(retry.cause)) {
+        if retry.paid && budget.is_some_and(|b| !b.try_retry(retry.cause)) {
             if let Some(breaker) = breaker {
                 breaker.cancel(admission);
             }
@@ -392,7 +411,7 @@ impl Session {
         // Saturating: unlimited attempts may count past u32::MAX.
         self.attempts = self.attempts.saturating_add(1);
         self.transparent_used |= retry.transparent;
-        self.last_retry = retry.paid().then_some(retry.cause);
+        self.last_retry = retry.paid.then_some(retry.cause);
         Ok((copy, admission))
     }
 
@@ -459,6 +478,7 @@ mod tests {
             jitter: Jitter::None,
             stop_at_cap: false,
             budget: NO_BUDGET,
+            paced: false,
         }
     }
 
@@ -752,7 +772,7 @@ mod tests {
         let conflict = session
             .decide(&rules, None, Cause::Conflict, true, never, rng)
             .unwrap();
-        assert!(!conflict.paid());
+        assert!(!conflict.paid);
         assert_eq!(conflict.delay, ms(10), "a conflict waits like any retry");
         session
             .send(&conflict, rules.budget, never, || Some(()))

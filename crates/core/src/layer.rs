@@ -560,7 +560,9 @@ impl<P, T> BackoffBuilder<P, T> {
             hedging.validate()?;
         }
         let budget = match budget {
-            BudgetChoice::Default => Some(LayerBudget::Bucket(budget::default_budget())),
+            BudgetChoice::Default => Some(LayerBudget::Bucket(budget::default_budget(
+                limits.max_attempts,
+            ))),
             BudgetChoice::Bucket(bucket) => Some(LayerBudget::Bucket(bucket)),
             BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
             BudgetChoice::None => None,

@@ -379,7 +379,9 @@ where
                         return Poll::Ready(Err(error));
                     }
                     if let (BudgetChoice::Default(made), None) = (&settings.budget, &this.budget) {
-                        let budget = made.get_or_init(|| Arc::new(budget::default_budget()));
+                        let budget = made.get_or_init(|| {
+                            Arc::new(budget::default_budget(settings.limits.max_attempts))
+                        });
                         // This run's first attempt, told late: the budget did
                         // not exist yet when it went out.
                         budget.on_first_attempt();
@@ -390,6 +392,7 @@ where
                         jitter: settings.limits.jitter,
                         stop_at_cap: settings.limits.stop_at_cap,
                         budget: this.budget.as_deref(),
+                        paced: false,
                     };
                     let decided = this.session.decide(
                         &rules,

@@ -39,7 +39,8 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// left the client. Every method of the channel shares one budget: the
 /// config's `retryThrottling` as a [`RetryThrottle`] if it has one (counted
 /// by each method's policy, so every attempt counts, as A6 says), else the
-/// crate's default [`TokenBucket`]; [`budget`](GrpcRetryBuilder::budget)
+/// crate's default ([`TokenBucket::fleet_safe`], for the most attempts any
+/// method allows); [`budget`](GrpcRetryBuilder::budget)
 /// replaces either. Request bodies are recorded up to
 /// [`replay_limit`](GrpcRetryBuilder::replay_limit) bytes per call; a call
 /// that sends more is committed and not retried.
@@ -222,7 +223,23 @@ impl GrpcRetryBuilder {
         let budget: Option<Arc<dyn Budget>> = match (self.budget, &throttle) {
             (Some(budget), _) => Some(budget),
             (None, Some(_)) => None,
-            (None, None) => Some(Arc::new(TokenBucket::default())),
+            // The core's default, sized to the longest method's retries, so
+            // that no method's first failing call is cut short.
+            (None, None) => {
+                let most = self
+                    .config
+                    .policies()
+                    .iter()
+                    .flatten()
+                    .map(|method| match method {
+                        MethodPolicy::Retry(retry) => retry.max_attempts(),
+                        MethodPolicy::Hedging(hedging) => hedging.max_attempts(),
+                    });
+                let attempts = most
+                    .max()
+                    .unwrap_or(RetryConfig::transparent_only().max_attempts());
+                Some(Arc::new(TokenBucket::fleet_safe(attempts)))
+            }
         };
         let build = |method: Option<&MethodPolicy>| {
             let transparent_only = RetryConfig::transparent_only();

@@ -74,8 +74,7 @@ pub enum Strategy {
     /// The layer's defaults (so the default budget), plus [`AdaptivePacing`]
     /// (its defaults) shared by every client: what issue 12 compares against
     /// the defaults alone. This server gives no throttling answer, only
-    /// timeouts, so its policy reports timeouts as [`Cause::Throttled`] to
-    /// let the pacing react.
+    /// timeouts, which the pacing slows down for and the budget pays for.
     Adaptive,
     /// The layer as a user gets it: `BackoffLayer::builder()` with this
     /// simulation's policy and seed, nothing else (3 attempts, 100 ms
@@ -180,7 +179,7 @@ impl Strategy {
                 .budget(storm_budget()?)
                 .build(),
             Strategy::Adaptive => builder
-                .policy(RetryErrors::new(Cause::Throttled))
+                .policy(RetryErrors::new(Cause::Timeout))
                 .schedule(exponential)
                 .jitter(Jitter::Full)
                 .pacing(AdaptivePacing::new())

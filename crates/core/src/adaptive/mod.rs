@@ -116,7 +116,8 @@ const IDLE: u64 = u64::MAX;
 /// rate-limited store. See the [module docs](self) for the algorithm.
 ///
 /// Off until the first throttled outcome (the policy decided
-/// [`Cause::Throttled`], or a retry after a server-given delay); then every
+/// [`Cause::Throttled`] or [`Cause::Timeout`], or a retry after a
+/// server-given delay); then every
 /// send waits for its slot at the rate the server was found to accept. While
 /// off, a request costs two atomic loads and one uncontended add: no timer,
 /// no clock.
@@ -309,10 +310,12 @@ impl AdaptivePacing {
     /// Learns from one attempt's outcome; `stamp` is what
     /// [`sent`](Self::sent) gave when the attempt went out.
     pub(crate) fn observe(&self, decision: &Decision, stamp: u16) {
+        // A timed-out attempt says the server is too slow for the rate sent,
+        // as a throttled one says it is too busy: both slow the pacing down.
         let throttled = matches!(
             *decision,
             Decision::Retry {
-                cause: Cause::Throttled,
+                cause: Cause::Throttled | Cause::Timeout,
                 ..
             } | Decision::Retry { after: Some(_), .. }
         );

@@ -153,6 +153,6 @@ impl<B: Budget + ?Sized> Budget for &'static B {
 /// two relaxed loads: `on_first_attempt` is empty, a success is counted only
 /// while a measurement of the traffic is open, and its refund finds the
 /// bucket flagged full.
-pub(crate) fn default_budget() -> TokenBucket {
-    TokenBucket::fleet_safe()
+pub(crate) fn default_budget(max_attempts: u32) -> TokenBucket {
+    TokenBucket::fleet_safe(max_attempts)
 }

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use crate::budget::Budget;
 use crate::decision::Cause;
 use crate::error::ConfigError;
+use crate::limits::{DEFAULT_MAX_ATTEMPTS, UNLIMITED_ATTEMPTS};
 use crate::sync::{AtomicU64, Ordering};
 
 mod home;
@@ -28,6 +29,9 @@ const FLEET_SAFE_SHARE: f64 = 0.1;
 
 /// The span of traffic a growing capacity is sized to: the last 10 s.
 const GROWTH_WINDOW_SECS: f64 = 10.0;
+
+/// The same span, over which a measured capacity falls back to its floor.
+const GROWTH_WINDOW_MS: u64 = 10_000;
 
 /// A retry budget that charges each retry tokens and refunds some on success,
 /// as the AWS SDKs' standard retry mode does.
@@ -106,6 +110,11 @@ pub struct TokenBucket {
 /// of them over long enough to give their rate. Only retries open one, so a
 /// service that needs none costs one read per success, as a fixed bucket;
 /// and the capacity only matters to a bucket that retries spend.
+///
+/// A measured capacity stands for the traffic of the window it was measured
+/// over, so it falls back to the floor over the next window unless a newer
+/// measurement renews it: a capacity grown in a busy hour is not there for
+/// the outage that follows a quiet one.
 struct Growth {
     /// The capacity however little traffic there is, in thousandths.
     floor: u64,
@@ -117,6 +126,13 @@ struct Growth {
     since: AtomicU64,
     /// First-try successes the open measurement has counted.
     successes: AtomicU64,
+    /// The capacity the last measurement gave, in thousandths, and the
+    /// millisecond after `origin` it was measured at: what the capacity
+    /// falls from. Two words, written by the one thread that closes a
+    /// measurement; a reader that sees one new and one old errs within the
+    /// two capacities.
+    measured: AtomicU64,
+    measured_at: AtomicU64,
 }
 
 /// Fewest first-try successes a measurement counts before its rate is
@@ -146,36 +162,46 @@ impl TokenBucket {
         Self::default()
     }
 
-    /// The budget a layer built with no budget option gets: safe when every
-    /// process of a fleet builds its own layer.
+    /// The budget a layer built with no budget option gets, for requests of
+    /// `max_attempts` attempts: safe when every process of a fleet builds its
+    /// own layer, and never in the way of a quiet process's first failure.
     ///
-    /// It starts with one retry (5 tokens), not a reserve; a first-try
-    /// success earns one retry (5 tokens); a retry costs 5, or 10 after a
-    /// timeout, and its success gives its cost back. The capacity is two
-    /// retries, growing with the layer's own traffic to a tenth of the
-    /// first-try successes of the last 10 s (as retries), so one busy shared
-    /// layer rides out bursts of failures while a process that sends little
-    /// banks little. In an outage a process's retries are bounded by that
-    /// capacity: what its own recent successes earned, or two.
+    /// One token is one retry, whatever its cause. The bucket starts full,
+    /// holding one request's retries (`max_attempts - 1`; two when the
+    /// attempts are unlimited), so the first request that fails on a new or
+    /// quiet client makes every attempt it is allowed, a retry after a
+    /// timeout included. A first-try success earns one retry back, and a
+    /// retry that succeeds gives its own back. The capacity is that one
+    /// request's retries, growing with the layer's own traffic to a tenth of
+    /// its first-try successes of the last 10 s, and falling back with it:
+    /// a capacity measured in a busy spell returns to the floor over the 10 s
+    /// after it was measured, unless a newer measurement renews it.
     ///
-    /// Measured in the simulation (see [the module docs](super) for the
-    /// table): a full outage where each of 1,000 processes at 1 request per
-    /// second has its own layer makes 1.017 attempts per request over 60 s
-    /// (1.033 after 30 s of healthy traffic), where the AWS reserve of
-    /// [`new`](Self::new) makes 2.65.
-    pub fn fleet_safe() -> Self {
-        Self::fleet_safe_builder()
+    /// So in an outage a process's retries are bounded by one request's
+    /// retries or, if more, a tenth of what its own last 10 s of traffic
+    /// earned, however many processes there are. Measured in the simulation
+    /// (see [the module docs](super) for the table).
+    pub fn fleet_safe(max_attempts: u32) -> Self {
+        Self::fleet_safe_builder(max_attempts)
             .build()
             .expect("the fleet-safe settings are valid")
     }
 
     /// A builder starting from the [`fleet_safe`](Self::fleet_safe)
-    /// settings.
-    pub fn fleet_safe_builder() -> TokenBucketBuilder {
+    /// settings for requests of `max_attempts` attempts.
+    pub fn fleet_safe_builder(max_attempts: u32) -> TokenBucketBuilder {
+        let retries = match max_attempts {
+            UNLIMITED_ATTEMPTS => DEFAULT_MAX_ATTEMPTS - 1,
+            attempts => attempts.saturating_sub(1).max(1),
+        };
+        let retries = u64::from(retries);
         TokenBucketBuilder::default()
-            .capacity(10)
-            .initial_tokens(5)
-            .success_refund(5)
+            .capacity(retries)
+            .initial_tokens(retries)
+            .retry_cost(1)
+            .timeout_cost(1)
+            .throttled_cost(1)
+            .success_refund(1)
             .grow_with_traffic(FLEET_SAFE_SHARE)
     }
 
@@ -212,11 +238,13 @@ impl TokenBucket {
     /// can be missed halfway (see [Under contention](Self#under-contention)).
     pub fn available(&self) -> u64 {
         self.refill_now();
+        self.decay();
         self.tokens.total() / MILLI
     }
 
     /// The most tokens the bucket holds now.
     pub fn capacity(&self) -> u64 {
+        self.decay();
         self.tokens.capacity() / MILLI
     }
 
@@ -244,6 +272,7 @@ impl TokenBucket {
 
     /// Takes `amount` out if the bucket holds that much.
     fn withdraw(&self, amount: u64) -> bool {
+        self.decay();
         let taken = self.tokens.take(amount, home::index());
         if let (true, Some(growth)) = (taken, &self.growth) {
             growth.start_measuring();
@@ -264,8 +293,20 @@ impl TokenBucket {
     #[inline]
     fn count_success(&self) {
         if let Some(growth) = &self.growth {
-            if let Some(rate) = growth.count() {
-                self.resize(growth.capacity_for(rate));
+            if let Some(capacity) = growth.count() {
+                self.resize(capacity);
+            }
+        }
+    }
+
+    /// Lowers a grown capacity to what it has fallen to since it was
+    /// measured. Asked only when a retry is weighed, so the happy path never
+    /// reads the clock for it.
+    fn decay(&self) {
+        if let Some(growth) = &self.growth {
+            let capacity = growth.capacity_now();
+            if capacity < self.tokens.capacity() {
+                self.resize(capacity);
             }
         }
     }
@@ -336,6 +377,8 @@ impl Growth {
             origin: Instant::now(),
             since: AtomicU64::new(NOT_MEASURING),
             successes: AtomicU64::new(0),
+            measured: AtomicU64::new(floor),
+            measured_at: AtomicU64::new(0),
         }
     }
 
@@ -359,10 +402,9 @@ impl Growth {
     }
 
     /// Counts a first-try success into the open measurement, if any; when
-    /// it has seen enough, closes it and returns the rate it measured, in
-    /// successes per second.
+    /// it has seen enough, closes it and returns the capacity it measured.
     #[inline]
-    fn count(&self) -> Option<f64> {
+    fn count(&self) -> Option<u64> {
         let since = self.since.load(Ordering::Relaxed);
         if since == NOT_MEASURING {
             return None;
@@ -380,8 +422,9 @@ impl Growth {
     }
 
     #[cold]
-    fn close(&self, since: u64, count: u64) -> Option<f64> {
-        let elapsed = self.now_ms().saturating_sub(since - 1);
+    fn close(&self, since: u64, count: u64) -> Option<u64> {
+        let now = self.now_ms();
+        let elapsed = now.saturating_sub(since - 1);
         if elapsed < MEASURE_AT_LEAST_MS {
             return None;
         }
@@ -389,7 +432,28 @@ impl Growth {
         self.since
             .compare_exchange(since, NOT_MEASURING, Ordering::Relaxed, Ordering::Relaxed)
             .ok()?;
-        Some(count as f64 * 1000.0 / elapsed as f64)
+        let capacity = self.capacity_for(count as f64 * 1000.0 / elapsed as f64);
+        self.measured.store(capacity, Ordering::Relaxed);
+        self.measured_at.store(now, Ordering::Relaxed);
+        Some(capacity)
+    }
+
+    /// The capacity now: the last measured one, falling in a straight line
+    /// to the floor over the window after it was measured, since the
+    /// successes it counted leave the window by then.
+    fn capacity_now(&self) -> u64 {
+        let measured = self.measured.load(Ordering::Relaxed);
+        if measured <= self.floor {
+            return self.floor;
+        }
+        let age = self
+            .now_ms()
+            .saturating_sub(self.measured_at.load(Ordering::Relaxed));
+        let left = GROWTH_WINDOW_MS.saturating_sub(age);
+        // Below 2^51 thousandths times 10^4 ms: no overflow in 128 bits.
+        let above =
+            u128::from(measured - self.floor) * u128::from(left) / u128::from(GROWTH_WINDOW_MS);
+        self.floor + u64::try_from(above).unwrap_or(u64::MAX)
     }
 
     /// The capacity, in thousandths, for `rate` first-try successes a second.
@@ -420,6 +484,7 @@ impl Budget for TokenBucket {
 
     fn would_allow(&self, cause: Cause) -> bool {
         self.refill_now();
+        self.decay();
         self.tokens.holds(self.cost(cause), home::index())
     }
 
@@ -694,43 +759,44 @@ mod tests {
         );
     }
 
-    /// The layer's default starts on one shard (its floor of 10 tokens pays
-    /// one timeout retry), takes a shard per CPU into use once the traffic
-    /// it measured grows its capacity, and keeps them when the capacity
-    /// falls back to its floor; alone, a thread still sees one counter.
+    /// A default bucket for two attempts starts on one shard (its floor of
+    /// one token pays one retry), takes a shard per CPU into use once the
+    /// traffic it measured grows its capacity, and keeps them when the
+    /// capacity falls back to its floor; alone, a thread still sees one
+    /// counter.
     #[tokio::test(start_paused = true)]
     async fn a_capacity_that_grows_takes_more_shards_into_use_and_keeps_them() {
         let per_cpu = Shards::count_for(u64::MAX, 1);
-        let bucket = TokenBucket::fleet_safe();
+        let bucket = TokenBucket::fleet_safe(2);
         assert_eq!((bucket.tokens.in_use(), bucket.tokens.most()), (1, per_cpu));
-        // 1,000 first-try successes a second: 5,000 tokens, 500 timeout
-        // retries, enough for a shard per CPU to pay one.
+        // 1,000 first-try successes a second: 1,000 retries, enough for a
+        // shard per CPU to pay one.
         assert!(bucket.try_retry(Cause::Transient));
         for _ in 0..1024 {
             tokio::time::advance(std::time::Duration::from_millis(1)).await;
             bucket.on_success(None);
         }
-        assert_eq!(bucket.capacity(), 5000);
+        assert_eq!(bucket.capacity(), 1000);
         assert_eq!(bucket.tokens.in_use(), per_cpu);
         assert_eq!(
             bucket.fresh().tokens.in_use(),
             1,
             "a fresh copy starts on its floor's"
         );
-        // The traffic falls to 2 a second: back to the floor, on the same
+        // The traffic falls to 1 a second: back to the floor, on the same
         // shards, holding exactly the floor in all.
         for _ in 0..1000 {
             bucket.on_success(None);
         }
         assert!(bucket.try_retry(Cause::Transient));
         for _ in 0..8 {
-            tokio::time::advance(std::time::Duration::from_millis(500)).await;
+            tokio::time::advance(std::time::Duration::from_secs(1)).await;
             bucket.on_success(None);
         }
-        assert_eq!(bucket.capacity(), 10);
+        assert_eq!(bucket.capacity(), 1);
         assert_eq!(bucket.tokens.in_use(), per_cpu, "never fewer again");
-        assert_eq!(bucket.available(), 10);
-        // A timeout retry, the whole floor, gathers from every shard.
+        assert_eq!(bucket.available(), 1);
+        // The whole floor, wherever it lies, pays one retry.
         assert!(bucket.try_retry(Cause::Timeout));
         assert_eq!(bucket.available(), 0);
         assert!(!bucket.try_retry(Cause::Transient));
