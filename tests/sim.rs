@@ -429,6 +429,45 @@ fn defaults_keep_an_outage_after_30_s_of_healthy_traffic_at_1_05_attempts_per_re
     assert!(shared.attempts <= shared.requests + 2 + 10, "{shared:?}");
 }
 
+/// 100 independent processes (each alone in an outage, so the ratio is the
+/// same at any count): 2 s at 1,000 requests a second with a tenth of
+/// attempts failing, which grows each default budget's capacity to about
+/// 900 retries; then `quiet` at 1 request a second with no failure; then a
+/// 60 s outage at 1 request a second.
+fn after_a_busy_spell(quiet: Duration) -> tower_backoff_sim::SpellReport {
+    use tower_backoff_sim::{Fleet, Spell};
+    let secs = Duration::from_secs;
+    let mut fleet = Fleet::new(100).spell(Spell::new(secs(2), 1000.0, 0.1));
+    if !quiet.is_zero() {
+        fleet = fleet.spell(Spell::new(quiet, 1.0, 0.0));
+    }
+    let fleet = fleet.spell(Spell::outage(secs(60), 1.0, secs(1)));
+    let report = fleet.run_independent(BudgetKind::Default, 1).unwrap();
+    *report.spells.last().unwrap()
+}
+
+#[test]
+fn defaults_keep_an_outage_after_a_busy_spell_and_10_quiet_minutes_at_1_05_attempts_per_request() {
+    // Right after the busy spell, the outage meets the capacity it grew:
+    // what the process's own traffic earned, falling over 10 s.
+    let right_after = after_a_busy_spell(Duration::ZERO);
+    println!("busy spell, then the outage: {right_after:?}");
+    assert!(
+        right_after.attempts_per_request() > 1.2,
+        "the busy spell grew the capacity: {right_after:?}"
+    );
+    // Ten quiet minutes later it has fallen back to one request's retries.
+    let later = after_a_busy_spell(Duration::from_secs(600));
+    println!("busy spell, 10 quiet minutes, then the outage: {later:?}");
+    assert!(later.requests > 5_500, "{later:?}");
+    assert!(
+        later.attempts <= later.requests + 100 * DEFAULT_START,
+        "{later:?}"
+    );
+    assert!(later.attempts_per_request() <= 1.05, "{later:?}");
+    assert!(later.late_retries <= 50, "{later:?}");
+}
+
 /// Failed requests with the default budget and without one, summed over
 /// `seeds`, each seed a run of 60,000 requests with a tenth of attempts
 /// failing.
@@ -449,31 +488,35 @@ fn failed_at_a_tenth(independent: bool, seeds: std::ops::Range<u64>) -> (u64, u6
 }
 
 #[test]
-fn one_shared_layer_succeeds_as_often_as_no_budget_when_a_tenth_of_attempts_fail() {
+fn one_shared_layer_succeeds_within_0_01_points_of_no_budget_when_a_tenth_of_attempts_fail() {
     let (requests, with_budget, without) = failed_at_a_tenth(false, 1..3);
     let gap = (with_budget as f64 - without as f64) / requests as f64;
+    println!(
+        "one shared layer: {with_budget} vs {without} failed of {requests}: {:.4} points",
+        100.0 * gap
+    );
     assert!(
-        gap <= 0.0003,
+        gap <= 0.0001,
         "{with_budget} vs {without} failed of {requests}"
     );
 }
 
 #[test]
-fn independent_layers_lose_at_most_0_06_points_of_success_when_a_tenth_of_attempts_fail() {
-    // The goal is 0.03 points; measured 0.033 over these three seeds, 0.02
-    // to 0.07 per seed (the run without a budget alone varies by ±0.03
-    // points between seeds, so one seed cannot tell). What each
-    // process loses: the retries a bucket of one retry cannot pay at its
-    // start (the price of a fleet's outage at 1.02), and the retry after a
-    // request that failed twice, before a success earns another.
-    let (requests, with_budget, without) = failed_at_a_tenth(true, 1..4);
+fn independent_layers_succeed_within_0_03_points_of_no_budget_when_a_tenth_of_attempts_fail() {
+    // Each attempt's fate is drawn from its request and its number, so the
+    // runs differ only by the retries the budgets refused. Measured 0.018 to
+    // 0.037 points per seed over seeds 1 to 10, 0.024 in all (release
+    // build). What each process loses: the retries a bucket of one
+    // request's retries cannot pay right after a request spent them all,
+    // before a success earns one back.
+    let (requests, with_budget, without) = failed_at_a_tenth(true, 1..6);
     let gap = (with_budget as f64 - without as f64) / requests as f64;
     println!(
-        "independent layers: {with_budget} vs {without} failed of {requests}: {:.3} points",
+        "independent layers: {with_budget} vs {without} failed of {requests}: {:.4} points",
         100.0 * gap
     );
     assert!(
-        gap <= 0.0006,
+        gap <= 0.0003,
         "{with_budget} vs {without} failed of {requests}"
     );
 }

@@ -21,6 +21,8 @@
 //!   into, with and without a retry budget.
 //! - [`PartialFailure`]: a server that fails each attempt at random; what
 //!   share of requests succeed and at what load.
+//! - [`Fleet`]: independent processes through [`Spell`]s of busy, quiet and
+//!   failing traffic; what a budget carries from one spell to the next.
 //! - [`BudgetKind`]: the retry budgets the tables compare.
 //! - [`Tail`]: a backend with a latency tail ([`LatencyModel`],
 //!   [`TailBackend`]) under an open load; what a client stack, hedging or
@@ -50,6 +52,7 @@ mod breaker;
 mod budgets;
 mod connection;
 mod contention;
+mod fleet;
 mod pacing;
 mod partial;
 mod report;
@@ -69,6 +72,7 @@ pub use contention::{
     Conflict, Contention, ContentionReport, Record, Write, WriteAttempt, CONTENTION_FIRST_DELAY,
     CONTENTION_MAX_DELAY,
 };
+pub use fleet::{DayServer, Fleet, FleetReport, Spell, SpellReport};
 pub use pacing::{
     Admission, Answer, Demand, Pacing, PacingReport, PacingSample, Store, ThrottledWrites,
 };

@@ -2,6 +2,7 @@
 //! independently with some probability.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -195,7 +196,8 @@ impl PartialFailure {
                 failure_rate: self.failure_rate,
                 latency: self.latency,
                 state: Rc::new(RefCell::new(Flaky {
-                    rng: Rng::stream(self.seed, 0xF1A4),
+                    seed: self.seed ^ 0xF1A4,
+                    made: HashMap::new(),
                     attempts: 0,
                 })),
             };
@@ -237,7 +239,9 @@ pub struct FlakyServer {
 
 #[derive(Debug)]
 struct Flaky {
-    rng: Rng,
+    seed: u64,
+    /// Attempts each request has made so far, by its id.
+    made: HashMap<u64, u32>,
     attempts: u64,
 }
 
@@ -250,11 +254,19 @@ impl Service<Request> for FlakyServer {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _: Request) -> Self::Future {
+    fn call(&mut self, request: Request) -> Self::Future {
         let fails = {
             let mut state = self.state.borrow_mut();
             state.attempts += 1;
-            state.rng.next_f64() < self.failure_rate
+            let made = state.made.entry(request.id).or_insert(0);
+            let attempt = u64::from(*made);
+            *made += 1;
+            // Each attempt's fate is drawn from its request and its number,
+            // not from one stream in the order attempts arrive: a budget that
+            // refuses a retry changes that request's outcome and no other's,
+            // so two configurations differ only by what they decided.
+            let mut rng = Rng::stream(state.seed, request.id << 16 | attempt.min(0xFFFF));
+            rng.next_f64() < self.failure_rate
         };
         FlakyAttempt::new(self.latency, fails)
     }
