@@ -526,7 +526,8 @@ fn a_bucket_shows_its_tokens_in_whole_tokens() {
     assert_eq!(
         format!("{bucket:?}"),
         "TokenBucket { available: 6, capacity: 10, retry_cost: 4, timeout_cost: 10, \
-         throttled_cost: 4, success_refund: 1, refill_per_second: 0 }"
+         throttled_cost: 4, success_refund: 1, retried_success_refund: 0, \
+         refill_per_second: 0 }"
     );
 }
 
@@ -716,14 +717,15 @@ fn the_fleet_safe_bucket_starts_with_one_requests_retries_and_a_success_earns_on
         "two retries, then none"
     );
     assert!(!bucket.try_retry(Cause::Throttled));
-    bucket.on_success(Some(Cause::Timeout));
+    bucket.on_success(None);
+    assert_eq!(bucket.available(), 1, "a first-try success earns one");
+    assert!(bucket.try_retry(Cause::Transient));
+    bucket.on_success(Some(Cause::Transient));
     assert_eq!(
         bucket.available(),
-        1,
-        "a retry that worked gives its cost back"
+        2,
+        "a retry that worked gives its cost back, and its success earns one"
     );
-    bucket.on_success(None);
-    assert_eq!(bucket.available(), 2, "a first-try success earns one");
     bucket.on_success(None);
     assert_eq!(bucket.available(), 2, "never above the capacity");
 }
@@ -942,7 +944,8 @@ async fn a_fresh_bucket_is_the_original_as_it_was_built() {
     assert_eq!(
         format!("{fresh:?}"),
         "TokenBucket { available: 20, capacity: 100, retry_cost: 10, timeout_cost: 15, \
-         throttled_cost: 12, success_refund: 3, refill_per_second: 1 }"
+         throttled_cost: 12, success_refund: 3, retried_success_refund: 0, \
+         refill_per_second: 1 }"
     );
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(fresh.available(), 22, "two seconds of its own refill");

@@ -192,6 +192,31 @@ fn shards_deposit_racing_a_resize_into_more_shards_keeps_the_bound() {
     });
 }
 
+/// A capacity falling back to its floor (a grown capacity decaying), racing
+/// a withdrawal on another shard: the withdrawal is paid from tokens that
+/// existed, the bucket ends within the smaller capacity, and no token is
+/// made on the way.
+#[test]
+fn shards_withdrawal_racing_a_smaller_capacity_never_overdraws() {
+    loom::model(|| {
+        // Two shards of 10, full.
+        let shards = Arc::new(Shards::growing(2, 2, 20, 20));
+        let shrink = {
+            let shards = shards.clone();
+            thread::spawn(move || shards.resize(6, 1))
+        };
+        let taken = shards.take(5, 1);
+        shrink.join().unwrap();
+        let left = shards.total();
+        assert!(left <= 6, "{:?}", shards.each());
+        assert!(
+            left + if taken { 5 } else { 0 } <= 20,
+            "{:?}",
+            shards.each()
+        );
+    });
+}
+
 fn ratio_budget(ratio: f64) -> RatioBudget {
     RatioBudget::builder()
         .ratio(ratio)

@@ -34,7 +34,8 @@ const GROWTH_WINDOW_SECS: f64 = 10.0;
 const GROWTH_WINDOW_MS: u64 = 10_000;
 
 /// A retry budget that charges each retry tokens and refunds some on success,
-/// as the AWS SDKs' standard retry mode does.
+/// as the AWS SDKs' standard retry mode does; with
+/// [`fleet_safe`](Self::fleet_safe) settings, the layer's default.
 ///
 /// A retry takes its cost out (5 tokens, 10 after a [timeout](Cause::Timeout))
 /// and is refused when the bucket holds less. A success puts back 1 token
@@ -69,8 +70,8 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// full bucket is marked as such, so a refund into it is still one read.
 /// A bucket uses no more shards than can each pay its dearest retry from a
 /// full share of its [`capacity`](TokenBucketBuilder::capacity), so one with
-/// little (such as [`fleet_safe`](Self::fleet_safe)'s floor, one timeout
-/// retry) starts on a single shard. One that
+/// little (such as [`fleet_safe`](Self::fleet_safe)'s floor of a few
+/// retries) starts on as many shards as it has retries. One that
 /// [grows with traffic](TokenBucketBuilder::grow_with_traffic) makes room
 /// for a shard per CPU when it is built (128 bytes each) and takes them into
 /// use as its capacity comes to pay for them: the busy layer, whose retries
@@ -98,6 +99,7 @@ pub struct TokenBucket {
     timeout_cost: u64,
     throttled_cost: u64,
     success_refund: u64,
+    retried_success_refund: u64,
     /// Thousandths of a token it started with: what a [fresh](Self::fresh)
     /// copy starts with.
     initial: u64,
@@ -129,8 +131,7 @@ struct Growth {
     /// The capacity the last measurement gave, in thousandths, and the
     /// millisecond after `origin` it was measured at: what the capacity
     /// falls from. Two words, written by the one thread that closes a
-    /// measurement; a reader that sees one new and one old errs within the
-    /// two capacities.
+    /// measurement; the floor again once it has fallen all the way.
     measured: AtomicU64,
     measured_at: AtomicU64,
 }
@@ -170,8 +171,9 @@ impl TokenBucket {
     /// holding one request's retries (`max_attempts - 1`; two when the
     /// attempts are unlimited), so the first request that fails on a new or
     /// quiet client makes every attempt it is allowed, a retry after a
-    /// timeout included. A first-try success earns one retry back, and a
-    /// retry that succeeds gives its own back. The capacity is that one
+    /// timeout included. Every success earns one retry, and a retry that
+    /// succeeds also gives its own cost back: a request that got through
+    /// on its third attempt leaves the bucket as it found it. The capacity is that one
     /// request's retries, growing with the layer's own traffic to a tenth of
     /// its first-try successes of the last 10 s, and falling back with it:
     /// a capacity measured in a busy spell returns to the floor over the 10 s
@@ -202,6 +204,7 @@ impl TokenBucket {
             .timeout_cost(1)
             .throttled_cost(1)
             .success_refund(1)
+            .retried_success_refund(1)
             .grow_with_traffic(FLEET_SAFE_SHARE)
     }
 
@@ -224,6 +227,7 @@ impl TokenBucket {
             timeout_cost: self.timeout_cost,
             throttled_cost: self.throttled_cost,
             success_refund: self.success_refund,
+            retried_success_refund: self.retried_success_refund,
             initial: self.initial,
             refill: self.refill.as_ref().map(|r| Refill::starting(r.per_ms)),
             growth: self
@@ -433,8 +437,11 @@ impl Growth {
             .compare_exchange(since, NOT_MEASURING, Ordering::Relaxed, Ordering::Relaxed)
             .ok()?;
         let capacity = self.capacity_for(count as f64 * 1000.0 / elapsed as f64);
-        self.measured.store(capacity, Ordering::Relaxed);
+        // The time first, the capacity with Release after it: a retry that
+        // reads this capacity reads its time too, and never takes a fresh
+        // capacity for one that has fallen all the way.
         self.measured_at.store(now, Ordering::Relaxed);
+        self.measured.store(capacity, Ordering::Release);
         Some(capacity)
     }
 
@@ -442,7 +449,7 @@ impl Growth {
     /// to the floor over the window after it was measured, since the
     /// successes it counted leave the window by then.
     fn capacity_now(&self) -> u64 {
-        let measured = self.measured.load(Ordering::Relaxed);
+        let measured = self.measured.load(Ordering::Acquire);
         if measured <= self.floor {
             return self.floor;
         }
@@ -450,6 +457,16 @@ impl Growth {
             .now_ms()
             .saturating_sub(self.measured_at.load(Ordering::Relaxed));
         let left = GROWTH_WINDOW_MS.saturating_sub(age);
+        if left == 0 {
+            // Fallen all the way: later retries need not read the clock.
+            let _ = self.measured.compare_exchange(
+                measured,
+                self.floor,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            return self.floor;
+        }
         // Below 2^51 thousandths times 10^4 ms: no overflow in 128 bits.
         let above =
             u128::from(measured - self.floor) * u128::from(left) / u128::from(GROWTH_WINDOW_MS);
@@ -500,7 +517,7 @@ impl Budget for TokenBucket {
                 self.count_success();
                 self.deposit(self.success_refund);
             }
-            Some(cause) => self.deposit(self.cost(cause)),
+            Some(cause) => self.deposit(self.cost(cause) + self.retried_success_refund),
         }
     }
 }
@@ -514,6 +531,10 @@ impl fmt::Debug for TokenBucket {
             .field("timeout_cost", &(self.timeout_cost / MILLI))
             .field("throttled_cost", &(self.throttled_cost / MILLI))
             .field("success_refund", &(self.success_refund / MILLI))
+            .field(
+                "retried_success_refund",
+                &(self.retried_success_refund / MILLI),
+            )
             .field(
                 "refill_per_second",
                 &self.refill.as_ref().map_or(0, |r| r.per_ms),
@@ -533,6 +554,7 @@ pub struct TokenBucketBuilder {
     timeout_cost: u64,
     throttled_cost: Option<u64>,
     success_refund: u64,
+    retried_success_refund: u64,
     refill_per_second: u64,
 }
 
@@ -546,6 +568,7 @@ impl Default for TokenBucketBuilder {
             timeout_cost: 10,
             throttled_cost: None,
             success_refund: 1,
+            retried_success_refund: 0,
             refill_per_second: 0,
         }
     }
@@ -609,6 +632,16 @@ impl TokenBucketBuilder {
         self
     }
 
+    /// Tokens a success after retries puts back on top of the cost of the
+    /// retry that led to it (default 0, as the AWS SDKs). With the
+    /// [`fleet_safe`](TokenBucket::fleet_safe) settings, 1: every success
+    /// earns a retry, first try or not, so a request that got through on
+    /// its last attempt leaves the bucket as it found it.
+    pub fn retried_success_refund(mut self, tokens: u64) -> Self {
+        self.retried_success_refund = tokens;
+        self
+    }
+
     /// Tokens added every second whatever happens (default 0, none), so the
     /// bucket recovers even when no request succeeds.
     pub fn refill_per_second(mut self, tokens: u64) -> Self {
@@ -633,6 +666,7 @@ impl TokenBucketBuilder {
             ("timeout_cost", self.timeout_cost),
             ("throttled_cost", throttled_cost),
             ("success_refund", self.success_refund),
+            ("retried_success_refund", self.retried_success_refund),
             ("refill_per_second", self.refill_per_second),
         ] {
             if value > MAX_TOKENS {
@@ -698,6 +732,7 @@ impl TokenBucketBuilder {
             timeout_cost: self.timeout_cost * MILLI,
             throttled_cost: throttled_cost * MILLI,
             success_refund: self.success_refund * MILLI,
+            retried_success_refund: self.retried_success_refund * MILLI,
             initial: initial * MILLI,
             refill,
             growth,
