@@ -293,7 +293,9 @@ impl Session {
                 _ => return Err(Ending::OutOfTime),
             }
         }
-        let paid = Retry::budget_pays(cause, transparent, after.is_some(), rules.paced);
+        // A zero delay ("retry now") paces nothing.
+        let server_delay = after.is_some_and(|asked| !asked.is_zero());
+        let paid = Retry::budget_pays(cause, transparent, server_delay, rules.paced);
         if paid && rules.budget.is_some_and(|b| !b.would_allow(cause)) {
             return Err(Ending::BudgetRefused);
         }
@@ -784,6 +786,56 @@ mod tests {
             Err(Ending::BudgetRefused),
             "other causes still pay"
         );
+    }
+
+    /// What the budget pays for, cause by cause: a throttled attempt's retry
+    /// is free when the server named a wait or pacing paces it; "retry
+    /// now" names no wait; a timeout pays even under pacing.
+    #[test]
+    fn a_throttled_retry_the_server_or_the_pacing_paces_charges_nothing() {
+        let bucket = TokenBucket::builder()
+            .capacity(5)
+            .retry_cost(5)
+            .timeout_cost(5)
+            .build()
+            .unwrap();
+        assert!(bucket.try_retry(Cause::Transient), "empties the bucket");
+        let schedule = Constant::new(ms(10));
+        let with = |paced| Rules {
+            budget: Some(&bucket),
+            paced,
+            ..rules(&schedule)
+        };
+        let decide = |rules: &Rules<'_, Constant, TokenBucket>, after, cause| {
+            Session::new(3, None).decide(rules, after, cause, true, never, rng)
+        };
+        let throttled = Cause::Throttled;
+        let named = decide(&with(false), Some(ms(500)), throttled).unwrap();
+        assert!(!named.paid);
+        assert_eq!(named.delay, ms(500));
+        assert!(!decide(&with(true), None, throttled).unwrap().paid);
+        let refused = Err(Ending::BudgetRefused);
+        assert_eq!(decide(&with(false), None, throttled), refused);
+        assert_eq!(
+            decide(&with(false), Some(Duration::ZERO), throttled),
+            refused,
+            "retry now"
+        );
+        assert_eq!(decide(&with(true), None, Cause::Timeout), refused);
+        assert_eq!(
+            decide(&with(false), Some(ms(500)), Cause::Transient),
+            refused,
+            "only a throttle's"
+        );
+        // Sent, it leaves nothing to refund.
+        let mut session = Session::new(3, None);
+        let free = session
+            .decide(&with(true), None, throttled, true, never, rng)
+            .unwrap();
+        session
+            .send(&free, Some(&bucket), never, || Some(()))
+            .unwrap();
+        assert_eq!(session.last_retry(), None);
     }
 
     #[test]

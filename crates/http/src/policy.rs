@@ -1018,6 +1018,17 @@ mod tests {
     }
 
     #[test]
+    fn retry_after_zero_asks_for_a_retry_now() {
+        // RFC 9110's "retry now": a delay of zero, which paces nothing, so
+        // the layer's budget still pays for the retry.
+        let policy = HttpPolicy::new();
+        assert_eq!(
+            policy.classify_response(StatusCode::SERVICE_UNAVAILABLE, &headers("0")),
+            Decision::retry_after(Duration::ZERO).because(Cause::Throttled)
+        );
+    }
+
+    #[test]
     fn retry_after_on_a_final_status_changes_nothing() {
         let policy = HttpPolicy::new();
         assert_eq!(
