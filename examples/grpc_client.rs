@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Status};
+use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use tower::{Layer, Service, ServiceBuilder};
@@ -55,6 +56,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .service(channel);
     let mut client = HealthClient::new(channel);
 
+    // Both calls must get through: a call that fails ends the run with an
+    // error, so a script or test can tell from the exit status.
     for call in 1..=2 {
         let started = Instant::now();
         let response = client
@@ -63,14 +66,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await?;
         let info = response.extensions().get::<RetryInfo>().copied();
+        let status = response.into_inner().status();
         println!(
-            "client: call {call} -> {:?} after {} attempt(s), {:?} asleep, {:?} in all\n",
-            response.into_inner().status(),
+            "client: call {call} -> {status:?} after {} attempt(s), {:?} asleep, {:?} in all\n",
             info.map_or(1, |i| i.attempts),
             info.map(|i| i.slept).unwrap_or_default(),
             started.elapsed(),
         );
+        if status != ServingStatus::Serving {
+            return Err(format!("call {call} answered {status:?}, not Serving").into());
+        }
     }
+    println!("both calls served");
     Ok(())
 }
 

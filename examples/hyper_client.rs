@@ -71,7 +71,7 @@ async fn main() -> Result<(), BoxError> {
         .clone()
         .oneshot(Request::get(url("/flaky")).body(whole(""))?)
         .await?;
-    report(&response);
+    let get = report(&response);
 
     println!("POST /orders (not idempotent: sent once)");
     let request = Request::post(url("/orders")).body(whole("one coffee"))?;
@@ -83,11 +83,18 @@ async fn main() -> Result<(), BoxError> {
         .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from(c))));
     let body = ReplayBody::new(StreamBody::new(futures::stream::iter(chunks)).boxed());
     let response = svc.oneshot(Request::put(url("/flaky")).body(body)?).await?;
-    report(&response);
+    let put = report(&response);
+
+    // The POST's 503 is the server's answer; the GET and the PUT must get
+    // through, and the exit status tells a script or test whether they did.
+    if get != StatusCode::OK || put != StatusCode::OK {
+        return Err(format!("GET ended {get}, PUT ended {put}: both should be 200").into());
+    }
+    println!("GET and PUT got their 200");
     Ok(())
 }
 
-fn report<B>(response: &Response<B>) {
+fn report<B>(response: &Response<B>) -> StatusCode {
     let info = response
         .extensions()
         .get::<RetryInfo>()
@@ -98,6 +105,7 @@ fn report<B>(response: &Response<B>) {
         info.attempts,
         info.slept
     );
+    response.status()
 }
 
 /// 503, then 429 with `Retry-After: 1`, then 200, for each flaky request;

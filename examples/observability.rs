@@ -49,6 +49,8 @@ async fn main() -> Result<(), BoxError> {
         .jitter(Jitter::None)
         .build()?
         .layer(client);
+    // Each request fails twice and succeeds on its third and last attempt.
+    let mut failed = 0;
     for n in 1..=3 {
         let request = Request::get(format!("http://{addr}/flaky")).body(Full::default())?;
         let span = tracing::info_span!("request", n);
@@ -57,9 +59,17 @@ async fn main() -> Result<(), BoxError> {
             svc.clone().oneshot(request).await?
         };
         println!("request {n}: {}", response.status());
+        if response.status() != StatusCode::OK {
+            failed += 1;
+        }
     }
 
     println!("\n{}", metrics.render());
+    // The metrics above say why; the exit status tells a script or test.
+    if failed > 0 {
+        return Err(format!("{failed} of 3 requests did not get their 200").into());
+    }
+    println!("all 3 requests got their 200");
     Ok(())
 }
 

@@ -5,7 +5,8 @@
 //! then 503 again, then 200, and every `POST /orders` with 503. The GET is
 //! retried; the POST is retried only because it carries an `Idempotency-Key`;
 //! a request to a port where nothing listens is retried, then its connection
-//! error returned.
+//! error returned. Each host gets its own retry budget (`build_per_host`), so
+//! the order server's outage does not spend the other host's retries.
 //!
 //! ```text
 //! cargo run --example reqwest_client --features reqwest
@@ -22,8 +23,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo, IDEMPOTENCY_KEY};
-use tower_backoff::{BackoffLayer, Exponential};
+use tower_backoff::http::{HttpRetryLayer, RetryInfo, IDEMPOTENCY_KEY};
+use tower_backoff::Exponential;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -35,13 +36,12 @@ async fn main() -> Result<(), BoxError> {
 
     let client = reqwest::Client::builder().no_proxy().build()?;
     let svc = ServiceBuilder::new()
-        .layer(HttpRetryLayer::from(
-            BackoffLayer::builder()
-                .policy(HttpPolicy::new())
+        .layer(
+            HttpRetryLayer::builder()
                 .schedule(Exponential::new(Duration::from_millis(50)))
                 .max_attempts(3)
-                .build()?,
-        ))
+                .build_per_host()?,
+        )
         // Inside the retry layer, so they see every attempt.
         .map_request(|request: reqwest::Request| {
             println!("  -> {} {}", request.method(), request.url());
@@ -58,7 +58,7 @@ async fn main() -> Result<(), BoxError> {
 
     println!("GET /flaky (idempotent: retried)");
     let get = client.get(format!("http://{addr}/flaky")).build()?;
-    report(svc.clone().oneshot(get).await);
+    let flaky = report(svc.clone().oneshot(get).await);
 
     println!("POST /orders with an Idempotency-Key (retried, same key)");
     let post = client
@@ -72,10 +72,18 @@ async fn main() -> Result<(), BoxError> {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let get = client.get(format!("http://{closed}/")).build()?;
     report(svc.oneshot(get).await);
+
+    // The other two fail by design; the GET must get through, and the exit
+    // status tells a script or test whether it did.
+    if flaky != Some(StatusCode::OK) {
+        return Err(format!("GET /flaky ended {flaky:?}, not 200").into());
+    }
+    println!("GET /flaky got its 200");
     Ok(())
 }
 
-fn report(result: Result<reqwest::Response, reqwest::Error>) {
+/// Prints how the request ended, and its status if it got one.
+fn report(result: Result<reqwest::Response, reqwest::Error>) -> Option<StatusCode> {
     match result {
         Ok(response) => {
             let info = response
@@ -88,8 +96,12 @@ fn report(result: Result<reqwest::Response, reqwest::Error>) {
                 info.attempts,
                 info.slept
             );
+            Some(response.status())
         }
-        Err(error) => println!("  = error (connect: {}): {error}\n", error.is_connect()),
+        Err(error) => {
+            println!("  = error (connect: {}): {error}\n", error.is_connect());
+            None
+        }
     }
 }
 
