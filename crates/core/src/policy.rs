@@ -49,6 +49,12 @@ impl RetryLimits {
     }
 
     /// Attempts for this request, the first included (zero counts as one).
+    ///
+    /// The layer's default budget holds one request's retries for the
+    /// layer's own `max_attempts`: a request allowed more than that gets
+    /// them while successes have earned them, not on a fresh layer. Give
+    /// the layer the most attempts any of its requests takes, and fewer to
+    /// the others here.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = Some(attempts.max(1));
         self
