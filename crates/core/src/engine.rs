@@ -496,6 +496,18 @@ mod tests {
         Rng::seeded(1)
     }
 
+    /// A bucket of one retry, spent: any retry the budget pays is refused.
+    fn emptied_bucket() -> TokenBucket {
+        let bucket = TokenBucket::builder()
+            .capacity(5)
+            .retry_cost(5)
+            .timeout_cost(5)
+            .build()
+            .unwrap();
+        assert!(bucket.try_retry(Cause::Transient), "empties the bucket");
+        bucket
+    }
+
     /// Decides and sends a plain retry, returning its delay.
     fn retry_once<S: Schedule>(
         session: &mut Session,
@@ -758,13 +770,7 @@ mod tests {
 
     #[test]
     fn a_conflict_is_retried_with_its_delay_and_an_empty_budget_charging_nothing() {
-        let bucket = TokenBucket::builder()
-            .capacity(5)
-            .retry_cost(5)
-            .timeout_cost(5)
-            .build()
-            .unwrap();
-        assert!(bucket.try_retry(Cause::Transient), "empties the bucket");
+        let bucket = emptied_bucket();
         let schedule = Constant::new(ms(10));
         let rules = Rules {
             budget: Some(&bucket),
@@ -793,13 +799,7 @@ mod tests {
     /// now" names no wait; a timeout pays even under pacing.
     #[test]
     fn a_throttled_retry_the_server_or_the_pacing_paces_charges_nothing() {
-        let bucket = TokenBucket::builder()
-            .capacity(5)
-            .retry_cost(5)
-            .timeout_cost(5)
-            .build()
-            .unwrap();
-        assert!(bucket.try_retry(Cause::Transient), "empties the bucket");
+        let bucket = emptied_bucket();
         let schedule = Constant::new(ms(10));
         let with = |paced| Rules {
             budget: Some(&bucket),
