@@ -51,13 +51,16 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///   server cannot park a caller for 24 days.
 /// - **Transport errors** get the status gRPC gives them
 ///   ([`classify_transport_error`]): a dropped connection is `UNAVAILABLE`
-///   and retried by default. A call that provably never left the client (the
-///   connection failed, the server refused the stream) is retried once at
-///   once, without counting against the attempt limit or the budget, whatever
-///   the codes ([`Cause::NotSent`], A6's *transparent retry*). Behind a
-///   [`GrpcRetryLayer`](crate::GrpcRetryLayer), once that retry is spent a
-///   call that never left again is the `UNAVAILABLE` it amounts to, for the
-///   codes and `maxAttempts` to decide.
+///   and retried by default; a stream the server reset gets its code's
+///   status (`CANCEL`, as when a handler panicked, is `CANCELLED`;
+///   `INTERNAL_ERROR` is `INTERNAL`), retried only when that status is. A
+///   call that provably never left the client (the connection failed, the
+///   server refused the stream or sent a `GOAWAY` before it) is retried
+///   once at once, without counting against the attempt limit or the
+///   budget, whatever the codes ([`Cause::NotSent`], A6's *transparent
+///   retry*). Behind a [`GrpcRetryLayer`](crate::GrpcRetryLayer), once that
+///   retry is spent a call that never left again is the `UNAVAILABLE` it
+///   amounts to, for the codes and `maxAttempts` to decide.
 /// - **Retries and hedges are marked**: each carries
 ///   `grpc-previous-rpc-attempts`, the number of attempts sent before it.
 /// - **Hedges** (a layer built with

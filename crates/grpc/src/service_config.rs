@@ -23,8 +23,10 @@ type Object = Map<String, Value>;
 /// validation rules; everything else in the document (load balancing,
 /// timeouts) is ignored. Field names are read as proto3 JSON
 /// allows, `maxAttempts` or `max_attempts`, and case-insensitively as
-/// gRPC-Go reads them. An invalid document is a [`ConfigError`] naming the
-/// field, its reason saying where it is (`methodConfig[1].retryPolicy`).
+/// gRPC-Go reads them; a field whose value is `null` is absent, as proto3
+/// JSON says (`"hedgingPolicy": null` beside a `retryPolicy` is fine). An
+/// invalid document is a [`ConfigError`] naming the field, its reason saying
+/// where it is (`methodConfig[1].retryPolicy`).
 ///
 /// A method's settings come from the first `methodConfig` whose `name` is
 /// the method exactly, else the one naming its whole service (no `method`),
@@ -260,11 +262,14 @@ impl FromStr for ServiceConfig {
     }
 }
 
-/// `object`'s field named `camel` or `snake`, in any case.
+/// `object`'s field named `camel` or `snake`, in any case; a `null` one is
+/// absent, as proto3's JSON reads it (and gRPC-Go with it).
 fn field<'a>(object: &'a Object, camel: &str, snake: &str) -> Option<&'a Value> {
     object
         .iter()
-        .find(|(key, _)| key.eq_ignore_ascii_case(camel) || key.eq_ignore_ascii_case(snake))
+        .find(|(key, value)| {
+            !value.is_null() && (key.eq_ignore_ascii_case(camel) || key.eq_ignore_ascii_case(snake))
+        })
         .map(|(_, value)| value)
 }
 
@@ -274,7 +279,7 @@ fn optional_string<'a>(
     at: &str,
 ) -> Result<&'a str, ConfigError> {
     match field(object, name, name) {
-        None | Some(Value::Null) => Ok(""),
+        None => Ok(""),
         Some(Value::String(s)) => Ok(s),
         Some(_) => Err(ConfigError::new(name, format!("{at}: must be a string"))),
     }
@@ -334,7 +339,7 @@ fn parse_hedging_config(value: &Value, at: &str) -> Result<HedgingConfig, Config
     let max_attempts =
         parse_max_attempts(required(policy, "maxAttempts", "max_attempts", at)?, at)?;
     let delay = match field(policy, "hedgingDelay", "hedging_delay") {
-        None | Some(Value::Null) => std::time::Duration::ZERO,
+        None => std::time::Duration::ZERO,
         Some(value) => {
             let text = value.as_str().ok_or_else(|| {
                 ConfigError::new(
@@ -360,7 +365,7 @@ fn parse_hedging_config(value: &Value, at: &str) -> Result<HedgingConfig, Config
         }
     };
     let codes = match field(policy, "nonFatalStatusCodes", "non_fatal_status_codes") {
-        None | Some(Value::Null) => CodeSet::EMPTY,
+        None => CodeSet::EMPTY,
         Some(codes) => parse_codes(codes, "nonFatalStatusCodes", at)?,
     };
     HedgingConfig::new(max_attempts, delay, codes)
@@ -459,4 +464,78 @@ fn parse_throttling(value: &Value) -> Result<RetryThrottling, ConfigError> {
         max_tokens: throttle.max_tokens(),
         token_ratio: throttle.token_ratio(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RETRY_POLICY: &str = r#"{"maxAttempts": 3, "initialBackoff": "0.1s",
+        "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}"#;
+
+    /// Issue 44: proto3 JSON reads `null` as absent, and gRPC-Go accepts it.
+    #[test]
+    fn a_null_hedging_policy_beside_a_retry_policy_is_absent() {
+        let config = ServiceConfig::from_json(&format!(
+            r#"{{"methodConfig": [{{"name": [{{"service": "s.S"}}],
+                "retryPolicy": {RETRY_POLICY}, "hedgingPolicy": null}}]}}"#
+        ))
+        .expect("a null hedgingPolicy is absent");
+        assert_eq!(config.retry_config("/s.S/M").unwrap().max_attempts(), 3);
+        assert!(config.hedging_config("/s.S/M").is_none());
+    }
+
+    #[test]
+    fn a_null_retry_policy_beside_a_hedging_policy_is_absent() {
+        let config = ServiceConfig::from_json(
+            r#"{"methodConfig": [{"name": [{"service": "s.S"}], "retryPolicy": null,
+                "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.1s"}}]}"#,
+        )
+        .expect("a null retryPolicy is absent");
+        assert!(config.retry_config("/s.S/M").is_none());
+        assert_eq!(config.hedging_config("/s.S/M").unwrap().max_attempts(), 2);
+    }
+
+    #[test]
+    fn null_retry_throttling_is_absent() {
+        let config = ServiceConfig::from_json(&format!(
+            r#"{{"methodConfig": [{{"name": [{{}}], "retryPolicy": {RETRY_POLICY}}}],
+                "retryThrottling": null}}"#
+        ))
+        .expect("a null retryThrottling is absent");
+        assert!(config.retry_throttling().is_none());
+        assert!(config.retry_config("/any.S/M").is_some());
+        let snake = ServiceConfig::from_json(r#"{"retry_throttling": null}"#).unwrap();
+        assert!(snake.retry_throttling().is_none());
+    }
+
+    #[test]
+    fn null_lists_and_names_are_absent() {
+        let config =
+            ServiceConfig::from_json(r#"{"methodConfig": [{"name": null, "retryPolicy": null}]}"#)
+                .unwrap();
+        assert_eq!(config.policies(), [None]);
+        assert!(ServiceConfig::from_json(r#"{"methodConfig": null}"#)
+            .unwrap()
+            .policies()
+            .is_empty());
+    }
+
+    /// A required field that is `null` is missing, and says so.
+    #[test]
+    fn a_null_required_field_is_missing() {
+        let error = ServiceConfig::from_json(
+            r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": null,
+                "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(error.field(), "maxAttempts");
+        assert!(error.to_string().contains("is required"), "{error}");
+        let error = ServiceConfig::from_json(
+            r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": null}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(error.field(), "tokenRatio");
+    }
 }
