@@ -241,6 +241,35 @@ async fn the_parts_compose_by_hand_and_retry_a_streaming_body_byte_identical() {
     assert!(seen.iter().all(|s| s.body == upload_bytes()));
 }
 
+/// As through `HttpRetryLayer` (tests/reqwest_parity.rs): a body in memory
+/// goes out as its bytes, which reqwest copies to follow a 307.
+#[tokio::test(start_paused = true)]
+async fn the_parts_composed_by_hand_follow_a_307_with_an_in_memory_body() {
+    let server = Server::start(|_, seen| {
+        if seen.path == "/old" {
+            http_server::status_with(307, &[("location", "/new")])
+        } else {
+            status(200)
+        }
+    })
+    .await;
+    let svc = ServiceBuilder::new()
+        .layer(ReplayLayer::new())
+        .layer(http_server::layer(HttpPolicy::new()))
+        .layer(IntoReqwestLayer)
+        .service(client());
+    let mut put = request(Method::PUT, &server.url("/old"));
+    *put.body_mut() = Some("payload".into());
+    let response = svc.oneshot(put).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.url().path(), "/new");
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen
+        .iter()
+        .all(|s| s.method == Method::PUT && s.body == "payload"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn streaming_body_over_the_replay_limit_is_sent_once_and_its_response_returned() {
     let server = Server::start(|_, _| status(503)).await;

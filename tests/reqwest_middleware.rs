@@ -437,6 +437,54 @@ async fn each_attempt_sees_the_extensions_the_last_one_left_and_the_caller_gets_
     assert_eq!(extensions.get::<Tally>(), Some(&Tally(13)));
 }
 
+/// An attempt cut short has no outcome: what it wrote goes with it, and the
+/// next attempt starts from the extensions as they were.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_cut_by_the_attempt_timeout_leaves_the_extensions_as_they_were() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let layer = BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .attempt_timeout(Duration::from_secs(1))
+        .no_budget()
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(cases::client())
+        .with(BackoffMiddleware::new(layer))
+        .with(TallyInExtensions)
+        .build();
+    let mut extensions = Extensions::new();
+    extensions.insert(Tally(10));
+    let request = client.get(server.url("/")).build().unwrap();
+    let response = client
+        .execute_with_extensions(request, &mut extensions)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(extensions.get::<Tally>(), Some(&Tally(11)));
+}
+
+/// The caller's extensions are its own until an attempt ends: a request it
+/// drops midway leaves them as they were.
+#[tokio::test(start_paused = true)]
+async fn a_request_the_caller_gives_up_on_leaves_its_extensions_as_they_were() {
+    let server = Server::start(|_, _| Reply::Hang).await;
+    let client = ClientBuilder::new(cases::client())
+        .with(BackoffMiddleware::new(layer(HttpPolicy::new())))
+        .with(TallyInExtensions)
+        .build();
+    let mut extensions = Extensions::new();
+    extensions.insert(Tally(10));
+    let request = client.get(server.url("/")).build().unwrap();
+    let sending = client.execute_with_extensions(request, &mut extensions);
+    assert!(tokio::time::timeout(Duration::from_secs(1), sending)
+        .await
+        .is_err());
+    assert_eq!(extensions.get::<Tally>(), Some(&Tally(10)));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_post_to_a_closed_port_is_retried_only_with_retry_unsent() {
     for (policy, sent) in [

@@ -6,7 +6,7 @@ use std::error::Error;
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use ::http::Extensions;
@@ -40,7 +40,10 @@ use tower_backoff_core::BackoffLayer;
 /// A [`RetryLimits`] given to the request with reqwest-middleware's
 /// `with_extension` overrides the layer's limits for that request. The
 /// middlewares added after this one run once per attempt; those added before
-/// it, once per request.
+/// it, once per request. Every attempt, a hedge included, sees the request's
+/// extensions as the caller gave them plus what the attempts that ended
+/// before it wrote; the caller gets back those of the attempt whose outcome
+/// it gets, and keeps its own when none ended.
 ///
 /// ```
 /// use std::time::Duration;
@@ -157,28 +160,29 @@ where
     ) -> reqwest_middleware::Result<reqwest::Response> {
         let request = RecordedRequest::record(request, self.replay_limit)?;
         let limits = extensions.get::<RetryLimits>().copied();
-        // Lent to each attempt in turn (attempts never overlap), and given
-        // back whatever the middlewares after this one wrote into it.
-        let shared = Arc::new(Mutex::new(std::mem::take(extensions)));
-        let next = NextService {
-            next,
-            extensions: Arc::clone(&shared),
-        };
-        let mut svc = self
-            .layer
-            .layer(BufferBody::with_limit(next, self.buffer_limit).known_length_only());
-        let result = match poll_fn(|cx| svc.poll_ready(cx)).await {
-            Ok(()) => {
-                let call = match limits {
-                    Some(limits) => svc.call_with_limits(request, limits),
-                    None => svc.call(request),
-                };
-                HttpResponseFuture::new(call, self.record_info).await
+        let ended = Mutex::new(None);
+        let result = {
+            let next = NextService {
+                next,
+                caller: extensions,
+                ended: &ended,
+            };
+            let mut svc = self
+                .layer
+                .layer(BufferBody::with_limit(next, self.buffer_limit).known_length_only());
+            match poll_fn(|cx| svc.poll_ready(cx)).await {
+                Ok(()) => {
+                    let call = match limits {
+                        Some(limits) => svc.call_with_limits(request, limits),
+                        None => svc.call(request),
+                    };
+                    HttpResponseFuture::new(call, self.record_info).await
+                }
+                Err(error) => Err(error),
             }
-            Err(error) => Err(error),
         };
-        if let Ok(mut kept) = shared.lock() {
-            *extensions = std::mem::take(&mut *kept);
+        if let Some(ended) = ended.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            *extensions = ended;
         }
         result.map_err(IntoMiddlewareError::into_middleware_error)
     }
@@ -186,10 +190,29 @@ where
 
 /// The rest of the middleware chain, and then the client, as the service
 /// the retry layer wraps: each attempt runs it once.
+///
+/// Each attempt runs with a copy of the request's extensions as the last
+/// attempt to end left them (the caller's, before any has): a hedge runs
+/// beside the copy it hedges, so the two cannot share one. An attempt that
+/// ends, with a response or an error, leaves its copy for the next attempt
+/// and for the caller; one cancelled (a hedge that lost, an attempt timed
+/// out) leaves nothing. The engine returns the outcome of the last attempt
+/// to end (or an error of its own, a timeout or an open breaker, which ends
+/// no attempt), so the caller gets the extensions of the attempt whose
+/// outcome it gets.
 #[derive(Clone)]
 struct NextService<'a> {
     next: Next<'a>,
-    extensions: Arc<Mutex<Extensions>>,
+    caller: &'a Extensions,
+    ended: &'a Mutex<Option<Extensions>>,
+}
+
+impl NextService<'_> {
+    /// A copy of the extensions as the last attempt to end left them.
+    fn extensions(&self) -> Extensions {
+        let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        ended.as_ref().unwrap_or(self.caller).clone()
+    }
 }
 
 impl<'a> Service<reqwest::Request> for NextService<'a> {
@@ -203,36 +226,13 @@ impl<'a> Service<reqwest::Request> for NextService<'a> {
 
     fn call(&mut self, request: reqwest::Request) -> Self::Future {
         let next = self.next.clone();
-        let shared = Arc::clone(&self.extensions);
+        let ended = self.ended;
+        let mut extensions = self.extensions();
         Box::pin(async move {
-            let mut lent = Lent::take(shared);
-            next.run(request, &mut lent.extensions).await
+            let result = next.run(request, &mut extensions).await;
+            *ended.lock().unwrap_or_else(PoisonError::into_inner) = Some(extensions);
+            result
         })
-    }
-}
-
-/// The request's extensions, lent to one attempt; given back when it ends,
-/// even if the attempt is dropped (an attempt timeout).
-struct Lent {
-    extensions: Extensions,
-    shared: Arc<Mutex<Extensions>>,
-}
-
-impl Lent {
-    fn take(shared: Arc<Mutex<Extensions>>) -> Self {
-        let extensions = shared
-            .lock()
-            .map(|mut slot| std::mem::take(&mut *slot))
-            .unwrap_or_default();
-        Self { extensions, shared }
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        if let Ok(mut slot) = self.shared.lock() {
-            *slot = std::mem::take(&mut self.extensions);
-        }
     }
 }
 

@@ -15,7 +15,7 @@ use super::buffer::{BufferBody, BufferReqwestFuture};
 use super::error::AsStdError;
 use super::policy::HttpPolicy;
 use super::replay::ReplayBody;
-use super::reqwest_replay::{record, ReqwestFuture};
+use super::reqwest_replay::{attempt_body, record, ReqwestFuture};
 
 /// A `reqwest::Request` turned into an `http::Request` whose body records
 /// what it sends (up to the replay limit), as [`HttpRetry`](super::HttpRetry)
@@ -52,7 +52,7 @@ where
     }
 
     fn call(&mut self, request: RecordedRequest) -> Self::Future {
-        match reqwest::Request::try_from(request.0.map(reqwest::Body::wrap)) {
+        match reqwest::Request::try_from(request.0.map(attempt_body)) {
             Ok(request) => ReqwestFuture::called(Service::<reqwest::Request>::call(self, request)),
             Err(error) => ReqwestFuture::failed(error.into()),
         }

@@ -70,6 +70,8 @@ pub struct ReplayBody<B> {
     next_chunk: usize,
     sent_bytes: u64,
     sent_trailers: bool,
+    /// The whole body, when it was in memory from the start.
+    in_memory: Option<Bytes>,
 }
 
 struct Recording<B> {
@@ -108,30 +110,66 @@ impl<B: Body> ReplayBody<B> {
     pub fn with_limit(body: B, limit: usize) -> Self {
         let limit = limit as u64;
         let capped = body.size_hint().lower() > limit;
+        let mut recording = Recording::new(body, limit);
+        recording.capped = capped;
+        Self::sharing(recording, None)
+    }
+}
+
+impl<B: Default> ReplayBody<B> {
+    /// A body already in memory: recorded whole from the start, whatever
+    /// its size, and each copy can go out as these bytes
+    /// ([`in_memory`](Self::in_memory)), which a client may copy itself.
+    pub(crate) fn from_bytes(bytes: Bytes) -> Self {
+        // The source is never read: an empty one that has ended.
+        let mut recording = Recording::new(B::default(), bytes.len() as u64);
+        recording.source_state = Source::Ended;
+        if !bytes.is_empty() {
+            recording.record(&bytes);
+        }
+        Self::sharing(recording, Some(bytes))
+    }
+}
+
+impl<B> ReplayBody<B> {
+    /// The first copy of `recording`.
+    fn sharing(recording: Recording<B>, in_memory: Option<Bytes>) -> Self {
         Self {
-            recording: Arc::new(Mutex::new(Recording {
-                source: Box::pin(body),
-                source_state: Source::Open,
-                chunks: Vec::new(),
-                chunks_read: 0,
-                bytes_read: 0,
-                trailers: None,
-                limit,
-                capped,
-                copies: 0,
-                newest_polled: 0,
-                parked: Vec::new(),
-            })),
+            recording: Arc::new(Mutex::new(recording)),
             copy: 0,
             concurrent: false,
             next_chunk: 0,
             sent_bytes: 0,
             sent_trailers: false,
+            in_memory,
         }
+    }
+
+    /// The whole body when it was in memory from the start
+    /// ([`from_bytes`](Self::from_bytes)): the bytes every copy sends.
+    pub(crate) fn in_memory(&self) -> Option<&Bytes> {
+        self.in_memory.as_ref()
     }
 }
 
 impl<B> Recording<B> {
+    /// Nothing recorded yet of `source`, to record up to `limit` bytes.
+    fn new(source: B, limit: u64) -> Self {
+        Self {
+            source: Box::pin(source),
+            source_state: Source::Open,
+            chunks: Vec::new(),
+            chunks_read: 0,
+            bytes_read: 0,
+            trailers: None,
+            limit,
+            capped: false,
+            copies: 0,
+            newest_polled: 0,
+            parked: Vec::new(),
+        }
+    }
+
     fn record(&mut self, chunk: &Bytes) {
         self.chunks_read += 1;
         self.bytes_read += chunk.len() as u64;
@@ -296,6 +334,7 @@ impl<B> CloneBody for ReplayBody<B> {
             next_chunk: 0,
             sent_bytes: 0,
             sent_trailers: false,
+            in_memory: self.in_memory.clone(),
         })
     }
 
@@ -697,6 +736,25 @@ mod tests {
             debug.contains("copy: 1") && debug.contains("limit: 8"),
             "{debug}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_from_bytes_is_recorded_whole_and_every_copy_has_the_bytes() {
+        let bytes = Bytes::from("in memory");
+        let body = ReplayBody::<http_body_util::Empty<Bytes>>::from_bytes(bytes.clone());
+        let copy = body.clone_body().unwrap();
+        assert_eq!(copy.in_memory(), Some(&bytes));
+        assert_eq!(body.size_hint().exact(), Some(9));
+        assert!(!body.is_end_stream());
+        assert_eq!(read_all(body).await, "in memory");
+        assert_eq!(read_all(copy).await, "in memory");
+
+        let empty = ReplayBody::<http_body_util::Empty<Bytes>>::from_bytes(Bytes::new());
+        assert!(empty.is_end_stream());
+        assert_eq!(empty.in_memory(), Some(&Bytes::new()));
+        assert_eq!(read_all(empty).await, "");
+        let streamed = ReplayBody::new(streaming(data(&["a"])));
+        assert_eq!(streamed.in_memory(), None);
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! records its body, [`IntoReqwestLayer`] turns the copies back into
 //! `reqwest::Request`s for the client.
 
+use std::any::Any;
 use std::error::Error;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use ::http::Request;
 use bytes::Bytes;
@@ -23,7 +24,9 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// request becomes an `http::Request` whose body is a [`ReplayBody`], so a
 /// streaming body (`reqwest::Body::wrap_stream`) is retried like any other,
 /// up to the replay limit. A body already in memory (bytes, a string, JSON)
-/// is recorded whatever its size, since recording it shares its bytes.
+/// is recorded whatever its size, since recording it shares its bytes, and
+/// goes out as those bytes, so reqwest follows a 307 or 308 redirect with it
+/// as it does without the layer.
 ///
 /// The request's timeout and version go along with it. A URL that is not a
 /// valid `http::Uri` (which reqwest itself would refuse to send) fails the
@@ -67,17 +70,53 @@ where
 }
 
 /// `body` recorded up to `limit` bytes, or whole if it is already in memory.
-pub(crate) fn record(body: reqwest::Body, limit: usize) -> ReplayBody<reqwest::Body> {
-    let limit = body
-        .as_bytes()
-        .map_or(limit, |in_memory| limit.max(in_memory.len()));
-    ReplayBody::with_limit(body, limit)
+pub(crate) fn record(mut body: reqwest::Body, limit: usize) -> ReplayBody<reqwest::Body> {
+    match take_in_memory(&mut body) {
+        Some(bytes) => ReplayBody::from_bytes(bytes),
+        None => ReplayBody::with_limit(body, limit),
+    }
+}
+
+/// The bytes of a body reqwest holds in memory, taken out without a copy:
+/// such a body yields them whole to its first poll, at once.
+fn take_in_memory(body: &mut reqwest::Body) -> Option<Bytes> {
+    body.as_bytes()?;
+    let mut cx = Context::from_waker(Waker::noop());
+    match Pin::new(body).poll_frame(&mut cx) {
+        Poll::Ready(Some(Ok(frame))) => frame.into_data().ok(),
+        Poll::Ready(None) => Some(Bytes::new()),
+        Poll::Ready(Some(Err(_))) | Poll::Pending => None,
+    }
+}
+
+/// The body reqwest sends for one attempt. A body that was in memory goes
+/// as its bytes (a `Bytes` clone), which reqwest copies itself to follow a
+/// 307 or 308 redirect, as it does without the layer; it cannot copy a
+/// wrapped body, and would return the redirect instead. Any other body goes
+/// through its recording.
+///
+/// `B` is any body so that [`IntoReqwest`] takes any; the one it is given
+/// behind a [`ReplayLayer`](super::parts::ReplayLayer) is the body recorded
+/// here, found by its type.
+pub(crate) fn attempt_body<B>(body: B) -> reqwest::Body
+where
+    B: Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let recorded = (&body as &dyn Any).downcast_ref::<ReplayBody<reqwest::Body>>();
+    match recorded.and_then(ReplayBody::in_memory) {
+        Some(bytes) => reqwest::Body::from(bytes.clone()),
+        None => reqwest::Body::wrap(body),
+    }
 }
 
 /// Turns `http::Request`s into `reqwest::Request`s, the requests
 /// `reqwest::Client` takes: the inside half of a
 /// [`ReplayLayer`](super::parts::ReplayLayer) in front of reqwest (see the example
-/// there). The body goes in with `reqwest::Body::wrap`.
+/// there). A body the `ReplayLayer` took from memory goes as its bytes, so
+/// reqwest can follow a 307 or 308 redirect with it; others go in with
+/// `reqwest::Body::wrap`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IntoReqwestLayer;
 
@@ -129,7 +168,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        match reqwest::Request::try_from(request.map(reqwest::Body::wrap)) {
+        match reqwest::Request::try_from(request.map(attempt_body)) {
             Ok(request) => ReqwestFuture::called(self.inner.call(request)),
             Err(error) => ReqwestFuture::failed(error.into()),
         }
@@ -244,5 +283,29 @@ mod tests {
         let copy = streaming.clone_body().unwrap();
         assert_eq!(streaming.collect().await.unwrap().to_bytes().len(), 100);
         assert!(!copy.is_replayable());
+    }
+
+    #[test]
+    fn a_body_in_memory_goes_out_as_its_own_bytes_and_a_stream_through_its_recording() {
+        use super::super::body::CloneBody;
+
+        let bytes = Bytes::from(vec![7u8; 100]);
+        let recorded = record(reqwest::Body::from(bytes.clone()), 10);
+        let copy = recorded.clone_body().unwrap();
+        for attempt in [recorded, copy] {
+            let sent = attempt_body(attempt);
+            // The same bytes, not a copy: reqwest can copy this body itself.
+            assert_eq!(sent.as_bytes().map(<[u8]>::as_ptr), Some(bytes.as_ptr()));
+        }
+        let empty = attempt_body(record(reqwest::Body::from(""), 10));
+        assert_eq!(empty.as_bytes(), Some(&b""[..]));
+
+        let frames = [Ok::<_, BoxError>(http_body::Frame::data(Bytes::from("x")))];
+        let stream = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        let streaming = record(reqwest::Body::wrap(stream), 10);
+        assert!(attempt_body(streaming).as_bytes().is_none());
+        // Only what `record` made of a body in memory goes as bytes.
+        let other = http_body_util::Full::new(Bytes::from("x"));
+        assert!(attempt_body(other).as_bytes().is_none());
     }
 }

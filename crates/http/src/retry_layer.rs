@@ -52,9 +52,10 @@ pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 ///   sent, up to the [replay limit](HttpRetryBuilder::replay_limit) (64 KiB
 ///   by default; a body in memory whatever its size), and sent again byte
 ///   for byte; a body that outgrows the limit goes out once and the caller
-///   gets the server's real answer. Over hyper-util, a request body is
-///   copied when its type is `Clone` (`Full<Bytes>`, `String`) or a
-///   [`ReplayBody`](super::ReplayBody).
+///   gets the server's real answer. A body in memory goes out as its bytes,
+///   so reqwest follows a 307 or 308 redirect with it, as without the
+///   layer. Over hyper-util, a request body is copied when its type is
+///   `Clone` (`Full<Bytes>`, `String`) or a [`ReplayBody`](super::ReplayBody).
 /// - **Response bodies.** A response whose `content-length` is within the
 ///   [buffer limit](HttpRetryBuilder::buffer_limit) (1 MiB by default) is read
 ///   whole before it is judged: a body cut short or failing mid-read is a
