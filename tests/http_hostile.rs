@@ -1,20 +1,25 @@
 //! A hostile server: dozens of routes that fail, throttle, hang, lie about
 //! their bodies and send odd headers, each run through `HttpRetryLayer`
 //! with its default budget and with none, against a real hyper server on
-//! 127.0.0.1 through hyper-util's client, on tokio's paused clock.
+//! 127.0.0.1 through hyper-util's client, over HTTP/1 and over HTTP/2 (h2c
+//! with prior knowledge; the server speaks both), on tokio's paused clock.
 //!
 //! The default budget must not change how a route ends, unless failures
 //! that never end have spent it: that is the budget's point. A new client's
-//! first request must always end as without a budget. Run with
-//! `--nocapture` for the table.
+//! first request must always end as without a budget. And a route must end
+//! over HTTP/2 as over HTTP/1, but where the protocols differ, each listed
+//! with why. Run with `--nocapture` for the tables.
+//!
+//! HTTP/2 resets are read under the `http2` feature: without it the HTTP/2
+//! runs are not made.
 #![cfg(feature = "http")]
 
 mod http_server;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -22,9 +27,12 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use http::{Method, Request};
 use http_body::Frame;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
 use tower::{BoxError, Layer, ServiceExt};
 use tower_backoff::deadline::AttemptTimeout;
 use tower_backoff::events::{EndArgs, Ending, Event};
@@ -33,7 +41,7 @@ use tower_backoff::http::{
 };
 use tower_backoff::{Constant, Jitter};
 
-use http_server::{status, status_with, with_chunked_body, Reply, Server};
+use http_server::{status, status_with, with_chunked_body, Reply};
 
 /// The sleep between attempts: short, constant, no jitter.
 const STEP: Duration = Duration::from_millis(10);
@@ -74,6 +82,68 @@ const EXPECTED_DIFFERENT: &[(&str, &str)] = &[
         "after the outage, one first-try success (/after-200) earned one retry back",
     ),
 ];
+
+/// Routes that end differently over HTTP/2 than over HTTP/1 (both without
+/// a budget), each with why. A route here must differ.
+#[cfg(feature = "http2")]
+const DIFFERENT_OVER_HTTP2: &[(&str, &str)] = &[
+    (
+        "/content-length-below-body",
+        "HTTP/1 reads the 50 bytes promised and ignores the rest; h2 resets a stream \
+         whose DATA outgrows its content-length (PROTOCOL_ERROR), which reads as a \
+         body cut short: 3 attempts, then the reset",
+    ),
+    (
+        "/huge-header-503-then-200",
+        "a 64 KiB header is within HTTP/1's limit, so its 503 is retried; over HTTP/2 \
+         it is over 4 times the header list size hyper's client allows (16 KiB), which \
+         h2 ends the connection for (ENHANCE_YOUR_CALM): final, as HTTP/1's \
+         \"response head too large\" is",
+    ),
+    (
+        "/too-many-headers",
+        "HTTP/1's parser takes at most 100 headers; HTTP/2 limits the header list's \
+         size only, which 150 short headers fit",
+    ),
+    (
+        "/head-too-large",
+        "final after 1 attempt over both; the error is h2's (ENHANCE_YOUR_CALM), not \
+         HTTP/1's parser's",
+    ),
+    (
+        "/always-cut-short",
+        "3 attempts over both; the error is h2's reset of a body short of its \
+         content-length (PROTOCOL_ERROR), not HTTP/1's early close",
+    ),
+];
+
+// --- the protocols ----------------------------------------------------------------
+
+/// The protocol the client speaks; the server speaks both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    /// h2c with prior knowledge: HTTP/2 from the first byte.
+    Http2,
+}
+
+impl Protocol {
+    /// The protocols the runs use: HTTP/2 only when its resets are read.
+    fn all() -> &'static [Protocol] {
+        if cfg!(feature = "http2") {
+            &[Protocol::Http1, Protocol::Http2]
+        } else {
+            &[Protocol::Http1]
+        }
+    }
+
+    fn version(self) -> http::Version {
+        match self {
+            Protocol::Http1 => http::Version::HTTP_11,
+            Protocol::Http2 => http::Version::HTTP_2,
+        }
+    }
+}
 
 // --- the routes -----------------------------------------------------------------
 
@@ -394,22 +464,81 @@ fn routes() -> Vec<Route> {
     ]
 }
 
-/// The hostile server: each route counts its own requests.
-async fn hostile_server(routes: Arc<Vec<Route>>) -> Server {
-    let counts: Mutex<HashMap<String, usize>> = Mutex::default();
-    Server::start(move |_, seen| {
-        let n = {
-            let mut counts = counts.lock().unwrap();
-            let count = counts.entry(seen.path.clone()).or_default();
-            *count += 1;
-            *count - 1
+/// The hostile server, on 127.0.0.1 (port 0), speaking HTTP/1 and HTTP/2
+/// (hyper-util's `auto` builder): each route counts its own requests.
+#[derive(Clone)]
+struct Server {
+    addr: SocketAddr,
+    routes: Arc<Vec<Route>>,
+    /// The path and version of every request seen, in order.
+    seen: Arc<Mutex<Vec<(String, http::Version)>>>,
+}
+
+impl Server {
+    async fn start(routes: Arc<Vec<Route>>) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = Server {
+            addr: listener.local_addr().unwrap(),
+            routes,
+            seen: Arc::default(),
         };
-        match routes.iter().find(|route| route.path == seen.path) {
+        let state = server.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                stream.set_nodelay(true).unwrap();
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        let state = state.clone();
+                        async move { state.answer(request).await }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        server
+    }
+
+    async fn answer(
+        &self,
+        request: Request<Incoming>,
+    ) -> Result<http::Response<BoxBody<Bytes, Infallible>>, Infallible> {
+        let path = request.uri().path().to_owned();
+        let version = request.version();
+        let _ = request.into_body().collect().await;
+        let n = {
+            let mut seen = self.seen.lock().unwrap();
+            let n = seen.iter().filter(|(p, _)| *p == path).count();
+            seen.push((path.clone(), version));
+            n
+        };
+        let reply = match self.routes.iter().find(|route| route.path == path) {
             Some(route) => (route.script)(n),
             None => status(418),
+        };
+        match reply {
+            Reply::Respond(response) => Ok(response),
+            Reply::Hang => std::future::pending().await,
         }
-    })
-    .await
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// How many requests for `path` the server saw, each asserted to have
+    /// come over `protocol`.
+    fn seen(&self, path: &str, protocol: Protocol) -> usize {
+        let seen = self.seen.lock().unwrap();
+        let mut count = 0;
+        for (seen_path, version) in seen.iter().filter(|(p, _)| p == path) {
+            assert_eq!(*version, protocol.version(), "{seen_path}");
+            count += 1;
+        }
+        count
+    }
 }
 
 // --- the clients ------------------------------------------------------------------
@@ -425,16 +554,17 @@ fn settings() -> HttpRetryBuilder<AttemptTimeout> {
         .attempt_timeout(ATTEMPT_TIMEOUT)
 }
 
-/// A hyper-util client behind the layer `builder` builds, and what the
-/// layer's observer heard of the last request to end.
+/// A hyper-util client speaking `protocol` behind the layer `builder`
+/// builds, and what the layer's observer heard of the last request to end.
 struct Retrying {
+    protocol: Protocol,
     layer: HttpRetryLayer<AttemptTimeout>,
     service: Retried,
     ended: Arc<Mutex<Option<EndArgs>>>,
 }
 
 impl Retrying {
-    fn new(builder: HttpRetryBuilder<AttemptTimeout>) -> Self {
+    fn new(protocol: Protocol, builder: HttpRetryBuilder<AttemptTimeout>) -> Self {
         let ended: Arc<Mutex<Option<EndArgs>>> = Arc::default();
         let heard = ended.clone();
         let layer = builder
@@ -445,8 +575,16 @@ impl Retrying {
             })
             .build()
             .unwrap();
-        let client = Client::builder(TokioExecutor::new()).build_http();
+        // TCP_NODELAY, as reqwest and tonic set it: without it, a small
+        // HTTP/2 frame can wait in the kernel for a delayed ACK, long
+        // enough for the paused clock to end the attempt.
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(protocol == Protocol::Http2)
+            .build(connector);
         Retrying {
+            protocol,
             service: layer.layer(client),
             layer,
             ended,
@@ -494,11 +632,7 @@ impl Retrying {
         if let Some(attempts) = ends.1 {
             assert_eq!(attempts, ended.attempts(), "{}: RetryInfo", route.path);
         }
-        let seen = server
-            .seen()
-            .iter()
-            .filter(|seen| seen.path == route.path)
-            .count();
+        let seen = server.seen(route.path, self.protocol);
         Outcome {
             ends: ends.0,
             attempts: ended.attempts(),
@@ -572,6 +706,12 @@ fn error_kind(error: &tower_backoff::Error<BoxError>) -> String {
 fn client_error_kind(error: &(dyn StdError + 'static)) -> String {
     let mut next = Some(error);
     while let Some(error) = next {
+        if let Some(reason) = error
+            .downcast_ref::<h2::Error>()
+            .and_then(h2::Error::reason)
+        {
+            return format!("HTTP/2 reset ({reason:?})");
+        }
         if let Some(error) = error.downcast_ref::<hyper::Error>() {
             if error.is_incomplete_message() {
                 return "connection closed early".into();
@@ -597,7 +737,7 @@ fn client_error_kind(error: &(dyn StdError + 'static)) -> String {
 
 /// Every route in order through `client`, on a server of its own.
 async fn run_through(client: &Retrying, routes: &Arc<Vec<Route>>) -> Vec<Outcome> {
-    let server = hostile_server(routes.clone()).await;
+    let server = Server::start(routes.clone()).await;
     let mut outcomes = Vec::with_capacity(routes.len());
     for route in routes.iter() {
         outcomes.push(client.send(&server, route).await);
@@ -607,41 +747,32 @@ async fn run_through(client: &Retrying, routes: &Arc<Vec<Route>>) -> Vec<Outcome
 
 /// Every route in order, each through a layer built for it alone: a new
 /// client's first request.
-async fn run_each_fresh(routes: &Arc<Vec<Route>>) -> Vec<Outcome> {
-    let server = hostile_server(routes.clone()).await;
+async fn run_each_fresh(protocol: Protocol, routes: &Arc<Vec<Route>>) -> Vec<Outcome> {
+    let server = Server::start(routes.clone()).await;
     let mut outcomes = Vec::with_capacity(routes.len());
     for route in routes.iter() {
-        let client = Retrying::new(settings());
+        let client = Retrying::new(protocol, settings());
         outcomes.push(client.send(&server, route).await);
     }
     outcomes
 }
 
 /// Prints the table, and returns the routes that end differently in the
-/// two runs.
+/// two runs; `expected` lists the routes expected to.
 fn compare(
     routes: &[Route],
-    unrestricted: &[Outcome],
-    title: &str,
-    budgeted: &[Outcome],
+    (first_title, unrestricted): (&str, &[Outcome]),
+    (title, budgeted): (&str, &[Outcome]),
+    expected: &[(&str, &str)],
 ) -> Vec<&'static str> {
     let rows: Vec<_> = routes.iter().zip(unrestricted).zip(budgeted).collect();
-    for ((route, free), held) in &rows {
-        for outcome in [free, held] {
-            assert_eq!(
-                outcome.attempts as usize, outcome.seen,
-                "{}: the server sees every attempt, and only those",
-                route.path
-            );
-        }
-    }
     let width = |cells: &mut dyn Iterator<Item = usize>| cells.max().unwrap_or(0);
     let path_width = width(&mut rows.iter().map(|((route, _), _)| route.path.len()));
     let free_width = width(&mut rows.iter().map(|((_, free), _)| free.to_string().len()));
     let held_width = width(&mut rows.iter().map(|(_, held)| held.to_string().len()));
     println!(
         "\n{:path_width$}  {:free_width$}  {:held_width$}  tokens after",
-        "route", "no budget", title
+        "route", first_title, title
     );
     let mut different = Vec::new();
     for ((route, free), held) in rows {
@@ -649,10 +780,7 @@ fn compare(
             ""
         } else {
             different.push(route.path);
-            match EXPECTED_DIFFERENT
-                .iter()
-                .find(|(path, _)| *path == route.path)
-            {
+            match expected.iter().find(|(path, _)| *path == route.path) {
                 Some(_) => "  differs, as listed",
                 None => "  DIFFERS",
             }
@@ -665,40 +793,90 @@ fn compare(
             route.path
         );
     }
+    for ((route, free), held) in routes.iter().zip(unrestricted).zip(budgeted) {
+        for outcome in [free, held] {
+            assert_eq!(
+                outcome.attempts as usize, outcome.seen,
+                "{}: the server sees every attempt, and only those",
+                route.path
+            );
+        }
+    }
     different
 }
 
 // --- the tests ------------------------------------------------------------------------
 
-#[tokio::test(start_paused = true)]
-async fn every_route_ends_as_without_a_budget_through_one_shared_default_layer_but_the_listed() {
-    let routes = Arc::new(routes());
-    let unrestricted = run_through(&Retrying::new(settings().no_budget()), &routes).await;
-    let shared = run_through(&Retrying::new(settings()), &routes).await;
-    let different = compare(&routes, &unrestricted, "default budget, shared", &shared);
+/// Asserts that exactly the `expected` routes are `different`.
+fn assert_listed(different: &[&str], expected: &[(&str, &str)], context: &str) {
     let unexpected: Vec<_> = different
         .iter()
-        .filter(|path| !EXPECTED_DIFFERENT.iter().any(|(listed, _)| listed == *path))
+        .filter(|path| !expected.iter().any(|(listed, _)| listed == *path))
         .collect();
-    let stale: Vec<_> = EXPECTED_DIFFERENT
+    let stale: Vec<_> = expected
         .iter()
         .filter(|(listed, _)| !different.contains(listed))
         .collect();
     assert!(
         unexpected.is_empty(),
-        "end differently with the default budget: {unexpected:?}"
+        "{context}: end differently: {unexpected:?}"
     );
-    assert!(stale.is_empty(), "listed but ending the same: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "{context}: listed but ending the same: {stale:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_route_ends_as_without_a_budget_through_one_shared_default_layer_but_the_listed() {
+    let routes = Arc::new(routes());
+    for &protocol in Protocol::all() {
+        let free = Retrying::new(protocol, settings().no_budget());
+        let unrestricted = run_through(&free, &routes).await;
+        let shared = run_through(&Retrying::new(protocol, settings()), &routes).await;
+        let different = compare(
+            &routes,
+            ("no budget", &unrestricted),
+            (&format!("default budget, shared, {protocol:?}"), &shared),
+            EXPECTED_DIFFERENT,
+        );
+        assert_listed(&different, EXPECTED_DIFFERENT, &format!("{protocol:?}"));
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn every_route_ends_as_without_a_budget_on_a_fresh_default_layer() {
     let routes = Arc::new(routes());
-    let unrestricted = run_through(&Retrying::new(settings().no_budget()), &routes).await;
-    let fresh = run_each_fresh(&routes).await;
-    let different = compare(&routes, &unrestricted, "default budget, fresh", &fresh);
-    assert!(
-        different.is_empty(),
-        "a new client's first request ends differently: {different:?}"
+    for &protocol in Protocol::all() {
+        let free = Retrying::new(protocol, settings().no_budget());
+        let unrestricted = run_through(&free, &routes).await;
+        let fresh = run_each_fresh(protocol, &routes).await;
+        let different = compare(
+            &routes,
+            ("no budget", &unrestricted),
+            (&format!("default budget, fresh, {protocol:?}"), &fresh),
+            &[],
+        );
+        assert!(
+            different.is_empty(),
+            "{protocol:?}: a new client's first request ends differently: {different:?}"
+        );
+    }
+}
+
+#[cfg(feature = "http2")]
+#[tokio::test(start_paused = true)]
+async fn every_route_ends_over_http2_as_over_http1_but_the_listed() {
+    let routes = Arc::new(routes());
+    let http1 = Retrying::new(Protocol::Http1, settings().no_budget());
+    let over_http1 = run_through(&http1, &routes).await;
+    let http2 = Retrying::new(Protocol::Http2, settings().no_budget());
+    let over_http2 = run_through(&http2, &routes).await;
+    let different = compare(
+        &routes,
+        ("HTTP/1", &over_http1),
+        ("HTTP/2", &over_http2),
+        DIFFERENT_OVER_HTTP2,
     );
+    assert_listed(&different, DIFFERENT_OVER_HTTP2, "HTTP/2 against HTTP/1");
 }

@@ -29,7 +29,22 @@ const MAX_DEPTH: usize = 32;
 /// - a body cut short, [`Cause::Transient`]: an `io::Error` of kind
 ///   `UnexpectedEof`, which hyper gives when the connection closes before
 ///   `content-length` bytes or the last chunk arrived (read by a
-///   [`BufferBody`](super::parts::BufferBody)).
+///   [`BufferBody`](super::parts::BufferBody));
+/// - with the `http2` feature, HTTP/2 stream resets (`RST_STREAM`) and
+///   `GOAWAY`s, [`Cause::Transient`] as a reset HTTP/1 connection is:
+///   - from the server, whatever their reason but three: `ENHANCE_YOUR_CALM`
+///     (the server finds this client too busy) is [`Cause::Throttled`];
+///     `HTTP_1_1_REQUIRED` and `INADEQUATE_SECURITY` are final, as the
+///     server would answer every attempt the same;
+///   - from this side's `h2`, on finding what the server sent wrong: a body
+///     shorter or longer than its `content-length` (`PROTOCOL_ERROR`) is a
+///     body cut short; a response head over `h2`'s limits (`REFUSED_STREAM`,
+///     `ENHANCE_YOUR_CALM`) is final, as HTTP/1's "response head too large";
+///   - one this side sent for its own reasons is final, and an I/O error
+///     inside an HTTP/2 error is read as above.
+///
+///   Without the feature none of these is retried: hyper does not say why
+///   an HTTP/2 stream ended, only `h2`'s error type does.
 ///
 /// The policy only sends a request twice when its method is idempotent or it
 /// carries an idempotency key, so retrying a reset in the middle of a request
@@ -66,14 +81,19 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
 ///   before writing any of it (a pooled connection found closed, or not
 ///   ready, when the request was queued on it). hyper-util retries these
 ///   itself on a reused connection; this covers the rest;
-/// - an `io::Error` of kind `ConnectionRefused`: no connection, no request.
+/// - an `io::Error` of kind `ConnectionRefused`: no connection, no request;
+/// - with the `http2` feature, an HTTP/2 stream the server reset with
+///   `REFUSED_STREAM`, which says that it did not process any of it
+///   (RFC 9113, 8.7), or one a server's `GOAWAY` ended: `h2` gives that
+///   error only to the streams after the last one the `GOAWAY` names, which
+///   the server did not process (RFC 9113, 6.8), and to streams opened
+///   after it.
 ///
 /// Not recognised, because the request may have been written and processed:
 /// a reset or broken pipe (`ConnectionReset`, `ConnectionAborted`,
 /// `BrokenPipe`), hyper's "connection closed before message completed"
-/// (`is_incomplete_message()`), timeouts, and anything else. An HTTP/2
-/// `REFUSED_STREAM` is proof too (RFC 9113, 8.7), but it is not recognised
-/// here; a classifier of your own can add it.
+/// (`is_incomplete_message()`), any other HTTP/2 reset, timeouts, and
+/// anything else.
 ///
 /// ```
 /// use std::io;
@@ -88,8 +108,10 @@ pub fn is_unsent(error: &(dyn Error + 'static)) -> bool {
 
 /// The first answer `look` gives walking down `error`'s chain: `error`, then
 /// its `source()`, and so on, looking inside an `io::Error` at the error it
-/// wraps (its own `source()` skips that one), at most 32 links deep (a chain
-/// may be a cycle). What every classifier of the crate walks.
+/// wraps (its own `source()` skips that one) and, with the `http2` feature,
+/// inside an `h2::Error` at its I/O error (it has no `source()`), at most 32
+/// links deep (a chain may be a cycle). What every classifier of the crate
+/// walks.
 ///
 /// ```
 /// use std::io;
@@ -114,6 +136,13 @@ pub fn find_in_chain<'a, T>(
 }
 
 fn proves_unsent(error: &(dyn Error + 'static)) -> bool {
+    #[cfg(feature = "http2")]
+    if error
+        .downcast_ref::<h2::Error>()
+        .is_some_and(h2_unprocessed)
+    {
+        return true;
+    }
     let connect = error
         .downcast_ref::<hyper_util::client::legacy::Error>()
         .is_some_and(hyper_util::client::legacy::Error::is_connect);
@@ -134,7 +163,9 @@ fn proves_unsent(error: &(dyn Error + 'static)) -> bool {
 
 /// The next error down the chain. `io::Error::source()` skips the error an
 /// `io::Error` wraps and returns that error's own source, so a timeout or a
-/// reset wrapped by an I/O adapter would go unseen: look at it first.
+/// reset wrapped by an I/O adapter would go unseen: look at it first. An
+/// `h2::Error` has no `source()`: the connection reset or closed under an
+/// HTTP/2 body is its I/O error.
 fn next_link<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'static)> {
     if let Some(wrapped) = error
         .downcast_ref::<io::Error>()
@@ -142,7 +173,56 @@ fn next_link<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 's
     {
         return Some(wrapped);
     }
+    #[cfg(feature = "http2")]
+    if let Some(io) = error
+        .downcast_ref::<h2::Error>()
+        .and_then(h2::Error::get_io)
+    {
+        return Some(io);
+    }
     error.source()
+}
+
+/// Whether the server provably did not process the stream: it refused it
+/// (`REFUSED_STREAM`, RFC 9113, 8.7), or its `GOAWAY` named an earlier last
+/// stream. h2 hands a server's `GOAWAY` only to the streams after the last
+/// one it names, and to those opened after it (RFC 9113, 6.8); the streams
+/// it may have processed end with their connection, an I/O error. A stream
+/// this side's h2 refused (a response head over its size limit) was
+/// processed.
+#[cfg(feature = "http2")]
+fn h2_unprocessed(error: &h2::Error) -> bool {
+    error.is_remote() && (error.is_go_away() || error.reason() == Some(h2::Reason::REFUSED_STREAM))
+}
+
+/// What an HTTP/2 reset or `GOAWAY` means for a retry. `None` for an I/O
+/// error (the next link, read as any), and for a reset or `GOAWAY` this side
+/// sent itself (hyper resetting a stream whose request body failed, say):
+/// that says nothing about the server.
+#[cfg(feature = "http2")]
+fn classify_h2(error: &h2::Error) -> Option<Cause> {
+    use h2::Reason;
+    let reason = error.reason()?;
+    if error.is_library() {
+        // This side's h2 found what the server sent wrong. A head over the
+        // size limit (refused) or past the abuse limit (calm) comes the same
+        // every time, as HTTP/1's "response head too large"; a body shorter
+        // or longer than its content-length is a PROTOCOL_ERROR, which reads
+        // as HTTP/1's body cut short.
+        return match reason {
+            Reason::REFUSED_STREAM | Reason::ENHANCE_YOUR_CALM => None,
+            _ => Some(Cause::Transient),
+        };
+    }
+    if (error.is_reset() || error.is_go_away()) && !error.is_remote() {
+        return None;
+    }
+    match reason {
+        Reason::ENHANCE_YOUR_CALM => Some(Cause::Throttled),
+        // The server would say the same to every attempt.
+        Reason::HTTP_1_1_REQUIRED | Reason::INADEQUATE_SECURITY => None,
+        _ => Some(Cause::Transient),
+    }
 }
 
 fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
@@ -173,6 +253,10 @@ fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
         if error.is_connect() {
             return Some(Cause::Transient);
         }
+    }
+    #[cfg(feature = "http2")]
+    if let Some(error) = error.downcast_ref::<h2::Error>() {
+        return classify_h2(error);
     }
     if let Some(error) = error.downcast_ref::<io::Error>() {
         return match error.kind() {
@@ -275,6 +359,9 @@ as_itself!(
 
 #[cfg(feature = "reqwest")]
 as_itself!(reqwest::Error);
+
+#[cfg(feature = "http2")]
+as_itself!(h2::Error);
 
 // tonic's errors, for the gRPC policy, which reads them as the HTTP one does.
 #[cfg(feature = "tonic")]
@@ -439,5 +526,72 @@ mod tests {
     #[test]
     fn an_endless_source_chain_is_walked_a_bounded_depth() {
         assert_eq!(classify_error(&Endless), None);
+    }
+
+    /// Only a bare reason (`h2::Error::from(Reason)`) can be built outside
+    /// h2: the errors of a server's resets and GOAWAYs, and of those this
+    /// side's h2 sends, are met over real connections in `tests/http2.rs`
+    /// and `tests/http_hostile.rs`.
+    #[cfg(feature = "http2")]
+    mod http2 {
+        use super::*;
+        use h2::Reason;
+
+        fn h2(reason: Reason) -> Box<dyn Error + Send + Sync> {
+            Box::new(h2::Error::from(reason))
+        }
+
+        #[test]
+        fn a_refused_stream_is_transient_at_any_depth() {
+            let deep = Wrapped(Box::new(Wrapped(h2(Reason::REFUSED_STREAM))));
+            assert_eq!(classify_error(&deep), Some(Cause::Transient));
+            let in_io = io::Error::other(h2::Error::from(Reason::REFUSED_STREAM));
+            assert_eq!(classify_error(&in_io), Some(Cause::Transient));
+        }
+
+        #[test]
+        fn a_refused_stream_proves_nothing_unless_the_server_reset_it() {
+            let bare = Wrapped(h2(Reason::REFUSED_STREAM));
+            assert!(!is_unsent(&bare));
+        }
+
+        #[test]
+        fn other_resets_are_transient_but_not_unsent() {
+            for reason in [
+                Reason::NO_ERROR,
+                Reason::PROTOCOL_ERROR,
+                Reason::INTERNAL_ERROR,
+                Reason::FLOW_CONTROL_ERROR,
+                Reason::STREAM_CLOSED,
+                Reason::CANCEL,
+                Reason::CONNECT_ERROR,
+                Reason::from(0xbad),
+            ] {
+                let error = Wrapped(h2(reason));
+                assert_eq!(classify_error(&error), Some(Cause::Transient), "{reason:?}");
+                assert!(!is_unsent(&error), "{reason:?}");
+            }
+        }
+
+        #[test]
+        fn enhance_your_calm_is_throttled() {
+            let error = Wrapped(h2(Reason::ENHANCE_YOUR_CALM));
+            assert_eq!(classify_error(&error), Some(Cause::Throttled));
+        }
+
+        #[test]
+        fn a_server_asking_for_http1_or_better_tls_is_final() {
+            for reason in [Reason::HTTP_1_1_REQUIRED, Reason::INADEQUATE_SECURITY] {
+                let error = Wrapped(h2(reason));
+                assert_eq!(classify_error(&error), None, "{reason:?}");
+                assert!(!is_unsent(&error), "{reason:?}");
+            }
+        }
+
+        #[test]
+        fn an_h2_error_reads_as_itself() {
+            let error = h2::Error::from(Reason::CANCEL);
+            assert_eq!(classify_error(error.as_std_error()), Some(Cause::Transient));
+        }
     }
 }

@@ -16,6 +16,14 @@
 //! [`HttpPolicy::retry_on_body`] classifies a response on its body. The
 //! pieces the layer is made of are in [`parts`].
 //!
+//! Over HTTP/2, turn on the `http2` feature: a stream the server resets
+//! (before the headers or mid-body) or ends with a `GOAWAY` is then read as
+//! a reset HTTP/1 connection is ([`classify_error`]), and one it refused or
+//! never processed as a request that never left ([`is_unsent`]). hyper does
+//! not say why an HTTP/2 stream ended, only the `h2` crate's error does,
+//! which any client speaking HTTP/2 builds already; without the feature
+//! these errors are final.
+//!
 //! # What each server signal does
 //! [`HttpPolicy`] reads these, each configurable:
 //!

@@ -19,7 +19,8 @@ use tower_backoff_core::policy::{Cause, Decision, Policy, PrepareRetry};
 use tower_backoff_core::Rng;
 
 /// The header that makes a non-idempotent request safe to retry, from the IETF
-/// draft "The Idempotency-Key HTTP Header Field" (used by Stripe, PayPal, ...).
+/// draft "The Idempotency-Key HTTP Header Field" (used by Stripe, PayPal, ...),
+/// unless its value is empty or only whitespace.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// `x-should-retry`: `true` or `false` from the server, overriding the status
@@ -45,15 +46,17 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 /// again may help, after the delay the server asked for if it asked.
 ///
 /// - **What may be repeated**: idempotent methods (GET, HEAD, OPTIONS, TRACE,
-///   PUT, DELETE), and any request carrying an `Idempotency-Key` header. Any
-///   other request goes out once, and its outcome is returned untouched,
-///   whatever it is. Its body must be copyable: a `Clone` body, or a streaming
-///   one wrapped in a [`ReplayBody`](super::ReplayBody).
+///   PUT, DELETE), and any request carrying an `Idempotency-Key` header that
+///   is not blank (empty or only whitespace). Any other request goes out
+///   once, and its outcome is returned untouched, whatever it is. Its body
+///   must be copyable: a `Clone` body, or a streaming one wrapped in a
+///   [`ReplayBody`](super::ReplayBody).
 /// - **Which responses**: 408, 429, 502, 503, 504 ([`StatusSet::DEFAULT`]);
 ///   500 with one call, [`retry_status`](Self::retry_status). Other 5xx are
 ///   final failures; everything else is a success.
 /// - **Which errors**: connection failures and timeouts, found anywhere in the
-///   error's `source()` chain ([`classify_error`]).
+///   error's `source()` chain, and with the `http2` feature HTTP/2 stream
+///   resets and `GOAWAY`s ([`classify_error`]).
 /// - **Why**: 429 and 503 are [`Cause::Throttled`], so adaptive pacing slows
 ///   down; 504 and timeouts are [`Cause::Timeout`], which a token bucket charges
 ///   more; the rest is [`Cause::Transient`].
@@ -198,10 +201,11 @@ impl HttpPolicy {
         self
     }
 
-    /// The header whose presence makes any request retryable (default
-    /// [`IDEMPOTENCY_KEY`]). Prefer `HeaderName::from_static`: a name built at
-    /// run time is reference-counted, and every clone of the service would
-    /// touch its count.
+    /// The header whose presence, with a value that is not blank, makes any
+    /// request retryable (default [`IDEMPOTENCY_KEY`]). Prefer
+    /// `HeaderName::from_static`: a name built at run time is
+    /// reference-counted, and every clone of the service would touch its
+    /// count.
     pub fn idempotency_key(mut self, header: HeaderName) -> Self {
         self.idempotency_key = Some(header);
         self
@@ -402,11 +406,13 @@ impl HttpPolicy {
     ///
     /// "Provably" is what [`is_unsent`](super::is_unsent) recognises: a
     /// connection that was never made (refused, DNS failure, TLS handshake),
-    /// or a request hyper handed back unwritten (a pooled connection found
-    /// closed before the request was written to it). A request that was
-    /// written, even in part, and then lost its connection (a reset,
-    /// "connection closed before message completed") may have been
-    /// processed: it stays unrepeatable unless its method or an
+    /// a request hyper handed back unwritten (a pooled connection found
+    /// closed before the request was written to it), or, with the `http2`
+    /// feature, an HTTP/2 stream the server refused (`REFUSED_STREAM`) or
+    /// never processed (after the last stream its `GOAWAY` names). A
+    /// request that was written, even in part, and then lost its connection
+    /// (a reset, "connection closed before message completed") may have
+    /// been processed: it stays unrepeatable unless its method or an
     /// idempotency key allows it.
     ///
     /// The first such retry is [`Cause::NotSent`]: sent at once, not counted
@@ -427,13 +433,17 @@ impl HttpPolicy {
         self
     }
 
-    /// Whether a request with this method and these headers may be sent twice.
+    /// Whether a request with this method and these headers may be sent
+    /// twice: its method is one the policy repeats, or it carries an
+    /// idempotency key that is not empty (nor only whitespace, which a
+    /// server cannot deduplicate on).
     pub fn may_repeat(&self, method: &Method, headers: &HeaderMap) -> bool {
         self.methods.contains(method)
             || self
                 .idempotency_key
                 .as_ref()
-                .is_some_and(|key| headers.contains_key(key))
+                .and_then(|key| headers.get(key))
+                .is_some_and(|value| !value.as_bytes().trim_ascii().is_empty())
     }
 
     /// What a response with this status and these headers means.
@@ -1055,6 +1065,25 @@ mod tests {
         assert!(policy
             .retry_method(Method::POST)
             .may_repeat(&Method::POST, &none));
+    }
+
+    #[test]
+    fn an_empty_or_blank_idempotency_key_does_not_make_a_post_repeatable() {
+        let custom = HttpPolicy::new().idempotency_key(HeaderName::from_static("x-request-id"));
+        for value in ["", " ", "\t", " \t  "] {
+            let blank = HeaderValue::from_str(value).unwrap();
+            let mut headers = HeaderMap::new();
+            headers.insert(IDEMPOTENCY_KEY, blank.clone());
+            headers.insert("x-request-id", blank);
+            assert!(
+                !HttpPolicy::new().may_repeat(&Method::POST, &headers),
+                "{value:?}"
+            );
+            assert!(!custom.may_repeat(&Method::POST, &headers), "{value:?}");
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static(" k "));
+        assert!(HttpPolicy::new().may_repeat(&Method::POST, &headers));
     }
 
     #[test]

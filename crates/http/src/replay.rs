@@ -120,6 +120,7 @@ impl<B: Default> ReplayBody<B> {
     /// A body already in memory: recorded whole from the start, whatever
     /// its size, and each copy can go out as these bytes
     /// ([`in_memory`](Self::in_memory)), which a client may copy itself.
+    #[cfg(feature = "reqwest")]
     pub(crate) fn from_bytes(bytes: Bytes) -> Self {
         // The source is never read: an empty one that has ended.
         let mut recording = Recording::new(B::default(), bytes.len() as u64);
@@ -147,6 +148,7 @@ impl<B> ReplayBody<B> {
 
     /// The whole body when it was in memory from the start
     /// ([`from_bytes`](Self::from_bytes)): the bytes every copy sends.
+    #[cfg(feature = "reqwest")]
     pub(crate) fn in_memory(&self) -> Option<&Bytes> {
         self.in_memory.as_ref()
     }

@@ -50,7 +50,7 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 /// | The body | The attempt's outcome | Classified by |
 /// |---|---|---|
 /// | ends within the limit (default [`DEFAULT_BUFFER_LIMIT`], 64 KiB) | the response, its body in memory ([`BufferedBody`]) | status, headers, and the bytes ([`HttpPolicy::retry_on_body`](super::HttpPolicy::retry_on_body)) |
-/// | fails within the limit (closed early, `content-length` not met, reset) | the body's error, as the body gave it | the error classifier: closed early and reset are transient |
+/// | fails within the limit (closed early, `content-length` not met, reset; an HTTP/2 stream reset) | the body's error, as the body gave it | the error classifier: closed early and reset are transient (an HTTP/2 reset with the `http2` feature) |
 /// | is longer than the limit | the response, its body the bytes read then the rest of the stream | status and headers only |
 ///
 /// So a request that may be repeated is retried when its body breaks off,
