@@ -454,3 +454,85 @@ fn invalid_hedging_policies_name_the_field() {
         "hedgingPolicy"
     );
 }
+
+/// Holds the first copy of each `Call` back for 200 ms before it reaches the
+/// channel; hedges and retries (marked with the attempts before them) go
+/// out at once.
+#[derive(Clone)]
+struct LateFirst(Channel);
+
+impl Service<http::Request<Body>> for LateFirst {
+    type Response = http::Response<Body>;
+    type Error = tonic::transport::Error;
+    type Future = BoxFuture<Result<http::Response<Body>, tonic::transport::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let late = request.uri().path().ends_with("/Call")
+            && !request.headers().contains_key(PREVIOUS_RPC_ATTEMPTS);
+        if !late {
+            return Box::pin(self.0.call(request));
+        }
+        // Called only once the wait is over: the channel sends at `call`.
+        let mut channel = self.0.clone();
+        Box::pin(async move {
+            tokio::time::sleep(ms(200)).await;
+            tower::ServiceExt::ready(&mut channel)
+                .await?
+                .call(request)
+                .await
+        })
+    }
+}
+
+/// The hedge fails first, with a pushback of 5 s; the first copy, held back
+/// on its way, fails after it without one. A6: the pushback holds, so the
+/// third copy waits 5 s rather than going out at once.
+#[tokio::test]
+async fn a_pushback_on_one_copy_holds_when_another_fails_without_one() {
+    let plan = vec![
+        Copy::Fail(Code::Unavailable, Some("5000")),
+        Copy::Fail(Code::Unavailable, None),
+        Copy::Ok(Duration::ZERO),
+    ];
+    let (addr, server) = serve(plan).await;
+    let layer = GrpcRetryLayer::builder(&config(HEDGED, ""))
+        .hedge_load_cap(1.0)
+        .build()
+        .unwrap();
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(layer.layer(LateFirst(channel)));
+    for _ in 0..4 {
+        grpc.ready().await.unwrap();
+        grpc.unary(
+            tonic::Request::new("hello".to_owned()),
+            PathAndQuery::from_static("/test.Hedge/Warm"),
+            ProstCodec::<String, String>::default(),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(ms(120)).await;
+
+    grpc.ready().await.unwrap();
+    let start = Instant::now();
+    let call = grpc.unary(
+        tonic::Request::new("hello".to_owned()),
+        PathAndQuery::from_static("/test.Hedge/Call"),
+        ProstCodec::<String, String>::default(),
+    );
+    let outcome = timeout(Duration::from_secs(1), call).await;
+    let sent: Vec<_> = server.seen().iter().map(|s| s.at - start).collect();
+    assert!(
+        outcome.is_err(),
+        "answered within a second of a 5 s pushback; copies at {sent:?}"
+    );
+    assert_eq!(sent.len(), 2, "the hedge and the first copy: {sent:?}");
+}

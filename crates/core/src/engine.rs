@@ -21,6 +21,10 @@
 //!    hooks hear of the retry (one rule: hooks fire at send);
 //! 4. an outcome that ends the request as a success refunds the budget,
 //!    told the cause of the last retry ([`Session::last_retry`]).
+//!
+//! A hedge of the attempt in flight is admitted here too: asked before the
+//! service is readied for it, and committed ([`Session::send_hedge`]) as it
+//! goes out.
 
 use std::time::Duration;
 
@@ -30,6 +34,7 @@ use crate::breaker::{Admission, CircuitBreaker};
 use crate::budget::Budget;
 use crate::decision::Cause;
 use crate::error::MAX_DURATION;
+use crate::hedge::LoadCap;
 use crate::jitter::{Jitter, Rng};
 
 pub use crate::limits::UNLIMITED_ATTEMPTS;
@@ -123,6 +128,14 @@ impl Retry {
             due: None,
         }
     }
+}
+
+/// What a hedge must get through besides the request's own limits: the
+/// layer's load cap on hedges, its breaker and its budget.
+pub(crate) struct HedgeGates<'a, B: ?Sized> {
+    pub(crate) cap: &'a LoadCap,
+    pub(crate) breaker: Option<&'a CircuitBreaker>,
+    pub(crate) budget: Option<&'a B>,
 }
 
 /// One request's retries: how many attempts went out, what was slept, and
@@ -422,6 +435,62 @@ impl Session {
     /// does not count, unlimited attempts always leave room).
     pub fn has_room_for_hedge(&self) -> bool {
         self.counted() < self.max_attempts || self.max_attempts == UNLIMITED_ATTEMPTS
+    }
+
+    /// Whether a hedge of the attempt in flight may go out at `now`, as far
+    /// as `gates` know now, taking nothing: the attempt limit, the deadline,
+    /// the load cap, a closed breaker and the budget. Asked before the
+    /// service is readied for the hedge, so that a hedge that will not go
+    /// out never holds what readiness reserves (a concurrency permit) until
+    /// the request ends; [`send_hedge_through`](Self::send_hedge_through)
+    /// then commits it. The one place a hedge is admitted, as
+    /// [`decide`](Self::decide) is for a retry; the policy's say on the copy
+    /// is asked in between.
+    pub(crate) fn may_hedge<B>(&self, gates: &HedgeGates<'_, B>, now: Instant) -> bool
+    where
+        B: Budget + ?Sized,
+    {
+        self.has_room_for_hedge()
+            && self.deadline.is_none_or(|deadline| now < deadline)
+            && gates.cap.would_take(now)
+            && gates
+                .breaker
+                .is_none_or(|b| b.state() == crate::breaker::BreakerState::Closed)
+            && gates.budget.is_none_or(|b| b.would_allow(Cause::Hedge))
+    }
+
+    /// [`send_hedge`](Self::send_hedge) at `now`, within the load cap of
+    /// `gates`: the cap is taken after the deadline and before the copy,
+    /// and given back if the breaker or the budget then refuse. Between
+    /// [`may_hedge`](Self::may_hedge) and this, another request may have
+    /// taken what was left: then `None`, as from `send_hedge`.
+    pub(crate) fn send_hedge_through<B, R>(
+        &mut self,
+        gates: &HedgeGates<'_, B>,
+        now: Instant,
+        copy: impl FnOnce() -> Option<R>,
+    ) -> Option<R>
+    where
+        B: Budget + ?Sized,
+    {
+        let mut taken = false;
+        let sent = self.send_hedge(
+            gates.breaker,
+            gates.budget,
+            || now,
+            || {
+                taken = gates.cap.try_take(now);
+                if taken {
+                    copy()
+                } else {
+                    None
+                }
+            },
+        );
+        if sent.is_none() && taken {
+            gates.cap.give_back(now);
+        }
+        sent
     }
 
     /// A hedge of the attempt in flight is due: commits it and returns what
@@ -865,6 +934,40 @@ mod tests {
             );
         }
         assert_eq!((unlimited.attempts(), unlimited.hedges()), (5, 4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_is_admitted_before_readiness_on_what_would_refuse_it_at_send() {
+        let cap = LoadCap::new(1.0);
+        let bucket = emptied_bucket();
+        let gates = |budget| HedgeGates {
+            cap: &cap,
+            breaker: None,
+            budget,
+        };
+        let session = Session::new(3, None);
+        let now = Instant::now();
+        assert!(!session.may_hedge(&gates(NO_BUDGET), now), "no traffic");
+        cap.on_request(now);
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let now = Instant::now();
+        assert!(session.may_hedge(&gates(NO_BUDGET), now));
+        assert!(!session.may_hedge(&gates(Some(&bucket)), now), "no budget");
+        // Refused at send after all: the cap's hedge is given back.
+        let mut refused = session.clone();
+        assert_eq!(
+            refused.send_hedge_through(&gates(Some(&bucket)), now, || Some(())),
+            None
+        );
+        assert!(cap.would_take(now), "given back");
+        let mut sent = session.clone();
+        assert_eq!(
+            sent.send_hedge_through(&gates(NO_BUDGET), now, || Some(())),
+            Some(())
+        );
+        assert!(!sent.may_hedge(&gates(NO_BUDGET), now), "the cap is spent");
+        let late = Session::new(3, Some(now));
+        assert!(!late.may_hedge(&gates(NO_BUDGET), now), "at the deadline");
     }
 
     #[test]

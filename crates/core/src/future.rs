@@ -28,7 +28,7 @@ use crate::budget::Budget;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, HedgeSlot, NoTimeout};
 use crate::decision::{Cause, Decision};
-use crate::engine::{Ending, Retry, Session};
+use crate::engine::{Ending, HedgeGates, Retry, Session};
 use crate::events::{EndArgs, Event, HedgeArgs, HedgeEvent, OutcomeKind, RejectArgs, RetryArgs};
 use crate::hedge::{Copies, CopySent, Hedger};
 use crate::policy::{Policy, PrepareRetry};
@@ -137,6 +137,7 @@ pin_project! {
             #[pin] timer: Option<Tm>,
             #[pin] next: Option<Sleep>,
             hedge: NextHedge,
+            failed: Failed,
         },
     }
 }
@@ -144,6 +145,10 @@ pin_project! {
 /// Where a hedged attempt stands with its next hedge.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum NextHedge {
+    /// The first copy has not been polled yet. Its hedging starts at the
+    /// first poll that finds it pending: one that answers at once is never
+    /// hedged, and counts towards neither the load cap nor the latencies.
+    Unpolled,
     /// The first hedge is due after this delay, from the first poll on: a
     /// timer made at the call would need a runtime where the future is
     /// made, not only where it is polled.
@@ -155,6 +160,21 @@ enum NextHedge {
     /// No further hedge of this attempt: the limit, the cap or the budget
     /// said no, or the server asked for a delay.
     Stopped,
+}
+
+/// What the copies of a hedged attempt that failed leave behind for those
+/// still pending: the caller gets the last real outcome, and the retry after
+/// the attempt honours every delay a server named.
+#[derive(Clone, Copy, Default)]
+struct Failed {
+    /// The longest delay a server named for a failed copy: the retry after
+    /// the attempt waits at least that long, whichever copy fails last.
+    held: Option<Duration>,
+    /// How the request ends with the kept outcome when that is a failure
+    /// kept back because the request could no longer be copied: a copy that
+    /// fell behind a replay limit fails for a reason of our own, so the
+    /// copies still pending are let bring the real outcome.
+    spent: Option<Ending>,
 }
 
 impl<F1, F, Tm, O> State<F1, F, Tm, O> {
@@ -301,7 +321,7 @@ where
                 future,
                 timer: first.timer,
             },
-            Some(hedger) => hedged(hedger, Some((future, first.timer)), 1, None, first.stamp),
+            Some(_) => hedged(future, first.timer, 1, None, first.stamp),
         };
         // Written into its allocation, as `State::tracked` is: `Box::pin`
         // would build it on the stack and copy all of it.
@@ -524,7 +544,7 @@ where
                 PhaseProj::Called { mut future, timer } => {
                     let outcome = ready!(poll_attempt::<_, _, T>(future.as_mut(), timer, cx));
                     span::outcome(&*future, OutcomeKind::of(&outcome));
-                    self.on_outcome(progress, kept, phase, outcome)
+                    self.on_outcome(progress, kept, phase, outcome, None)
                 }
                 PhaseProj::Waiting { sleep, retry } => {
                     ready!(sleep.poll(cx));
@@ -567,6 +587,7 @@ where
                     timer,
                     mut next,
                     hedge,
+                    failed,
                 } => {
                     let first = lent.as_mut().map(|l| l.future.as_mut());
                     let answered = copies.as_mut().poll_any(first, cx, |future, outcome| {
@@ -578,7 +599,12 @@ where
                     };
                     if let Poll::Ready((outcome, sent)) = answered {
                         let outcome = outcome.map_err(T::inner);
-                        match self.on_copy(progress, kept, copies, hedge, outcome, sent) {
+                        let copy = Answered {
+                            outcome,
+                            sent,
+                            first_poll: *hedge == NextHedge::Unpolled,
+                        };
+                        match self.on_copy(progress, kept, copies, hedge, failed, copy) {
                             Ok(flow) => flow,
                             Err((outcome, after, cause)) => {
                                 self.after_failure(progress, kept, phase, outcome, after, cause)
@@ -587,8 +613,18 @@ where
                     } else if let Some(Poll::Ready(error)) = timer.map(|t| t.poll(cx)) {
                         // The attempt's time is up, for every copy of it.
                         self.cancel(copies.as_mut());
-                        self.on_outcome(progress, kept, phase, Err(error))
+                        let failed = *failed;
+                        match failed.spent {
+                            // A real outcome kept back beats our own time-out.
+                            Some(ending) => self.end(progress, take(kept), ending),
+                            None => self.on_outcome(progress, kept, phase, Err(error), failed.held),
+                        }
                     } else {
+                        if *hedge == NextHedge::Unpolled {
+                            let now = Instant::now();
+                            let attempt = copies.as_mut().start(now);
+                            *hedge = start_hedging(hedger(self.config), attempt, now);
+                        }
                         if let NextHedge::Arm(delay) = *hedge {
                             next.set(Some(timer::sleep(delay)));
                             *hedge = NextHedge::Waiting;
@@ -654,7 +690,8 @@ where
     }
 
     /// An attempt's outcome arrived: return it, or keep it and wait for the
-    /// retry it asks for.
+    /// retry it asks for, at least `held` (a delay a server named for a
+    /// hedge of the attempt) if so.
     // Inline: the outcome is moved once, into `kept` or out of the future.
     #[inline(always)]
     fn on_outcome(
@@ -663,11 +700,13 @@ where
         kept: &mut Option<Outcome<S, Req, T>>,
         phase: Pin<&mut PhaseOf<S, Req, T>>,
         outcome: Outcome<S, Req, T>,
+        held: Option<Duration>,
     ) -> Flow<Outcome<S, Req, T>> {
         let last_retry = progress.session.last_retry();
         match self.judge(&outcome, progress.stamp, last_retry) {
             Verdict::End(ending) => self.end(progress, outcome, ending),
             Verdict::Retry { after, cause } => {
+                let after = longest(after, held);
                 self.after_failure(progress, kept, phase, outcome, after, cause)
             }
         }
@@ -856,9 +895,9 @@ where
         let future = span::retry(self.inner.call(copy), attempt + 1, &retry);
         match config.hedger() {
             None => phase.set(Phase::Called { future, timer }),
-            Some(hedger) => phase.set(hedged(
-                hedger,
-                Some((future, timer)),
+            Some(_) => phase.set(hedged(
+                future,
+                timer,
                 attempt + 1,
                 progress.session.last_retry(),
                 progress.stamp,
@@ -871,7 +910,15 @@ where
     /// wins and cancels the other copies; a failure waits for them, and
     /// sends the next hedge at once unless the server asked for a delay.
     /// Once every copy failed, the last failure is the attempt's outcome,
-    /// returned as `Err` with what it asks for.
+    /// returned as `Err` with what it asks for: the longest delay any copy's
+    /// server named.
+    ///
+    /// A final failure that comes once the request can no longer be copied
+    /// does not win while another copy is pending: a copy behind a replay
+    /// limit fails for want of bytes the recording dropped, a failure of our
+    /// own, while the copy sending the whole body goes on. Of such failures
+    /// the last is returned, but a response (the server's) over an error
+    /// (which may be ours).
     #[allow(clippy::type_complexity)]
     fn on_copy(
         &mut self,
@@ -879,12 +926,24 @@ where
         kept: &mut Option<Outcome<S, Req, T>>,
         copies: Pin<&mut Copies<Traced<S::Future>>>,
         hedge: &mut NextHedge,
-        outcome: Outcome<S, Req, T>,
-        sent: CopySent,
+        failed: &mut Failed,
+        copy: Answered<Outcome<S, Req, T>>,
     ) -> Result<Flow<Outcome<S, Req, T>>, (Outcome<S, Req, T>, Option<Duration>, Cause)> {
-        hedger(self.config).on_copy_end(sent.at, Instant::now);
+        let Answered {
+            outcome,
+            sent,
+            first_poll,
+        } = copy;
+        // An answer at the first poll is not a latency the hedging follows.
+        if !first_poll {
+            hedger(self.config).on_copy_end(sent.at, Instant::now);
+        }
+        let pending = copies.len() > 0;
         let (after, cause) = match self.judge(&outcome, sent.stamp, sent.paid) {
-            Verdict::End(ending) => {
+            Verdict::End(ending)
+                if ending == Ending::Success
+                    || (failed.spent.is_none() && !(pending && self.spent())) =>
+            {
                 self.cancel(copies);
                 if sent.is_hedge() {
                     self.config
@@ -892,10 +951,18 @@ where
                 }
                 return Ok(self.end(progress, outcome, ending));
             }
+            Verdict::End(ending) => {
+                return Ok(self.keep_spent(progress, kept, hedge, failed, outcome, ending, pending))
+            }
             Verdict::Retry { after, cause } => (after, cause),
         };
-        if copies.len() == 0 {
-            return Err((outcome, after, cause));
+        failed.held = longest(failed.held, after);
+        if failed.spent.is_some() {
+            let ending = Ending::NotReplayable;
+            return Ok(self.keep_spent(progress, kept, hedge, failed, outcome, ending, pending));
+        }
+        if !pending {
+            return Err((outcome, failed.held, cause));
         }
         // The others may still answer: this failure is returned only if
         // they fail too.
@@ -907,8 +974,48 @@ where
         Ok(ControlFlow::Continue(()))
     }
 
+    /// A copy failed once the request could no longer be copied: keeps its
+    /// `outcome` (ending the request as `ending`) unless the one kept is a
+    /// response and this an error, and ends the request with the one kept
+    /// once no copy is `pending`.
+    #[allow(clippy::too_many_arguments)]
+    fn keep_spent(
+        &mut self,
+        progress: &Progress,
+        kept: &mut Option<Outcome<S, Req, T>>,
+        hedge: &mut NextHedge,
+        failed: &mut Failed,
+        outcome: Outcome<S, Req, T>,
+        ending: Ending,
+        pending: bool,
+    ) -> Flow<Outcome<S, Req, T>> {
+        // No copy can be made for a further hedge.
+        *hedge = NextHedge::Stopped;
+        let response_kept = matches!(kept, Some(Ok(_)));
+        if !(response_kept && outcome.is_err()) {
+            *kept = Some(outcome);
+            failed.spent = Some(ending);
+        }
+        if pending {
+            return ControlFlow::Continue(());
+        }
+        let ending = failed.spent.unwrap_or(ending);
+        self.end(progress, take(kept), ending)
+    }
+
+    /// Whether the request can no longer be copied: a streaming body that
+    /// outgrew its replay limit, or whose source failed. Asked only when a
+    /// copy fails for good while another is pending, at the price of a copy
+    /// made and dropped.
+    fn spent(&self) -> bool {
+        copy_for(&self.config.policy, self.request).is_none()
+    }
+
     /// Sends a hedge of the attempt in flight once the service is ready:
-    /// the delay to the next one, or `None` if none may go out.
+    /// the delay to the next one, or `None` if none may go out. Whether one
+    /// may is the engine's to say, and the policy's, before readiness: a
+    /// hedge that will not go out must not hold what readiness reserves (a
+    /// concurrency permit) until the request ends.
     fn hedge(
         &mut self,
         progress: &mut Progress,
@@ -923,10 +1030,22 @@ where
         if copies.len() >= hedger.max_copies() {
             return Poll::Ready(Some(delay));
         }
-        // Checked before readiness too: a request out of attempts should not
-        // hold a permit it will never use.
-        let session = &mut progress.session;
-        if !session.has_room_for_hedge() {
+        let gates = HedgeGates {
+            cap: hedger.cap(),
+            breaker: config.breaker(),
+            budget: config.budget(),
+        };
+        let now = Instant::now();
+        if !progress.session.may_hedge(&gates, now) {
+            return Poll::Ready(None);
+        }
+        let attempt = progress.session.attempts() + 1;
+        // Made before readiness, to ask the policy; made again at the next
+        // poll if the service is not ready yet.
+        let Some(mut copy) = copy_for(&config.policy, self.request) else {
+            return Poll::Ready(None);
+        };
+        if !config.policy.prepare_hedge(&mut copy, attempt) {
             return Poll::Ready(None);
         }
         if ready!(poll_ready_to_send(
@@ -939,26 +1058,10 @@ where
         {
             return Poll::Ready(None);
         }
-        let now = Instant::now();
-        if !hedger.cap().try_take(now) {
-            return Poll::Ready(None);
-        }
-        let attempt = session.attempts() + 1;
-        let request = &*self.request;
-        let copy = session.send_hedge(
-            config.breaker(),
-            config.budget(),
-            || now,
-            || {
-                let mut copy = copy_for(&config.policy, request)?;
-                config
-                    .policy
-                    .prepare_hedge(&mut copy, attempt)
-                    .then_some(copy)
-            },
-        );
-        let Some(copy) = copy else {
-            hedger.cap().give_back(now);
+        let Some(copy) = progress
+            .session
+            .send_hedge_through(&gates, now, || Some(copy))
+        else {
             return Poll::Ready(None);
         };
         config.emit(|| hedge_event(attempt, HedgeEvent::Sent));
@@ -1036,6 +1139,22 @@ fn copy_for<Req, Res, E, P: Policy<Req, Res, E>>(policy: &P, request: &Option<Re
     policy.clone_request(request.as_ref()?)
 }
 
+/// The longer of two delays a server may have named.
+fn longest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A copy of a hedged attempt that answered: its outcome, how it went
+/// out, and whether it answered at its first poll.
+struct Answered<O> {
+    outcome: O,
+    sent: CopySent,
+    first_poll: bool,
+}
+
 /// Waits `retry`'s delay before readiness for it; a zero delay goes straight
 /// to readiness, with no timer and no clock (tokio's timer would round a zero
 /// sleep up to its 1 ms tick).
@@ -1050,46 +1169,49 @@ fn wait<F, Tm>(mut phase: Pin<&mut Phase<F, Tm>>, retry: Retry, deadline: Option
     }
 }
 
-/// Attempt number `attempt` hedged: `first`, its first copy and the timer
-/// it races, and the delay to its first hedge; `None` when the first copy is
-/// pinned in the response future with its timer. `paid` is what the budget
-/// was paid to send it, `stamp` what the pacing gave it.
+/// Attempt number `attempt` hedged: `future`, its first copy, and the timer
+/// it races. Its hedging starts at the first poll that finds that copy
+/// pending. `paid` is what the budget was paid to send it, `stamp` what the
+/// pacing gave it.
 // Inline: out of line, the attempt's future is moved once more on its way
 // into `Copies`.
 #[inline(always)]
 fn hedged<F: Future, Tm>(
-    hedger: &Hedger,
-    first: Option<(F, Tm)>,
+    future: F,
+    timer: Tm,
     attempt: u32,
     paid: Option<Cause>,
     stamp: u16,
 ) -> Phase<F, Tm> {
-    let at = Instant::now();
-    if attempt == 1 {
-        hedger.on_request(at);
-    }
     let sent = CopySent {
-        at,
+        // Set again when the copy is found pending.
+        at: Instant::now(),
         attempt,
         paid,
         stamp,
     };
-    let hedge = match hedger.delay() {
+    Phase::Hedged {
+        copies: Copies::new(future, sent),
+        timer: Some(timer),
+        next: None,
+        hedge: NextHedge::Unpolled,
+        failed: Failed::default(),
+    }
+}
+
+/// The hedging of an attempt whose first copy, attempt `attempt`, was found
+/// pending at `now`: counted towards the load cap if it is a request's
+/// first, and its first hedge due after the hedging delay.
+fn start_hedging(hedger: &Hedger, attempt: u32, now: Instant) -> NextHedge {
+    if attempt == 1 {
+        hedger.on_request(now);
+    }
+    match hedger.delay() {
         // Zero: every copy at once, as gRPC's hedging does.
         Some(delay) if delay.is_zero() => NextHedge::Due,
         Some(delay) => NextHedge::Arm(delay),
         // No percentile yet to go by.
         None => NextHedge::Stopped,
-    };
-    let (copies, timer) = match first {
-        Some((future, timer)) => (Copies::new(future, sent), Some(timer)),
-        None => (Copies::outside(sent), None),
-    };
-    Phase::Hedged {
-        copies,
-        timer,
-        next: None,
-        hedge,
     }
 }
 
@@ -1106,8 +1228,21 @@ fn hedged_from_first_poll<F: Future, Tm, O>(
     hedger: &Hedger,
     max_attempts: u32,
 ) -> Pin<Box<Tracked<F, Tm, O>>> {
+    let at = Instant::now();
+    let sent = CopySent {
+        at,
+        attempt: 1,
+        paid: None,
+        stamp: 0,
+    };
     Box::pin(Tracked {
-        phase: hedged(hedger, None, 1, None, 0),
+        phase: Phase::Hedged {
+            copies: Copies::outside(sent),
+            timer: None,
+            next: None,
+            hedge: start_hedging(hedger, 1, at),
+            failed: Failed::default(),
+        },
         kept: None,
         progress: Progress::after_call(max_attempts),
     })

@@ -66,6 +66,21 @@ impl LoadCap {
     /// callers: the last check and the count are one atomic step.
     pub(crate) fn try_take(&self, now: Instant) -> bool {
         let current = self.epoch(now);
+        add(&self.slot(current).hedges, current, self.room(current))
+    }
+
+    /// Whether [`try_take`](Self::try_take) at `now` would take a hedge, as
+    /// the counts stand: what a hedge is admitted on before anything is
+    /// reserved for it.
+    pub(crate) fn would_take(&self, now: Instant) -> bool {
+        let current = self.epoch(now);
+        let taken = count(self.slot(current).hedges.load(Ordering::Relaxed), current);
+        taken < self.room(current)
+    }
+
+    /// The hedges slot `current` may hold: the share of the requests of the
+    /// last full second, less the hedges of its earlier slots.
+    fn room(&self, current: u64) -> u64 {
         let (mut requests, mut earlier_hedges) = (0u64, 0u64);
         for epoch in current.saturating_sub(SECOND)..current {
             let slot = self.slot(epoch);
@@ -74,8 +89,7 @@ impl LoadCap {
         }
         // Floored: a hedge is whole.
         let allowed = (self.share * requests as f64) as u64;
-        let room = allowed.saturating_sub(earlier_hedges);
-        add(&self.slot(current).hedges, current, room)
+        allowed.saturating_sub(earlier_hedges)
     }
 
     /// A hedge taken at `now` did not go out after all (the budget refused
@@ -231,6 +245,20 @@ mod tests {
                 }
             });
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn would_take_says_what_try_take_does_and_takes_nothing() {
+        let cap = LoadCap::new(0.2);
+        requests(&cap, 10, Duration::from_secs(1)).await;
+        let now = Instant::now();
+        for _ in 0..2 {
+            assert!(cap.would_take(now));
+            assert!(cap.would_take(now), "asking took nothing");
+            assert!(cap.try_take(now));
+        }
+        assert!(!cap.would_take(now));
+        assert!(!cap.try_take(now));
     }
 
     #[tokio::test(start_paused = true)]

@@ -95,6 +95,14 @@ impl<F: Future> Copies<F> {
         }
     }
 
+    /// The first copy was found pending at its first poll, at `at`: its
+    /// latency counts from here. Its attempt number.
+    pub(crate) fn start(self: Pin<&mut Self>, at: Instant) -> u32 {
+        let sent = self.project().first_sent;
+        sent.at = at;
+        sent.attempt
+    }
+
     /// Copies still pending.
     pub(crate) fn len(&self) -> usize {
         usize::from(self.first.is_some() || self.outside != Outside::No) + self.hedges.len()

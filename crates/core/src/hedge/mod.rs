@@ -27,13 +27,20 @@
 //!   as gRPC's hedging does with its non-fatal codes, unless the server
 //!   asked for a delay (`Retry-After`, gRPC pushback): then no further hedge
 //!   goes out. When every copy failed, the last failure is the attempt's
-//!   outcome, and the layer retries it as any other.
+//!   outcome, and the layer retries it as any other, after at least the
+//!   longest delay a server named for any of the copies.
+//! - **The caller gets a real outcome**: once the request can no longer be
+//!   copied (a streaming body past its replay limit), a copy that fails for
+//!   good does not win while another is pending. A copy behind the limit
+//!   fails for want of bytes the recording dropped, a failure of our own;
+//!   the copy sending the whole body goes on and brings the server's answer.
 //! - **Only requests the policy copies** are hedged: the HTTP policy copies
 //!   idempotent methods and requests with an `Idempotency-Key` only.
 //! - **Paid like retries**: every hedge counts against the attempt limit,
 //!   respects the deadline, the open breaker and readiness, and is paid from
 //!   the retry budget ([`Cause::Hedge`]); a hedge that wins is a retry that
-//!   succeeded.
+//!   succeeded. Whether a hedge may go out is asked before the service is
+//!   readied for it, so a hedge refused holds no permit of the service's.
 //! - **At most a share of the load, every second** (10 % by default): a
 //!   hedge goes out only while the hedges of the last second stay within
 //!   that share of its requests. When latency rises for everyone, hedging
