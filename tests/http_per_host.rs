@@ -275,3 +275,79 @@ async fn build_per_host_gives_each_host_its_own_breaker() {
     assert_eq!(down.requests(), 4);
     assert_eq!(healthy.requests(), 10);
 }
+
+/// A breaker that does not open here (it needs 100 attempts): with it the
+/// layer from `build()` keeps per host its budget too, as `build_per_host()`
+/// does, so the host that is down spends only its own retries.
+#[tokio::test(start_paused = true)]
+async fn a_breaker_kept_per_host_keeps_each_hosts_budget_too() {
+    use tower_backoff::breaker::CircuitBreaker;
+    let (down, flaky) = two_hosts().await;
+    let layer = tower_backoff::http::HttpRetryLayer::builder()
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .budget(TokenBucket::builder().capacity(20).build().unwrap())
+        .circuit_breaker(
+            CircuitBreaker::builder()
+                .min_throughput(100)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    assert!(layer.breaker_per_host());
+    let svc = ServiceBuilder::new().layer(layer).service(client());
+    let status = flaky_after_outage(svc, &down, &flaky).await;
+    assert_eq!(status, StatusCode::OK, "the flaky host kept its own retry");
+    assert_eq!(down.requests(), 3 + 4, "the bucket's 4 retries, no more");
+}
+
+/// A caller's `RetryLimits` still hold when the request goes through its
+/// host's layer.
+#[tokio::test(start_paused = true)]
+async fn per_request_limits_hold_with_a_breaker_per_host() {
+    use tower_backoff::breaker::CircuitBreaker;
+    use tower_backoff::RetryLimits;
+    let (down, _) = two_hosts().await;
+    let svc = ServiceBuilder::new()
+        .layer(
+            tower_backoff::http::HttpRetryLayer::builder()
+                .schedule(Constant::new(STEP))
+                .no_budget()
+                .circuit_breaker(CircuitBreaker::new())
+                .build()
+                .unwrap(),
+        )
+        .service(client());
+    let mut request = get(&down);
+    request.extensions_mut().insert(RetryLimits::no_retries());
+    let response = svc.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(down.requests(), 1);
+    let response = svc.oneshot(get(&down)).await.unwrap();
+    let info = *response
+        .extensions()
+        .get::<tower_backoff::http::RetryInfo>()
+        .unwrap();
+    assert_eq!((info.attempts, down.requests()), (3, 4));
+}
+
+/// Which layers keep their breaker per host: those given one, through the
+/// builder or `From`, unless it is for all hosts.
+#[test]
+fn a_layer_keeps_its_breaker_per_host_unless_told_otherwise() {
+    use tower_backoff::breaker::CircuitBreaker;
+    use tower_backoff::http::HttpRetryLayer;
+    let builder = HttpRetryLayer::builder;
+    assert!(!builder().build().unwrap().breaker_per_host());
+    let per_host = builder().circuit_breaker(CircuitBreaker::new()).build();
+    assert!(per_host.unwrap().breaker_per_host());
+    let shared = builder().circuit_breaker_for_all_hosts(CircuitBreaker::new());
+    assert!(!shared.build().unwrap().breaker_per_host());
+    let layer = BackoffLayer::builder()
+        .policy(HttpPolicy::new())
+        .circuit_breaker(CircuitBreaker::new())
+        .build()
+        .unwrap();
+    assert!(HttpRetryLayer::from(layer).breaker_per_host());
+}

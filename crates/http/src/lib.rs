@@ -54,6 +54,19 @@
 //! number on every retry. [`PerHostLayer`] gives every authority its own
 //! retry layer, and so its own budget.
 //!
+//! # One client, many hosts
+//! A [circuit breaker](HttpRetryBuilder::circuit_breaker) is per host: an
+//! `HttpRetryLayer` with one gives each authority (scheme, host and port)
+//! its own breaker, and with it its own budget and pacing, so a client that
+//! talks to a dead host and a healthy one never has the healthy host's
+//! requests rejected, while the dead host's breaker stops its calls. The
+//! service type stays [`HttpRetry`]. One breaker for every host is an
+//! explicit choice,
+//! [`circuit_breaker_for_all_hosts`](HttpRetryBuilder::circuit_breaker_for_all_hosts).
+//! Without a breaker the layer keeps one budget for every host;
+//! [`build_per_host`](HttpRetryBuilder::build_per_host) gives each host its
+//! own.
+//!
 //! # With hyper-util
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{ready, Context, Poll};
 
@@ -25,7 +25,9 @@ const SHARDS: usize = 8;
 /// `make`, typically a [`BackoffLayer`](tower_backoff_core::BackoffLayer) with its own
 /// budget, so one host's outage spends only that host's retries. For the
 /// HTTP layer, [`HttpRetryBuilder::build_per_host`](crate::HttpRetryBuilder::build_per_host)
-/// does it in one call.
+/// does it in one call; an [`HttpRetryLayer`](crate::HttpRetryLayer) with a
+/// [circuit breaker](crate::HttpRetryBuilder::circuit_breaker) keeps its
+/// breaker, budget and pacing per host already, in its own service type.
 ///
 /// A host's stack is made on its first request and shared by every clone of
 /// the service. At most [`max_hosts`](Self::max_hosts) are kept (default
@@ -273,6 +275,45 @@ where
 impl<T: Service<Req>, Req> fmt::Debug for PerHostFuture<T, Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PerHostFuture").finish_non_exhaustive()
+    }
+}
+
+/// One layer per authority, for an [`HttpRetryLayer`](crate::HttpRetryLayer)
+/// whose circuit breaker is kept per host: the first host called gets the
+/// layer as it was built (so the breaker handle given to the builder reads
+/// that host's state), every other host a fresh copy. Shared by every clone
+/// of the layer and every service it makes, as a breaker is.
+pub(crate) struct HostLayers<L> {
+    built: L,
+    /// Whether `built` still waits for its host.
+    built_free: AtomicBool,
+    hosts: Hosts<L>,
+}
+
+impl<L: Clone> HostLayers<L> {
+    pub(crate) fn new(built: L) -> Self {
+        Self {
+            built,
+            built_free: AtomicBool::new(true),
+            hosts: Hosts::new(DEFAULT_MAX_HOSTS),
+        }
+    }
+
+    /// The layer of this authority's host, on its first request `built` or
+    /// `fresh(&built)`.
+    pub(crate) fn get(&self, authority: (&str, &str), fresh: impl FnOnce(&L) -> L) -> L {
+        self.hosts.get_or_make(authority, || {
+            if self.built_free.swap(false, Ordering::Relaxed) {
+                self.built.clone()
+            } else {
+                fresh(&self.built)
+            }
+        })
+    }
+
+    /// How many hosts have a layer now.
+    pub(crate) fn len(&self) -> usize {
+        self.hosts.len()
     }
 }
 

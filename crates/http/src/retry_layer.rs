@@ -7,11 +7,14 @@
 //!   success; other bodies stream through untouched;
 //! - reads a caller's per-request [`RetryLimits`] from the request's
 //!   extensions, and tells the caller what the retries cost in a
-//!   [`RetryInfo`] in the response's extensions.
+//!   [`RetryInfo`] in the response's extensions;
+//! - keeps a circuit breaker per host, so that one client of several hosts
+//!   never has a healthy host's requests rejected for another's outage.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -34,7 +37,7 @@ use tower_service::Service;
 
 use super::buffer::BufferBody;
 use super::info::RetryInfo;
-use super::per_host::{MakeHostLayer, PerHostLayer};
+use super::per_host::{HostLayers, MakeHostLayer, PerHostLayer, RequestAuthority};
 use super::policy::HttpPolicy;
 use super::replay::DEFAULT_REPLAY_LIMIT;
 
@@ -68,6 +71,12 @@ pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 /// - **Per request**, a [`RetryLimits`] in an `http::Request`'s extensions
 ///   overrides the layer's limits; every response returned carries a
 ///   [`RetryInfo`].
+/// - **Per host**, with a [circuit breaker](HttpRetryBuilder::circuit_breaker):
+///   each authority (scheme, host and port) the client calls gets a breaker
+///   of its own, so a dead host's breaker never rejects a request to a
+///   healthy one; with it, its own [fresh](Self::fresh) budget and pacing.
+///   [`circuit_breaker_for_all_hosts`](HttpRetryBuilder::circuit_breaker_for_all_hosts)
+///   keeps one of each for every host instead.
 ///
 /// ```
 /// # #[cfg(feature = "reqwest")]
@@ -89,6 +98,8 @@ pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 pub struct HttpRetryLayer<T = NoTimeout> {
     // Read by the middleware made from this layer, too.
     pub(crate) layer: BackoffLayer<HttpPolicy, T>,
+    /// Each host's layer, when the breaker is kept per host.
+    hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, T>>>>,
     pub(crate) record_info: bool,
     pub(crate) replay_limit: usize,
     pub(crate) buffer_limit: usize,
@@ -108,6 +119,7 @@ impl HttpRetryLayer {
     pub fn builder() -> HttpRetryBuilder {
         HttpRetryBuilder {
             backoff: BackoffLayer::builder().policy(HttpPolicy::new()),
+            breaker_for_all_hosts: false,
             record_info: true,
             replay_limit: DEFAULT_REPLAY_LIMIT,
             buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
@@ -122,6 +134,26 @@ impl Default for HttpRetryLayer {
 }
 
 impl<T> HttpRetryLayer<T> {
+    /// `layer` with the default replay and buffer limits; its breaker, if it
+    /// has one, kept per host unless `for_all_hosts`.
+    fn assemble(layer: BackoffLayer<HttpPolicy, T>, for_all_hosts: bool) -> Self {
+        let per_host = layer.breaker().is_some() && !for_all_hosts;
+        Self {
+            hosts: per_host.then(|| Arc::new(HostLayers::new(layer.clone()))),
+            layer,
+            record_info: true,
+            replay_limit: DEFAULT_REPLAY_LIMIT,
+            buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
+        }
+    }
+
+    /// Whether each host gets a circuit breaker of its own: a layer with a
+    /// breaker, unless it was built with
+    /// [`circuit_breaker_for_all_hosts`](HttpRetryBuilder::circuit_breaker_for_all_hosts).
+    pub fn breaker_per_host(&self) -> bool {
+        self.hosts.is_some()
+    }
+
     /// Stops adding [`RetryInfo`] to responses. `http::Extensions` boxes
     /// every value, so recording it costs one small allocation per request.
     pub fn without_retry_info(mut self) -> Self {
@@ -143,20 +175,26 @@ impl<T> HttpRetryLayer<T> {
         self
     }
 
-    /// The retry layer it wraps.
+    /// The retry layer it wraps. With the breaker kept per host, that of
+    /// the first host called; every other host has a
+    /// [fresh](BackoffLayer::fresh) copy.
     pub fn backoff(&self) -> &BackoffLayer<HttpPolicy, T> {
         &self.layer
     }
 
     /// The same layer with a budget, circuit breaker and pacing of its own
-    /// (see [`BackoffLayer::fresh`]): what each host of
-    /// [`per_host`](Self::per_host) gets.
+    /// (see [`BackoffLayer::fresh`]), and no host called yet.
     pub fn fresh(&self) -> Self
     where
         T: Clone,
     {
+        let layer = self.layer.fresh();
         Self {
-            layer: self.layer.fresh(),
+            hosts: self
+                .hosts
+                .as_ref()
+                .map(|_| Arc::new(HostLayers::new(layer.clone()))),
+            layer,
             ..self.clone()
         }
     }
@@ -165,7 +203,9 @@ impl<T> HttpRetryLayer<T> {
     /// [fresh](Self::fresh) copy on its first request, so one host's outage
     /// spends only its own retries and opens only its own breaker, while
     /// stats and observers add every host up (see [`PerHostLayer`] for the
-    /// bound on hosts kept).
+    /// bound on hosts kept). Without a breaker, or one
+    /// [for all hosts](HttpRetryBuilder::circuit_breaker_for_all_hosts), the
+    /// layer itself keeps one budget and pacing for every host.
     pub fn per_host(self) -> PerHostLayer<Self> {
         PerHostLayer::new(self)
     }
@@ -174,20 +214,21 @@ impl<T> HttpRetryLayer<T> {
 impl<T: Clone> MakeHostLayer for HttpRetryLayer<T> {
     type Layer = Self;
 
+    /// A fresh copy for one host: it keeps no table of hosts of its own.
     fn make_host_layer(&self) -> Self {
-        self.fresh()
+        Self {
+            hosts: None,
+            ..self.fresh()
+        }
     }
 }
 
-/// The layer's retries with the default replay and buffer limits.
+/// The layer's retries with the default replay and buffer limits; its
+/// circuit breaker, if it has one, kept per host as
+/// [`HttpRetryBuilder::circuit_breaker`] keeps it.
 impl<T> From<BackoffLayer<HttpPolicy, T>> for HttpRetryLayer<T> {
     fn from(layer: BackoffLayer<HttpPolicy, T>) -> Self {
-        Self {
-            layer,
-            record_info: true,
-            replay_limit: DEFAULT_REPLAY_LIMIT,
-            buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
-        }
+        Self::assemble(layer, false)
     }
 }
 
@@ -195,6 +236,7 @@ impl<T> Clone for HttpRetryLayer<T> {
     fn clone(&self) -> Self {
         Self {
             layer: self.layer.clone(),
+            hosts: self.hosts.clone(),
             record_info: self.record_info,
             replay_limit: self.replay_limit,
             buffer_limit: self.buffer_limit,
@@ -206,6 +248,7 @@ impl<T: fmt::Debug> fmt::Debug for HttpRetryLayer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpRetryLayer")
             .field("layer", &self.layer)
+            .field("breaker_per_host", &self.breaker_per_host())
             .field("record_info", &self.record_info)
             .field("replay_limit", &self.replay_limit)
             .field("buffer_limit", &self.buffer_limit)
@@ -220,6 +263,7 @@ impl<S, T> Layer<S> for HttpRetryLayer<T> {
         let buffered = BufferBody::with_limit(inner, self.buffer_limit).known_length_only();
         HttpRetry {
             inner: self.layer.layer(buffered),
+            hosts: self.hosts.clone(),
             record_info: self.record_info,
             replay_limit: self.replay_limit,
         }
@@ -231,6 +275,7 @@ impl<S, T> Layer<S> for HttpRetryLayer<T> {
 #[must_use]
 pub struct HttpRetryBuilder<T = NoTimeout> {
     backoff: BackoffBuilder<HttpPolicy, T>,
+    breaker_for_all_hosts: bool,
     record_info: bool,
     replay_limit: usize,
     buffer_limit: usize,
@@ -353,15 +398,86 @@ impl<T> HttpRetryBuilder<T> {
         self.map(|backoff| backoff.attempt_timeout(limit))
     }
 
-    /// See [`BackoffBuilder::circuit_breaker`]: stops calling a host that
-    /// keeps failing. Build the layer per host
-    /// ([`build_per_host`](Self::build_per_host)) for one breaker per host. The layer's error becomes
-    /// [`tower_backoff_core::Error`] (an attempt timeout makes it so already).
+    /// Stops calling a host that keeps failing (see
+    /// [`BackoffBuilder::circuit_breaker`]), with a breaker per host: each
+    /// authority (scheme, host and port) the client calls gets its own, so a
+    /// request to a healthy host is never rejected because another host is
+    /// down. The first host called gets `breaker` itself (keep a clone to
+    /// read its [`state`](CircuitBreaker::state)); every other host a
+    /// [fresh](CircuitBreaker::fresh) one with its settings, made on its
+    /// first request.
+    ///
+    /// Each host gets, with its breaker, a [fresh](BackoffLayer::fresh) copy
+    /// of the rest of the layer's per-host state: its token-bucket budget
+    /// (the default one included), its pacing and its hedging's latency
+    /// estimate, so a dead host spends only its own retries. Stats and observers add every host up; a budget
+    /// passed as an `Arc` stays shared. At most [`DEFAULT_MAX_HOSTS`]
+    /// hosts are kept; the one idle longest makes room for a new one.
+    ///
+    /// With a breaker the service is always ready: each request waits for
+    /// the client's readiness in its own future, as [`PerHostLayer`]'s do.
+    /// The layer's error becomes [`tower_backoff_core::Error`] (an attempt
+    /// timeout makes it so already).
+    ///
+    /// ```
+    /// # #[cfg(feature = "reqwest")]
+    /// # fn main() -> Result<(), tower_backoff::ConfigError> {
+    /// use tower::ServiceBuilder;
+    /// use tower_backoff::breaker::CircuitBreaker;
+    /// use tower_backoff::deadline::WithBreaker;
+    /// use tower_backoff::http::{HttpRetry, HttpRetryLayer};
+    ///
+    /// // One client for every host it calls, one breaker per host.
+    /// let client: HttpRetry<reqwest::Client, WithBreaker> = ServiceBuilder::new()
+    ///     .layer(HttpRetryLayer::builder().circuit_breaker(CircuitBreaker::new()).build()?)
+    ///     .service(reqwest::Client::new());
+    /// # drop(client);
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "reqwest"))]
+    /// # fn main() {}
+    /// ```
+    ///
+    /// [`DEFAULT_MAX_HOSTS`]: crate::DEFAULT_MAX_HOSTS
     pub fn circuit_breaker(self, breaker: CircuitBreaker) -> HttpRetryBuilder<T::Rejecting>
     where
         T: WithRejection,
     {
-        self.map(|backoff| backoff.circuit_breaker(breaker))
+        let mut builder = self.map(|backoff| backoff.circuit_breaker(breaker));
+        builder.breaker_for_all_hosts = false;
+        builder
+    }
+
+    /// One circuit breaker for every host the client calls, where
+    /// [`circuit_breaker`](Self::circuit_breaker) keeps one per host: any
+    /// host's failures count towards opening it, and once open it rejects
+    /// requests to every host. The layer keeps one budget and pacing for
+    /// every host, as a layer without a breaker does, and its service passes
+    /// the client's readiness through. For a client of one host (it saves
+    /// looking the host up on each request), or for a breaker that guards
+    /// what every host is reached through (one proxy, one tunnel).
+    ///
+    /// ```
+    /// use tower_backoff::breaker::CircuitBreaker;
+    /// use tower_backoff::http::HttpRetryLayer;
+    ///
+    /// let breaker = CircuitBreaker::new();
+    /// let layer = HttpRetryLayer::builder()
+    ///     .circuit_breaker_for_all_hosts(breaker.clone())
+    ///     .build()?;
+    /// assert!(!layer.breaker_per_host());
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn circuit_breaker_for_all_hosts(
+        self,
+        breaker: CircuitBreaker,
+    ) -> HttpRetryBuilder<T::Rejecting>
+    where
+        T: WithRejection,
+    {
+        let mut builder = self.map(|backoff| backoff.circuit_breaker(breaker));
+        builder.breaker_for_all_hosts = true;
+        builder
     }
 
     /// Checks every setting and builds the layer per host: each authority
@@ -389,10 +505,10 @@ impl<T> HttpRetryBuilder<T> {
     /// (see [`BackoffBuilder::build`]).
     pub fn build(self) -> Result<HttpRetryLayer<T>, ConfigError> {
         Ok(HttpRetryLayer {
-            layer: self.backoff.build()?,
             record_info: self.record_info,
             replay_limit: self.replay_limit,
             buffer_limit: self.buffer_limit,
+            ..HttpRetryLayer::assemble(self.backoff.build()?, self.breaker_for_all_hosts)
         })
     }
 
@@ -404,6 +520,7 @@ impl<T> HttpRetryBuilder<T> {
     ) -> HttpRetryBuilder<U> {
         HttpRetryBuilder {
             backoff: change(self.backoff),
+            breaker_for_all_hosts: self.breaker_for_all_hosts,
             record_info: self.record_info,
             replay_limit: self.replay_limit,
             buffer_limit: self.buffer_limit,
@@ -415,6 +532,7 @@ impl<T: fmt::Debug> fmt::Debug for HttpRetryBuilder<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpRetryBuilder")
             .field("backoff", &self.backoff)
+            .field("breaker_for_all_hosts", &self.breaker_for_all_hosts)
             .field("record_info", &self.record_info)
             .field("replay_limit", &self.replay_limit)
             .field("buffer_limit", &self.buffer_limit)
@@ -425,8 +543,14 @@ impl<T: fmt::Debug> fmt::Debug for HttpRetryBuilder<T> {
 /// The service of an [`HttpRetryLayer`]: `S`, retried. Its inner stack (a
 /// [`BackoffRetry`] over a [`BufferBody`]) is an implementation detail;
 /// name this type instead.
+///
+/// With its circuit breaker kept per host (the
+/// [default](HttpRetryBuilder::circuit_breaker) for a layer with one), each
+/// request goes through its host's retry layer, and the service is always
+/// ready: the request waits for the client's readiness in its future.
 pub struct HttpRetry<S, T = NoTimeout> {
     inner: BackoffRetry<BufferBody<S>, HttpPolicy, T>,
+    hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, T>>>>,
     record_info: bool,
     replay_limit: usize,
 }
@@ -441,12 +565,28 @@ impl<S, T> HttpRetry<S, T> {
     pub fn into_inner(self) -> S {
         self.inner.into_inner().into_inner()
     }
+
+    /// The retry service of the request's host: one made around a clone of
+    /// the client, from the host's own layer.
+    fn for_host(
+        &self,
+        hosts: &HostLayers<BackoffLayer<HttpPolicy, T>>,
+        request: &impl RequestAuthority,
+    ) -> BackoffRetry<BufferBody<S>, HttpPolicy, T>
+    where
+        S: Clone,
+        T: Clone,
+    {
+        let layer = hosts.get(request.authority(), BackoffLayer::fresh);
+        layer.layer(self.inner.get_ref().clone())
+    }
 }
 
 impl<S: Clone, T> Clone for HttpRetry<S, T> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+            hosts: self.hosts.clone(),
             record_info: self.record_info,
             replay_limit: self.replay_limit,
         }
@@ -457,6 +597,7 @@ impl<S: fmt::Debug, T: fmt::Debug> fmt::Debug for HttpRetry<S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpRetry")
             .field("inner", &self.inner)
+            .field("hosts", &self.hosts.as_ref().map(|hosts| hosts.len()))
             .field("record_info", &self.record_info)
             .field("replay_limit", &self.replay_limit)
             .finish()
@@ -477,11 +618,18 @@ where
     type Future = HttpResponseFuture<BufferBody<S>, Request<B>, T>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if self.hosts.is_some() {
+            return Poll::Ready(Ok(()));
+        }
         Service::<Request<B>>::poll_ready(&mut self.inner, cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let limits = request.extensions().get::<RetryLimits>().copied();
+        if let Some(hosts) = &self.hosts {
+            let host = self.for_host(hosts, &request);
+            return HttpResponseFuture::readying(host, request, limits, self.record_info);
+        }
         let inner = match limits {
             Some(limits) => self.inner.call_with_limits(request, limits),
             None => self.inner.call(request),
@@ -504,13 +652,24 @@ where
     type Future = HttpResponseFuture<BufferBody<S>, super::recorded::RecordedRequest, T>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if self.hosts.is_some() {
+            return Poll::Ready(Ok(()));
+        }
         Service::<super::recorded::RecordedRequest>::poll_ready(&mut self.inner, cx)
     }
 
     fn call(&mut self, request: reqwest::Request) -> Self::Future {
-        match super::recorded::RecordedRequest::record(request, self.replay_limit) {
-            Ok(recorded) => HttpResponseFuture::new(self.inner.call(recorded), self.record_info),
-            Err(error) => HttpResponseFuture::failed(T::inner(S::Error::from(error))),
+        let host = self
+            .hosts
+            .as_ref()
+            .map(|hosts| self.for_host(hosts, &request));
+        let recorded = match super::recorded::RecordedRequest::record(request, self.replay_limit) {
+            Ok(recorded) => recorded,
+            Err(error) => return HttpResponseFuture::failed(T::inner(S::Error::from(error))),
+        };
+        match host {
+            Some(host) => HttpResponseFuture::readying(host, recorded, None, self.record_info),
+            None => HttpResponseFuture::new(self.inner.call(recorded), self.record_info),
         }
     }
 }
@@ -524,14 +683,16 @@ pin_project! {
         T: AttemptTimer<S::Error>,
     {
         #[pin]
-        state: State<ResponseFuture<S, P, Req, T>, T::Error>,
+        state: State<ResponseFuture<S, P, Req, T>, BackoffRetry<S, P, T>, Req, T::Error>,
         record_info: bool,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, E> {
+    enum State<F, R, Req, E> {
+        // A host's retry service, waiting for the client to be ready.
+        Readying { service: R, request: Option<Req>, limits: Option<RetryLimits> },
         Called { #[pin] inner: F },
         // The request could not be sent at all: its error, once.
         Failed { error: Option<E> },
@@ -558,11 +719,29 @@ where
             record_info: false,
         }
     }
+
+    /// `request`, sent through `service` (with `limits`, if any) once it is
+    /// ready.
+    fn readying(
+        service: BackoffRetry<S, P, T>,
+        request: Req,
+        limits: Option<RetryLimits>,
+        record_info: bool,
+    ) -> Self {
+        Self {
+            state: State::Readying {
+                service,
+                request: Some(request),
+                limits,
+            },
+            record_info,
+        }
+    }
 }
 
 impl<S, Req, T, P> Future for HttpResponseFuture<S, Req, T, P>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     S::Response: ResponseExtensions,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
@@ -571,11 +750,30 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut inner = match this.state.project() {
-            StateProj::Called { inner } => inner,
-            StateProj::Failed { error } => {
-                // Polled again after it returned: pending, as a fused future.
-                return error.take().map_or(Poll::Pending, |e| Poll::Ready(Err(e)));
+        let mut state = this.state;
+        let mut inner = loop {
+            match state.as_mut().project() {
+                StateProj::Readying {
+                    service,
+                    request,
+                    limits,
+                } => {
+                    if let Err(error) = ready!(Service::<Req>::poll_ready(service, cx)) {
+                        state.set(State::Failed { error: None });
+                        return Poll::Ready(Err(error));
+                    }
+                    let request = request.take().expect("sent once");
+                    let inner = match *limits {
+                        Some(limits) => service.call_with_limits(request, limits),
+                        None => service.call(request),
+                    };
+                    state.set(State::Called { inner });
+                }
+                StateProj::Called { inner } => break inner,
+                StateProj::Failed { error } => {
+                    // Polled again after it returned: pending, as a fused future.
+                    return error.take().map_or(Poll::Pending, |e| Poll::Ready(Err(e)));
+                }
             }
         };
         let mut outcome = ready!(inner.as_mut().poll(cx));
@@ -595,6 +793,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut debug = f.debug_struct("HttpResponseFuture");
         match &self.state {
+            State::Readying { .. } => debug.field("readying", &true),
             State::Called { inner } => debug.field("inner", inner),
             State::Failed { .. } => debug.field("failed", &true),
         };
