@@ -685,14 +685,16 @@ mod tests {
         };
         let mut session = Session::new(UNLIMITED_ATTEMPTS, None);
         let mut delays = Vec::new();
-        let ending = loop {
-            match retry_once(&mut session, &rules) {
-                Ok(delay) => delays.push(delay),
-                Err(ending) => break ending,
+        // Bounded: a rule that never stops fails here instead of hanging.
+        let ending = (0..10).find_map(|_| match retry_once(&mut session, &rules) {
+            Ok(delay) => {
+                delays.push(delay);
+                None
             }
-        };
+            Err(ending) => Some(ending),
+        });
         assert_eq!(delays, [1_000, 2_000, 4_000, 8_000].map(ms));
-        assert_eq!(ending, Ending::OutOfAttempts);
+        assert_eq!(ending, Some(Ending::OutOfAttempts));
         assert_eq!(session.attempts(), 5);
     }
 

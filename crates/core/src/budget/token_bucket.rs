@@ -845,4 +845,30 @@ mod tests {
         bucket.on_success(Some(Cause::Transient));
         assert_eq!(bucket.available(), 7 + 10, "after a retry: its cost");
     }
+
+    /// Weighing a retry at a capacity that has not fallen resizes nothing:
+    /// a full bucket stays marked full, so the refund after it is still one
+    /// read and no shard is written.
+    #[tokio::test(start_paused = true)]
+    async fn weighing_a_retry_at_an_unchanged_capacity_leaves_a_full_bucket_marked_full() {
+        let bucket = TokenBucket::fleet_safe(3);
+        bucket.on_success(None);
+        assert!(
+            bucket.tokens.says_full(),
+            "a refund into a full bucket marks it"
+        );
+        assert!(bucket.would_allow(Cause::Transient));
+        assert_eq!((bucket.capacity(), bucket.available()), (2, 2));
+        assert!(bucket.tokens.says_full(), "still marked full");
+    }
+
+    /// A bucket built without a refill has none to pay, so weighing a retry
+    /// never reads the clock for one.
+    #[test]
+    fn a_bucket_without_a_refill_keeps_none_to_pay() {
+        assert!(TokenBucket::new().refill.is_none());
+        assert!(TokenBucket::fleet_safe(3).refill.is_none());
+        let refilled = TokenBucket::builder().refill_per_second(1).build().unwrap();
+        assert!(refilled.refill.is_some());
+    }
 }

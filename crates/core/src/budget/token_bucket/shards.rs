@@ -543,6 +543,13 @@ impl Shards {
         self.write_room_flag(flag, ROOM, Ordering::Relaxed);
     }
 
+    /// Whether the room flag says every shard is full, for tests that look
+    /// inside.
+    #[cfg(test)]
+    pub(in crate::budget) fn says_full(&self) -> bool {
+        self.limits.room.load(Ordering::Relaxed) & STATE == FULL
+    }
+
     /// The tokens of each shard, for tests that look inside.
     #[cfg(test)]
     pub(in crate::budget) fn each(&self) -> Vec<u64> {
@@ -582,13 +589,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-
-    impl Shards {
-        /// Whether the room flag says every shard is full.
-        fn says_full(&self) -> bool {
-            self.limits.room.load(Ordering::Relaxed) & STATE == FULL
-        }
-    }
 
     #[test]
     fn shares_split_the_capacity_evenly_and_add_up_to_it() {
