@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_backoff::breaker::{BreakerState, CircuitBreaker};
 use tower_backoff::events::{Ending, Event};
@@ -590,4 +591,186 @@ fn metrics_record_the_breaker_state_and_its_rejections() {
         read(MetricKind::Counter, "tower_backoff.breaker.rejections"),
         Some(&DebugValue::Counter(2))
     );
+}
+
+/// Requests one at a time through a one-attempt layer with a breaker of its
+/// own, each answered at once by a host that fails it or not as told: how
+/// the breaker's window counts is all that is tested.
+struct Scripted {
+    host: Host,
+    breaker: CircuitBreaker,
+    svc: BoxCloneService<u32, u32, tower_backoff::Error<io::Error>>,
+}
+
+impl Scripted {
+    fn new(min_throughput: u32) -> Self {
+        let host = Host::default();
+        let breaker = breaker(min_throughput);
+        let layer = BackoffLayer::builder()
+            .max_attempts(1)
+            .circuit_breaker(breaker.clone())
+            .build()
+            .unwrap();
+        let svc = BoxCloneService::new(layer.layer(host.service()));
+        Self { host, breaker, svc }
+    }
+
+    /// Sends one request per outcome (`true`: the host fails it), `every`
+    /// apart, the first at once. Returns the failure, counted from 1, at
+    /// which the breaker opened, if it did; it then stops.
+    async fn send(&self, outcomes: &[bool], every: Duration) -> Option<usize> {
+        let mut failures = 0;
+        for (n, &fail) in outcomes.iter().enumerate() {
+            if n > 0 {
+                tokio::time::sleep(every).await;
+            }
+            self.host.set_down(fail);
+            let result = self.svc.clone().oneshot(n as u32).await;
+            assert_eq!(result.is_err(), fail, "request {n} went out");
+            failures += usize::from(fail);
+            if self.breaker.state() == BreakerState::Open {
+                return Some(failures);
+            }
+        }
+        None
+    }
+}
+
+/// `successes` successes, then `failures` failures.
+fn successes_then_failures(successes: usize, failures: usize) -> Vec<bool> {
+    let mut outcomes = vec![false; successes];
+    outcomes.extend(std::iter::repeat_n(true, failures));
+    outcomes
+}
+
+/// Waits until `at` after `start`, on the paused clock.
+async fn until(start: tokio::time::Instant, at: Duration) {
+    tokio::time::sleep_until(start + at).await;
+}
+
+const QUIET: Duration = Duration::from_secs(60);
+const EVERY: Duration = Duration::from_millis(200);
+
+#[tokio::test(start_paused = true)]
+async fn thirty_successes_and_twenty_failures_after_a_quiet_spell_keep_it_closed() {
+    // Issue 40, defect 3: 40 % of 50 attempts within the window, the
+    // successes first, after a minute with no traffic.
+    let start = tokio::time::Instant::now();
+    let script = Scripted::new(20);
+    assert_eq!(script.send(&[false; 10], EVERY).await, None);
+    until(start, QUIET).await;
+    // 50 attempts 200 ms apart: from 60.0 s to 69.8 s, all in the window.
+    let opened = script.send(&successes_then_failures(30, 20), EVERY).await;
+    assert_eq!(
+        opened,
+        None,
+        "opened at failure {opened:?}, window {:?}",
+        script.breaker.window()
+    );
+    assert_eq!(script.breaker.window(), (50, 20));
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_of_at_least_the_minimum_within_the_window_opens_it_not_before() {
+    for (successes, failures) in [(10, 10), (15, 15), (30, 30)] {
+        let start = tokio::time::Instant::now();
+        let script = Scripted::new(20);
+        until(start, QUIET).await;
+        // At most 60 attempts 150 ms apart: within 8.85 s.
+        let opened = script
+            .send(
+                &successes_then_failures(successes, failures),
+                Duration::from_millis(150),
+            )
+            .await;
+        assert_eq!(
+            opened,
+            Some(failures),
+            "{successes} successes and {failures} failures"
+        );
+        assert_eq!(
+            script.breaker.window(),
+            (successes as u64 + failures as u64, failures as u64)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn below_half_within_the_window_it_stays_closed() {
+    // 19 failures of 39 attempts, just under half; and half of 18, under
+    // the minimum.
+    for (successes, failures) in [(20, 19), (9, 9)] {
+        let start = tokio::time::Instant::now();
+        let script = Scripted::new(20);
+        until(start, QUIET).await;
+        let outcomes = successes_then_failures(successes, failures);
+        assert_eq!(script.send(&outcomes, EVERY).await, None);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_that_has_fully_passed_forgets_everything() {
+    let start = tokio::time::Instant::now();
+    let script = Scripted::new(20);
+    let mut outcomes = vec![false; 30];
+    outcomes.extend([true; 19]);
+    // All at 0 s, in the window's first second.
+    assert_eq!(script.send(&outcomes, Duration::ZERO).await, None);
+    until(start, Duration::from_millis(9_999)).await;
+    assert_eq!(script.breaker.window(), (49, 19), "the tenth second");
+    until(start, Duration::from_secs(10)).await;
+    assert_eq!(script.breaker.window(), (0, 0), "ten seconds on");
+    // Nothing of it is left to open it: 19 failures more, alone.
+    assert_eq!(script.send(&[true; 19], Duration::ZERO).await, None);
+    assert_eq!(script.breaker.window(), (19, 19));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_partly_passed_forgets_exactly_its_expired_seconds() {
+    let start = tokio::time::Instant::now();
+    let script = Scripted::new(1_000);
+    // Second k (0 to 9): k + 1 successes and one failure.
+    let mut attempts = Vec::new();
+    for k in 0..10u64 {
+        until(start, Duration::from_secs(k)).await;
+        let mut outcomes = vec![false; k as usize + 1];
+        outcomes.push(true);
+        script.send(&outcomes, Duration::ZERO).await;
+        attempts.push(k + 2);
+    }
+    assert_eq!(script.breaker.window(), (65, 10));
+    for expired in 1..=10 {
+        // Second `expired - 1` has just left the window.
+        let left = |expired: usize| attempts[expired..].iter().sum::<u64>();
+        let at = Duration::from_secs(9 + expired as u64);
+        until(start, at - Duration::from_millis(1)).await;
+        assert_eq!(
+            script.breaker.window(),
+            (left(expired - 1), 11 - expired as u64),
+            "just before {at:?}"
+        );
+        until(start, at).await;
+        assert_eq!(
+            script.breaker.window(),
+            (left(expired), 10 - expired as u64),
+            "at {at:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn successes_after_a_quiet_spell_are_counted_until_their_own_second_leaves() {
+    // The successes before a quiet spell and those after it are placed
+    // each in their own second: the old ones long gone, the new ones all
+    // there until ten seconds after they came.
+    let start = tokio::time::Instant::now();
+    let script = Scripted::new(1_000);
+    script.send(&[false; 5], Duration::ZERO).await;
+    until(start, QUIET).await;
+    script.send(&[false; 3], Duration::ZERO).await;
+    until(start, QUIET + Duration::from_secs(9)).await;
+    script.send(&[true], Duration::ZERO).await;
+    assert_eq!(script.breaker.window(), (4, 1));
+    until(start, QUIET + Duration::from_secs(10)).await;
+    assert_eq!(script.breaker.window(), (1, 1), "the three have left");
 }
