@@ -1,0 +1,466 @@
+//! Cells of the interaction matrix (`docs/MATRIX.md`) no other test covered:
+//! two capabilities on at once, and what the crate does then. Tower
+//! `service_fn`s and hand-written services on tokio's paused clock for the
+//! core; a hyper server on 127.0.0.1 for HTTP.
+
+#[cfg(feature = "http")]
+mod http_server;
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_backoff::breaker::{BreakerState, CircuitBreaker};
+use tower_backoff::{classify_fn, BackoffLayer, Constant, Decision, Jitter};
+
+const STEP: Duration = Duration::from_millis(100);
+
+/// When each attempt asked for readiness (all but the first) and went out.
+#[derive(Default)]
+struct Log {
+    asked: Vec<Instant>,
+    sent: Vec<Instant>,
+}
+
+/// A service whose first `fails` calls fail after `latency`, and whose
+/// readiness before every call but the first takes `wait`.
+struct SlowToReady {
+    fails: usize,
+    latency: Duration,
+    wait: Duration,
+    log: Arc<Mutex<Log>>,
+    gate: Option<Pin<Box<Sleep>>>,
+}
+
+impl SlowToReady {
+    fn new(fails: usize, latency: Duration, wait: Duration) -> Self {
+        Self {
+            fails,
+            latency,
+            wait,
+            log: Arc::default(),
+            gate: None,
+        }
+    }
+}
+
+impl Clone for SlowToReady {
+    fn clone(&self) -> Self {
+        Self {
+            gate: None,
+            log: self.log.clone(),
+            ..*self
+        }
+    }
+}
+
+impl Service<u32> for SlowToReady {
+    type Response = u32;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<u32, io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+        if self.log.lock().unwrap().sent.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        let (log, wait) = (&self.log, self.wait);
+        let gate = self.gate.get_or_insert_with(|| {
+            log.lock().unwrap().asked.push(Instant::now());
+            Box::pin(tokio::time::sleep(wait))
+        });
+        ready!(gate.as_mut().poll(cx));
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, n: u32) -> Self::Future {
+        self.gate = None;
+        let mut log = self.log.lock().unwrap();
+        log.sent.push(Instant::now());
+        let fail = log.sent.len() <= self.fails;
+        let latency = self.latency;
+        Box::pin(async move {
+            tokio::time::sleep(latency).await;
+            if fail {
+                Err(io::Error::other("busy"))
+            } else {
+                Ok(n)
+            }
+        })
+    }
+}
+
+/// A service that never answers, counting its calls.
+fn hanging(
+    calls: &Arc<AtomicU32>,
+) -> impl Service<u32, Response = u32, Error = io::Error, Future = impl Send> + Clone {
+    let calls = calls.clone();
+    service_fn(move |n: u32| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_secs(3_600)).await;
+            Ok::<_, io::Error>(n)
+        }
+    })
+}
+
+/// A service whose first `fails` calls fail at once, counting its calls.
+fn failing(
+    fails: u32,
+    calls: &Arc<AtomicU32>,
+) -> impl Service<u32, Response = u32, Error = io::Error, Future = impl Send> + Clone {
+    let calls = calls.clone();
+    service_fn(move |n: u32| {
+        let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            if call <= fails {
+                Err(io::Error::other(format!("call {call} failed")))
+            } else {
+                Ok(n)
+            }
+        }
+    })
+}
+
+/// A breaker with no jitter that opens at half of `min` attempts, for 5 s.
+fn breaker(min: u32) -> CircuitBreaker {
+    CircuitBreaker::builder()
+        .min_throughput(min)
+        .break_duration(Duration::from_secs(5))
+        .break_jitter(0.0)
+        .build()
+        .unwrap()
+}
+
+// --- breaker × attempt timeout ------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn attempts_cut_by_the_attempt_timeout_open_the_breaker() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let breaker = breaker(4);
+    let svc = BackoffLayer::builder()
+        .max_attempts(1)
+        .attempt_timeout(STEP)
+        .circuit_breaker(breaker.clone())
+        .build()
+        .unwrap()
+        .layer(hanging(&calls));
+    for n in 0..4 {
+        assert_eq!(breaker.state(), BreakerState::Closed, "before attempt {n}");
+        let error = svc.clone().oneshot(n).await.unwrap_err();
+        assert!(error.is_timeout(), "{error}");
+    }
+    assert_eq!(
+        breaker.state(),
+        BreakerState::Open,
+        "four time-outs of four"
+    );
+    let error = svc.oneshot(9).await.unwrap_err();
+    assert!(error.is_breaker_open(), "{error}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        4,
+        "the rejected request never left"
+    );
+}
+
+// --- breaker × server delay ----------------------------------------------------
+
+/// A layer whose policy asks for a retry after `delay` on every error, as a
+/// server naming its delay would, through `breaker`.
+fn told_to_wait(
+    delay: Duration,
+    breaker: &CircuitBreaker,
+) -> BackoffLayer<
+    impl tower_backoff::Policy<u32, u32, tower_backoff::Error<io::Error>> + Clone,
+    tower_backoff::deadline::WithBreaker,
+> {
+    BackoffLayer::builder()
+        .policy(classify_fn(
+            move |_: &u32, result: &Result<u32, tower_backoff::Error<io::Error>>| match result {
+                Ok(_) => Decision::Success,
+                Err(_) => Decision::retry_after(delay),
+            },
+        ))
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .no_budget()
+        .circuit_breaker(breaker.clone())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_waiting_a_server_delay_the_breaker_opened_for_returns_the_servers_answer() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let breaker = breaker(2);
+    let svc = told_to_wait(Duration::from_secs(1), &breaker).layer(failing(1, &calls));
+    let call = tokio::spawn(svc.oneshot(7));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Other requests fail while this one waits the server's second.
+    breaker.record(true);
+    breaker.record(true);
+    assert_eq!(breaker.state(), BreakerState::Open);
+    let error = call.await.unwrap().unwrap_err();
+    assert!(!error.is_breaker_open(), "{error}");
+    assert_eq!(
+        error.into_inner().unwrap().to_string(),
+        "call 1 failed",
+        "the server's answer, not the breaker's"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_whose_server_delay_outlasts_the_break_goes_out_as_the_probe() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let breaker = breaker(2);
+    let svc = told_to_wait(Duration::from_secs(6), &breaker).layer(failing(1, &calls));
+    let start = Instant::now();
+    let call = tokio::spawn(svc.oneshot(7));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    breaker.record(true);
+    breaker.record(true);
+    assert_eq!(breaker.state(), BreakerState::Open);
+    // The break ends at 5.5 s, before the server's 6 s: the retry probes.
+    assert_eq!(call.await.unwrap().unwrap(), 7);
+    assert_eq!(start.elapsed(), Duration::from_secs(6));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(breaker.state(), BreakerState::Closed, "the probe succeeded");
+}
+
+// --- breaker × deadline --------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_the_deadline_stops_returns_the_real_error_and_the_breaker_counts_only_attempts_sent(
+) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let breaker = breaker(2);
+    let svc = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_secs(2)))
+        .jitter(Jitter::None)
+        .no_budget()
+        .max_elapsed(Duration::from_secs(1))
+        .circuit_breaker(breaker.clone())
+        .build()
+        .unwrap()
+        .layer(failing(u32::MAX, &calls));
+    let start = Instant::now();
+    for sent in 1..=2 {
+        let error = svc.clone().oneshot(7).await.unwrap_err();
+        assert!(error.get_ref().is_some(), "the real error: {error}");
+        assert_eq!(breaker.window(), (sent, sent), "one attempt per request");
+    }
+    assert_eq!(breaker.state(), BreakerState::Open);
+    let error = svc.oneshot(7).await.unwrap_err();
+    assert!(error.is_breaker_open(), "{error}");
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "nothing waited for the deadline"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+// --- budget × deadline ---------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_the_deadline_stops_charges_the_budget_nothing() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_secs(2)))
+        .jitter(Jitter::None)
+        .max_elapsed(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let before = layer.budget().and_then(|b| b.balance());
+    assert_eq!(before, Some(2), "the default budget");
+    let start = Instant::now();
+    let error = layer
+        .layer(failing(u32::MAX, &calls))
+        .oneshot(7)
+        .await
+        .unwrap_err();
+    assert_eq!(error.to_string(), "call 1 failed");
+    assert_eq!(start.elapsed(), Duration::ZERO, "ended at once, no sleep");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.budget().and_then(|b| b.balance()), before);
+}
+
+// --- attempt timeout × server delay --------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_server_delay_longer_than_the_attempt_timeout_is_waited_in_full() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let svc = BackoffLayer::builder()
+        .policy(classify_fn(
+            |_: &u32, result: &Result<u32, tower_backoff::Error<io::Error>>| match result {
+                Ok(_) => Decision::Success,
+                Err(_) => Decision::retry_after(Duration::from_secs(5)),
+            },
+        ))
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .no_budget()
+        .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap()
+        .layer(failing(1, &calls));
+    let start = Instant::now();
+    assert_eq!(svc.oneshot(7).await.unwrap(), 7);
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+// --- attempt timeout × readiness -----------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_readiness_does_not_count_against_the_attempt_timeout() {
+    // The retry waits 5 s for readiness, five times the attempt timeout,
+    // then answers in 10 ms: it is not cut short.
+    let inner = SlowToReady::new(1, Duration::from_millis(10), Duration::from_secs(5));
+    let log = inner.log.clone();
+    let svc = BackoffLayer::builder()
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .no_budget()
+        .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap()
+        .layer(inner);
+    let start = Instant::now();
+    assert_eq!(svc.oneshot(7).await.unwrap(), 7);
+    let log = log.lock().unwrap();
+    let sent: Vec<Duration> = log.sent.iter().map(|at| *at - start).collect();
+    assert_eq!(
+        sent,
+        [Duration::ZERO, Duration::from_millis(10 + 100 + 5_000)],
+        "two attempts: the retry went out once ready and answered"
+    );
+}
+
+// --- server delay × readiness --------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_the_server_delay_then_readiness_and_never_goes_out_before_the_delay() {
+    let inner = SlowToReady::new(1, Duration::ZERO, Duration::from_millis(500));
+    let log = inner.log.clone();
+    let svc = BackoffLayer::builder()
+        .policy(classify_fn(
+            |_: &u32, result: &Result<u32, io::Error>| match result {
+                Ok(_) => Decision::Success,
+                Err(_) => Decision::retry_after(Duration::from_secs(2)),
+            },
+        ))
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .no_budget()
+        .build()
+        .unwrap()
+        .layer(inner);
+    let start = Instant::now();
+    assert_eq!(svc.oneshot(7).await.unwrap(), 7);
+    let log = log.lock().unwrap();
+    let asked: Vec<Duration> = log.asked.iter().map(|at| *at - start).collect();
+    let sent: Vec<Duration> = log.sent.iter().map(|at| *at - start).collect();
+    assert_eq!(asked, [Duration::from_secs(2)], "readiness after the delay");
+    assert_eq!(sent, [Duration::ZERO, Duration::from_millis(2_500)]);
+}
+
+// --- replay × server delay, over HTTP ------------------------------------------
+
+#[cfg(feature = "http")]
+mod http {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{Request, StatusCode};
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower::{ServiceBuilder, ServiceExt};
+    use tower_backoff::http::{HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo};
+    use tower_backoff::{BackoffLayer, Constant, Jitter};
+
+    use super::http_server::{http_layer, status, status_with, Server};
+
+    /// A streaming upload of 16 KiB, and the bytes it sends.
+    fn upload() -> (
+        impl http_body::Body<Data = Bytes, Error = Infallible> + Send + Unpin + 'static,
+        Bytes,
+    ) {
+        let frames: Vec<Bytes> = (0..16u8).map(|i| Bytes::from(vec![i; 1024])).collect();
+        let whole = Bytes::from(frames.concat());
+        let body = StreamBody::new(futures::stream::iter(
+            frames
+                .into_iter()
+                .map(|f| Ok::<_, Infallible>(Frame::data(f))),
+        ));
+        (body, whole)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upload_told_to_come_back_in_two_seconds_is_replayed_whole_after_two_seconds() {
+        let server = Server::start(|n, _| {
+            if n == 0 {
+                status_with(503, &[("retry-after", "2")])
+            } else {
+                status(200)
+            }
+        })
+        .await;
+        // Exact delays: no upward jitter on the server's.
+        let policy = HttpPolicy::new().server_delay_jitter(0, Duration::ZERO);
+        let svc = ServiceBuilder::new()
+            .layer(http_layer(policy))
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        let (body, whole) = upload();
+        let request = Request::put(server.url("/upload"))
+            .body(ReplayBody::new(body))
+            .unwrap();
+        let response = svc.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let info = *response.extensions().get::<RetryInfo>().unwrap();
+        assert_eq!(info, RetryInfo::new(2, Duration::from_secs(2)));
+        let seen = server.seen();
+        assert_eq!(seen.len(), 2);
+        assert_eq!((&seen[0].body, &seen[1].body), (&whole, &whole));
+        let gap = seen[1].at - seen[0].at;
+        assert!(
+            gap >= Duration::from_secs(2) && gap < Duration::from_millis(2_050),
+            "{gap:?}"
+        );
+    }
+    #[tokio::test(start_paused = true)]
+    async fn an_upload_past_its_replay_limit_returns_the_503_and_charges_the_budget_nothing() {
+        let server = Server::start(|_, _| status(503)).await;
+        let layer = BackoffLayer::builder()
+            .policy(HttpPolicy::new())
+            .schedule(Constant::new(Duration::from_millis(100)))
+            .jitter(Jitter::None)
+            .build()
+            .unwrap();
+        let before = layer.budget().and_then(|b| b.balance());
+        assert_eq!(before, Some(2), "the default budget");
+        let svc = ServiceBuilder::new()
+            .layer(HttpRetryLayer::from(layer.clone()))
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        let (body, whole) = upload();
+        let request = Request::put(server.url("/upload"))
+            .body(ReplayBody::with_limit(body, 4 * 1024))
+            .unwrap();
+        let response = svc.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let seen = server.seen();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].body, whole, "the one attempt is sent whole");
+        assert_eq!(layer.budget().and_then(|b| b.balance()), before);
+    }
+}
