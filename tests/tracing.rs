@@ -181,3 +181,54 @@ async fn each_retry_has_a_span_with_its_number_resend_count_and_outcome() {
         attempts[1]
     );
 }
+
+/// A service that fails its first call and answers every other.
+fn fails_once() -> impl tower::Service<(), Response = (), Error = &'static str> + Clone {
+    let calls = Arc::new(Mutex::new(0));
+    service_fn(move |()| {
+        let first = std::mem::replace(&mut *calls.lock().unwrap(), 1) == 0;
+        async move {
+            if first {
+                Err("busy")
+            } else {
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Issue 40: a per-host copy's retry log and span name its host, and a named
+/// layer's its name, so the hosts of one stack can be told apart.
+#[tokio::test(start_paused = true)]
+async fn a_host_copy_names_its_host_and_layer_in_its_logs_and_spans() {
+    let layer = BackoffLayer::builder()
+        .name("payments")
+        .schedule(Constant::new(Duration::from_millis(100)))
+        .jitter(Jitter::None)
+        .no_budget()
+        .build()
+        .unwrap()
+        .for_host("eu.example:443");
+    let events = Arc::new(Mutex::new(Vec::new()));
+    {
+        let _guard = tracing::subscriber::set_default(Collect(events.clone()));
+        assert_eq!(layer.layer(fails_once()).oneshot(()).await, Ok(()));
+    }
+    let (_, fields) = events.lock().unwrap()[0].clone();
+    for field in ["host=\"eu.example:443\"", "layer=\"payments\"", "attempt=1"] {
+        assert!(fields.contains(field), "{field} in {fields}");
+    }
+
+    let spans = Arc::new(Spans::default());
+    let _guard = tracing::subscriber::set_default(CollectSpans(spans.clone()));
+    assert_eq!(layer.layer(fails_once()).oneshot(()).await, Ok(()));
+    let fields = spans.fields.lock().unwrap();
+    let attempt = fields
+        .iter()
+        .map(|(_, fields)| fields)
+        .find(|fields| fields.starts_with("attempt "))
+        .expect("the retry's span");
+    for field in ["host=\"eu.example:443\"", "layer=\"payments\"", "attempt=2"] {
+        assert!(attempt.contains(field), "{field} in {attempt}");
+    }
+}

@@ -16,7 +16,7 @@ use crate::budget::{Budget, TokenBucket};
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::Cause;
 use crate::engine::Rules;
-use crate::events::{Event, Observer};
+use crate::events::{Event, Observer, Origin};
 use crate::hedge::Hedger;
 use crate::jitter::{Jitter, Rng};
 use crate::schedule::AnySchedule;
@@ -41,6 +41,8 @@ pub(crate) struct Config<P, T = NoTimeout> {
     pub(crate) budget: Option<Arc<LayerBudget>>,
     pub(crate) pacing: Option<AdaptivePacing>,
     pub(crate) observers: Observers,
+    /// The host and name the observers hear each event with.
+    pub(crate) origin: Origin,
     pub(crate) streams: Option<Arc<Streams>>,
     /// Set only when `T`'s error can say the breaker rejected a request.
     pub(crate) breaker: Option<CircuitBreaker>,
@@ -96,12 +98,12 @@ impl Observers {
 impl Many {
     // Out of line: dynamic calls to observers of the user's.
     #[inline(never)]
-    fn tell(&self, event: &Event) {
+    fn tell(&self, event: &Event, origin: &Origin) {
         if let Some(stats) = &self.stats {
             stats.on_event(event);
         }
         for observer in &*self.others {
-            observer.on_event(event);
+            observer.on_event_from(event, origin);
         }
     }
 }
@@ -120,6 +122,7 @@ impl<P, T> Config<P, T> {
             budget: self.budget,
             pacing: self.pacing,
             observers: self.observers,
+            origin: self.origin,
             streams: self.streams,
             breaker: self.breaker,
             hedging: self.hedging,
@@ -178,7 +181,7 @@ impl<P, T> Config<P, T> {
         match &self.observers {
             Observers::None => {}
             Observers::Stats(stats) => stats.on_event(&event()),
-            Observers::Many(many) => many.tell(&event()),
+            Observers::Many(many) => many.tell(&event(), &self.origin),
         }
     }
 
@@ -217,6 +220,7 @@ impl<P, T: fmt::Debug> fmt::Debug for Config<P, T> {
             .field("max_elapsed", &self.max_elapsed)
             .field("stop_at_cap", &self.stop_at_cap)
             .field("timeouts", &self.timeouts)
+            .field("origin", &self.origin)
             .finish_non_exhaustive()
     }
 }

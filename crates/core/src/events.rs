@@ -10,10 +10,16 @@
 //! outcome itself, so an observer's type does not depend on the service's
 //! and adding one changes no type.
 //!
+//! Where an event happened is told beside it, as its [`Origin`]: the host
+//! (authority) of a per-host layer's copy and the layer's
+//! [name](crate::BackoffBuilder::name), so the copies of one per-host stack
+//! can be told apart. It is not in the event, which stays a `Copy` value.
+//!
 //! A retry is told when it goes out, never when it is decided: a retry that
 //! is stopped in between (the future is dropped, the budget refuses, the time
 //! limit passes) is no [`Event::Retry`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::Cause;
@@ -222,6 +228,35 @@ impl EndArgs {
     }
 }
 
+/// Where an [`Event`] happened: the host of the layer's copy, when a per-host
+/// stack ([`BackoffLayer::for_host`](crate::BackoffLayer::for_host)) gave
+/// it one, and the layer's [name](crate::BackoffBuilder::name), when it was
+/// given one. Read by [`Observer::on_event_from`]; the metrics label their
+/// series with it, and `tracing` records it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Origin {
+    pub(crate) host: Option<Arc<str>>,
+    pub(crate) layer_name: Option<Arc<str>>,
+}
+
+impl Origin {
+    /// The authority (`host:port`) the layer's copy sends to, in a
+    /// per-host stack.
+    pub fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+
+    /// The name the layer was built with.
+    pub fn layer_name(&self) -> Option<&str> {
+        self.layer_name.as_deref()
+    }
+
+    /// Whether it names neither a host nor a layer: that of a plain layer.
+    pub fn is_unknown(&self) -> bool {
+        self.host.is_none() && self.layer_name.is_none()
+    }
+}
+
 /// Hears every [`Event`] of the requests of a layer it was given to. Shared
 /// by every clone of the layer's services, so it must be `Send + Sync`, and
 /// called on the request's own task, so it should be quick: count, log, or
@@ -251,11 +286,51 @@ impl EndArgs {
 pub trait Observer: Send + Sync {
     /// `event` happened to one of the layer's requests.
     fn on_event(&self, event: &Event);
+
+    /// `event` happened to one of the requests of the layer, or layer copy,
+    /// `origin` names. What the layer calls; by default it forgets the
+    /// origin and calls [`on_event`](Self::on_event). A closure that wants
+    /// the origin is wrapped in [`WithOrigin`].
+    fn on_event_from(&self, event: &Event, origin: &Origin) {
+        let _ = origin;
+        self.on_event(event);
+    }
 }
 
 impl<F: Fn(&Event) + Send + Sync> Observer for F {
     fn on_event(&self, event: &Event) {
         self(event)
+    }
+}
+
+/// An observer that hears each event with its [`Origin`]: the host of the
+/// per-host layer copy it happened in, and the layer's name.
+///
+/// ```
+/// use tower_backoff::events::{Event, Origin, WithOrigin};
+/// use tower_backoff::BackoffLayer;
+///
+/// let layer = BackoffLayer::builder()
+///     .name("payments")
+///     .observer(WithOrigin(|event: &Event, origin: &Origin| {
+///         if let Event::Breaker(state) = event {
+///             eprintln!("breaker of {:?} is {state:?}", origin.host());
+///         }
+///     }))
+///     .build()?;
+/// # drop(layer);
+/// # Ok::<_, tower_backoff::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct WithOrigin<F>(pub F);
+
+impl<F: Fn(&Event, &Origin) + Send + Sync> Observer for WithOrigin<F> {
+    fn on_event(&self, event: &Event) {
+        (self.0)(event, &Origin::default())
+    }
+
+    fn on_event_from(&self, event: &Event, origin: &Origin) {
+        (self.0)(event, origin)
     }
 }
 
@@ -268,21 +343,36 @@ pub struct Tracing;
 #[cfg(feature = "tracing")]
 impl Observer for Tracing {
     fn on_event(&self, event: &Event) {
+        self.on_event_from(event, &Origin::default())
+    }
+
+    fn on_event_from(&self, event: &Event, origin: &Origin) {
+        let (host, layer) = (origin.host(), origin.layer_name());
         match event {
             Event::Retry(retry) => tracing::debug!(
+                host,
+                layer,
                 attempt = retry.attempt,
                 delay = ?retry.delay,
                 reason = ?retry.cause,
                 "retrying"
             ),
             Event::Ended(end) if end.ending == Ending::BudgetRefused => tracing::warn!(
+                host,
+                layer,
                 attempt = end.attempts,
                 "retry budget exhausted; returning the last outcome"
             ),
-            Event::Breaker(state) => tracing::warn!(state = ?state, "circuit breaker"),
-            Event::Hedge(hedge) => {
-                tracing::debug!(attempt = hedge.attempt, event = ?hedge.event, "hedge")
+            Event::Breaker(state) => {
+                tracing::warn!(host, layer, state = ?state, "circuit breaker")
             }
+            Event::Hedge(hedge) => tracing::debug!(
+                host,
+                layer,
+                attempt = hedge.attempt,
+                event = ?hedge.event,
+                "hedge"
+            ),
             _ => {}
         }
     }

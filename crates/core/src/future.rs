@@ -892,7 +892,7 @@ where
         // The attempt's future is built where it will be polled: returned
         // first, it would be copied once more (measured: 36 instructions per
         // retry).
-        let future = span::retry(self.inner.call(copy), attempt + 1, &retry);
+        let future = span::retry(self.inner.call(copy), attempt + 1, &retry, &config.origin);
         match config.hedger() {
             None => phase.set(Phase::Called { future, timer }),
             Some(_) => phase.set(hedged(
@@ -1073,7 +1073,10 @@ where
             // it went out with.
             stamp: pacing_stamp(config, &mut progress.gate),
         };
-        copies.push(span::hedge(self.inner.call(copy), attempt), sent);
+        copies.push(
+            span::hedge(self.inner.call(copy), attempt, &config.origin),
+            sent,
+        );
         Poll::Ready(Some(delay))
     }
 

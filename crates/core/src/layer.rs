@@ -15,7 +15,7 @@ use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
 use crate::deadline::{NoTimeout, WithHedging, WithRejection, WithTimeout};
 use crate::error::{check_duration, ConfigError};
-use crate::events::{Event, Observer, RetryArgs};
+use crate::events::{Event, Observer, Origin, RetryArgs};
 use crate::hedge::{Hedger, Hedging};
 use crate::jitter::Jitter;
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
@@ -154,6 +154,55 @@ impl<P, T> BackoffLayer<P, T> {
         }
     }
 
+    /// A [fresh](Self::fresh) copy for the host `authority` (`host:port`):
+    /// what a per-host stack gives each host. Its events are told with
+    /// that host as their [`Origin`](crate::events::Origin), so its
+    /// metrics are a series of their own (label `target`) and its
+    /// `tracing` records name it.
+    ///
+    /// ```
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// let layer = BackoffLayer::builder().name("payments").build()?;
+    /// let eu = layer.for_host("eu.example:443");
+    /// assert_eq!(eu.host(), Some("eu.example:443"));
+    /// assert_eq!(eu.layer_name(), Some("payments"));
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn for_host(&self, authority: &str) -> Self
+    where
+        P: Clone,
+        T: Clone,
+    {
+        self.fresh().with_host(authority)
+    }
+
+    /// The same layer, its budget, breaker and pacing still shared, its
+    /// events told as the host `authority`'s: for a per-host stack whose
+    /// first host keeps the layer as it was built.
+    pub fn with_host(&self, authority: &str) -> Self
+    where
+        P: Clone,
+        T: Clone,
+    {
+        let mut config = Config::clone(&self.config);
+        config.origin.host = Some(authority.into());
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// The host this copy of the layer sends to, if a per-host stack gave it
+    /// one ([`for_host`](Self::for_host)).
+    pub fn host(&self) -> Option<&str> {
+        self.config.origin.host()
+    }
+
+    /// The name the layer was built with ([`BackoffBuilder::name`]).
+    pub fn layer_name(&self) -> Option<&str> {
+        self.config.origin.layer_name()
+    }
+
     /// The retry budget this layer's services share, the default one
     /// included; `None` after [`no_budget`](BackoffBuilder::no_budget).
     /// Read its [`balance`](Budget::balance) beside the [`stats`](Self::stats).
@@ -196,6 +245,7 @@ struct Settings {
     pacing: Option<AdaptivePacing>,
     stats: Option<Stats>,
     observers: Vec<Box<dyn Observer>>,
+    name: Option<Arc<str>>,
     breaker: Option<CircuitBreaker>,
     hedging: Option<Hedging>,
 }
@@ -482,6 +532,23 @@ impl<P, T> BackoffBuilder<P, T> {
         self
     }
 
+    /// Names the layer: its events are told with the name in their
+    /// [`Origin`](crate::events::Origin), its metrics carry the label
+    /// `layer`, and its `tracing` records the field `layer`, so two layers of
+    /// one process (a payments client, a search client) can be told apart.
+    ///
+    /// ```
+    /// use tower_backoff::BackoffLayer;
+    ///
+    /// let layer = BackoffLayer::builder().name("payments").build()?;
+    /// assert_eq!(layer.layer_name(), Some("payments"));
+    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// ```
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.settings.name = Some(name.into());
+        self
+    }
+
     /// Tells `observer` of every [`Event`](crate::events::Event) of the
     /// layer's requests: each call, each retry as it goes out, each sleep,
     /// how each request ended. Any `Fn(&Event) + Send + Sync` closure is an
@@ -542,6 +609,7 @@ impl<P, T> BackoffBuilder<P, T> {
             stats,
             #[allow(unused_mut)] // pushed to under the `tracing` feature only
             mut observers,
+            name,
             breaker,
             hedging,
         } = self.settings;
@@ -585,6 +653,10 @@ impl<P, T> BackoffBuilder<P, T> {
                 budget: budget.map(Arc::new),
                 pacing,
                 observers: Observers::new(stats, observers),
+                origin: Origin {
+                    host: None,
+                    layer_name: name,
+                },
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
                 breaker,
                 hedging: hedging.as_ref().map(|h| Arc::new(Hedger::new(h))),
@@ -614,6 +686,7 @@ impl<P, T> fmt::Debug for BackoffBuilder<P, T> {
             .field("pacing", &self.settings.pacing)
             .field("stats", &self.settings.stats.is_some())
             .field("observers", &self.settings.observers.len())
+            .field("name", &self.settings.name)
             .field("breaker", &self.settings.breaker)
             .field("hedging", &self.settings.hedging)
             .finish()

@@ -1,7 +1,8 @@
 //! A `tracing` span per retry (feature `tracing`): the attempt's number,
 //! `http.request.resend_count` as OpenTelemetry's HTTP conventions name it
 //! (they set it on resends only), the delay, the cause, and the outcome once
-//! it is in. Created where the retry is sent, so it nests in whatever span
+//! it is in, and the layer's [`Origin`] (`host`, `layer`) when it has one.
+//! Created where the retry is sent, so it nests in whatever span
 //! polls the response future, the caller's. The first attempt runs in the
 //! caller's own span, with no span added: its future stays in place, and the
 //! happy path's future stays the size of `tower::retry`'s. Without the
@@ -9,7 +10,7 @@
 
 #[cfg(feature = "tracing")]
 use crate::engine::Retry;
-use crate::events::OutcomeKind;
+use crate::events::{Origin, OutcomeKind};
 
 /// An attempt's future, in its span under the `tracing` feature.
 #[cfg(feature = "tracing")]
@@ -19,10 +20,15 @@ pub(crate) type Traced<F> = tracing::instrument::Instrumented<F>;
 pub(crate) type Traced<F> = F;
 
 /// Attempt number `attempt`'s future (2 for the first retry), sent as
-/// `retry`, in its span.
+/// `retry` by the layer copy `origin` names, in its span.
 #[inline(always)]
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
-pub(crate) fn retry<F>(future: F, attempt: u32, retry: &crate::engine::Retry) -> Traced<F> {
+pub(crate) fn retry<F>(
+    future: F,
+    attempt: u32,
+    retry: &crate::engine::Retry,
+    origin: &Origin,
+) -> Traced<F> {
     #[cfg(feature = "tracing")]
     {
         use tracing::Instrument;
@@ -31,6 +37,8 @@ pub(crate) fn retry<F>(future: F, attempt: u32, retry: &crate::engine::Retry) ->
             "attempt",
             attempt,
             http.request.resend_count = attempt - 1,
+            host = origin.host(),
+            layer = origin.layer_name(),
             delay = ?delay,
             cause = ?cause,
             outcome = tracing::field::Empty,
@@ -41,10 +49,11 @@ pub(crate) fn retry<F>(future: F, attempt: u32, retry: &crate::engine::Retry) ->
     future
 }
 
-/// Attempt number `attempt`'s future, sent as a hedge, in its span.
+/// Attempt number `attempt`'s future, sent as a hedge by the layer copy
+/// `origin` names, in its span.
 #[inline(always)]
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
-pub(crate) fn hedge<F>(future: F, attempt: u32) -> Traced<F> {
+pub(crate) fn hedge<F>(future: F, attempt: u32, origin: &Origin) -> Traced<F> {
     #[cfg(feature = "tracing")]
     {
         use tracing::Instrument;
@@ -52,6 +61,8 @@ pub(crate) fn hedge<F>(future: F, attempt: u32) -> Traced<F> {
             "attempt",
             attempt,
             http.request.resend_count = attempt - 1,
+            host = origin.host(),
+            layer = origin.layer_name(),
             hedge = true,
             outcome = tracing::field::Empty,
         );

@@ -102,6 +102,16 @@ pub trait MakeHostLayer {
 
     /// The layer for a host seen for the first time.
     fn make_host_layer(&self) -> Self::Layer;
+
+    /// The layer for the host `authority` (`host:port`), seen for the first
+    /// time: by default [`make_host_layer`](Self::make_host_layer)'s, which
+    /// does not know it; an [`HttpRetryLayer`](crate::HttpRetryLayer) gives
+    /// a copy [for that host](tower_backoff_core::BackoffLayer::for_host),
+    /// whose events and metrics name it.
+    fn make_layer_for_host(&self, authority: &str) -> Self::Layer {
+        let _ = authority;
+        self.make_host_layer()
+    }
 }
 
 impl<F, L> MakeHostLayer for F
@@ -215,8 +225,11 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let service = self.hosts.get_or_make(request.authority(), || {
-            self.make.make_host_layer().layer(self.inner.clone())
+        let authority = request.authority();
+        let service = self.hosts.get_or_make(authority, || {
+            self.make
+                .make_layer_for_host(authority.1)
+                .layer(self.inner.clone())
         });
         PerHostFuture {
             state: Route::Readying {
@@ -299,14 +312,20 @@ impl<L: Clone> HostLayers<L> {
         }
     }
 
-    /// The layer of this authority's host, on its first request `built` or
-    /// `fresh(&built)`.
-    pub(crate) fn get(&self, authority: (&str, &str), fresh: impl FnOnce(&L) -> L) -> L {
+    /// The layer of this authority's host, on its first request
+    /// `same(&built, host)` (`built`, told as the host's) or
+    /// `fresh(&built, host)`.
+    pub(crate) fn get(
+        &self,
+        authority: (&str, &str),
+        same: impl FnOnce(&L, &str) -> L,
+        fresh: impl FnOnce(&L, &str) -> L,
+    ) -> L {
         self.hosts.get_or_make(authority, || {
             if self.built_free.swap(false, Ordering::Relaxed) {
-                self.built.clone()
+                same(&self.built, authority.1)
             } else {
-                fresh(&self.built)
+                fresh(&self.built, authority.1)
             }
         })
     }

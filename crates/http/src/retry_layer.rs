@@ -221,6 +221,16 @@ impl<T: Clone> MakeHostLayer for HttpRetryLayer<T> {
             ..self.fresh()
         }
     }
+
+    /// A fresh copy for the host `authority`, whose events and metrics name
+    /// it (see [`BackoffLayer::for_host`]).
+    fn make_layer_for_host(&self, authority: &str) -> Self {
+        Self {
+            hosts: None,
+            layer: self.layer.for_host(authority),
+            ..self.clone()
+        }
+    }
 }
 
 /// The layer's retries with the default replay and buffer limits; its
@@ -577,7 +587,11 @@ impl<S, T> HttpRetry<S, T> {
         S: Clone,
         T: Clone,
     {
-        let layer = hosts.get(request.authority(), BackoffLayer::fresh);
+        let layer = hosts.get(
+            request.authority(),
+            BackoffLayer::with_host,
+            BackoffLayer::for_host,
+        );
         layer.layer(self.inner.get_ref().clone())
     }
 }
