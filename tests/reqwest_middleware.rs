@@ -15,6 +15,7 @@ use http::{Extensions, StatusCode};
 use http_body_util::StreamBody;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use tokio::time::Instant;
+use tower_backoff::breaker::{BreakerOpen, BreakerState, CircuitBreaker};
 use tower_backoff::http::{BackoffMiddleware, HttpPolicy, HttpRetryLayer, RetryInfo};
 use tower_backoff::{AdaptivePacing, BackoffLayer, Budget, Cause, Constant, Jitter, RetryLimits};
 
@@ -542,4 +543,156 @@ async fn the_middleware_from_the_http_builder_takes_an_unannotated_on_retry() {
     assert_eq!(info(&response), RetryInfo::new(2, STEP));
     assert_eq!(*retried.lock().unwrap(), [(1, STEP)]);
     assert_eq!(server.requests(), 2);
+}
+
+/// Requests to each host in [`interleave_hosts`], one to one.
+const HOST_REQUESTS: usize = 361;
+
+/// What each host saw of [`HOST_REQUESTS`] requests each, sent alternately
+/// through `client` 100 ms apart (36 s: the dead host's breaker, open 4 to
+/// 5 s at a time, probes several times).
+#[derive(Debug, Default)]
+struct HostTally {
+    dead_rejected: usize,
+    healthy_rejected: usize,
+    /// Calls the dead host got once its breaker had first rejected a
+    /// request.
+    dead_calls_after_open: usize,
+    healthy_calls: usize,
+}
+
+async fn interleave_hosts(
+    client: &ClientWithMiddleware,
+    dead: &Server,
+    healthy: &Server,
+) -> HostTally {
+    // `Ok(status)`, or `Err(())` when the breaker rejected the request.
+    async fn send(client: &ClientWithMiddleware, server: &Server) -> Result<StatusCode, ()> {
+        match client.get(server.url("/")).send().await {
+            Ok(response) => Ok(response.status()),
+            Err(reqwest_middleware::Error::Middleware(error))
+                if error.downcast_ref::<BreakerOpen>().is_some() =>
+            {
+                Err(())
+            }
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+    let mut tally = HostTally::default();
+    let mut dead_calls_at_open = None;
+    for _ in 0..HOST_REQUESTS {
+        match send(client, dead).await {
+            Ok(status) => assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE),
+            Err(()) => {
+                tally.dead_rejected += 1;
+                dead_calls_at_open.get_or_insert(dead.requests());
+            }
+        }
+        match send(client, healthy).await {
+            Ok(status) => assert_eq!(status, StatusCode::OK),
+            Err(()) => tally.healthy_rejected += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tally.dead_calls_after_open = dead_calls_at_open.map_or(0, |at| dead.requests() - at);
+    tally.healthy_calls = healthy.requests();
+    eprintln!("{tally:?}");
+    tally
+}
+
+/// The middleware made from a layer with a circuit breaker keeps it per
+/// host, as the layer does: the dead host's breaker opens and stops its
+/// calls, and the healthy host is never rejected.
+#[tokio::test(start_paused = true)]
+async fn the_middleware_keeps_the_breaker_per_host_so_a_dead_host_never_rejects_a_healthy_one() {
+    let dead = Server::start(|_, _| status(503)).await;
+    let healthy = Server::start(|_, _| status(200)).await;
+    let breaker = CircuitBreaker::new();
+    let layer = HttpRetryLayer::builder()
+        .circuit_breaker(breaker.clone())
+        .build()
+        .unwrap();
+    assert!(layer.breaker_per_host());
+    let client = ClientBuilder::new(cases::client())
+        .with(BackoffMiddleware::from(layer))
+        .build();
+    let tally = interleave_hosts(&client, &dead, &healthy).await;
+    assert_eq!(tally.healthy_rejected, 0, "{tally:?}");
+    assert_eq!(tally.healthy_calls, HOST_REQUESTS, "{tally:?}");
+    assert!(tally.dead_rejected > HOST_REQUESTS * 9 / 10, "{tally:?}");
+    assert!(
+        tally.dead_calls_after_open * 20 <= HOST_REQUESTS,
+        "calls after opening: {tally:?}"
+    );
+    assert_ne!(
+        breaker.state(),
+        BreakerState::Closed,
+        "the handle given is the first host's: the dead one's"
+    );
+}
+
+/// The middleware shares the host table of the layer it was made from: a
+/// breaker the layer's own service opened for the dead host (a fresh one:
+/// the healthy host was called first, and kept the breaker as built)
+/// rejects the middleware's first request there, and not the healthy
+/// host's.
+#[tokio::test(start_paused = true)]
+async fn the_middleware_shares_the_host_table_of_the_layer_it_was_made_from() {
+    let dead = Server::start(|_, _| status(503)).await;
+    let healthy = Server::start(|_, _| status(200)).await;
+    let layer = HttpRetryLayer::builder()
+        .circuit_breaker(CircuitBreaker::new())
+        .build()
+        .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(cases::client());
+    let first = reqwest::Request::new(http::Method::GET, healthy.url("/").parse().unwrap());
+    let response = tower::ServiceExt::oneshot(svc.clone(), first)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut opened = false;
+    for _ in 0..HOST_REQUESTS {
+        let request = reqwest::Request::new(http::Method::GET, dead.url("/").parse().unwrap());
+        match tower::ServiceExt::oneshot(svc.clone(), request).await {
+            Err(error) if error.is_breaker_open() => {
+                opened = true;
+                break;
+            }
+            Err(error) => panic!("{error:?}"),
+            Ok(response) => assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE),
+        }
+    }
+    assert!(opened, "the dead host's breaker opened");
+    let client = ClientBuilder::new(cases::client())
+        .with(BackoffMiddleware::from(layer))
+        .build();
+    let dead_calls = dead.requests();
+    let error = client.get(dead.url("/")).send().await.unwrap_err();
+    assert!(
+        matches!(&error, reqwest_middleware::Error::Middleware(e) if e.downcast_ref::<BreakerOpen>().is_some()),
+        "{error:?}"
+    );
+    assert_eq!(dead.requests(), dead_calls);
+    let response = client.get(healthy.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// The opt-in for one breaker: through the middleware too, the dead host's
+/// failures open it for every host, the healthy one included.
+#[tokio::test(start_paused = true)]
+async fn the_middleware_with_a_breaker_for_all_hosts_rejects_the_healthy_host_too() {
+    let dead = Server::start(|_, _| status(503)).await;
+    let healthy = Server::start(|_, _| status(200)).await;
+    let layer = HttpRetryLayer::builder()
+        .circuit_breaker_for_all_hosts(CircuitBreaker::new())
+        .build()
+        .unwrap();
+    assert!(!layer.breaker_per_host());
+    let client = ClientBuilder::new(cases::client())
+        .with(BackoffMiddleware::from(layer))
+        .build();
+    let tally = interleave_hosts(&client, &dead, &healthy).await;
+    assert!(tally.healthy_rejected > HOST_REQUESTS / 2, "{tally:?}");
 }

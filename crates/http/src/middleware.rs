@@ -6,7 +6,7 @@ use std::error::Error;
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use ::http::Extensions;
@@ -16,6 +16,7 @@ use tower_service::Service;
 
 use super::buffer::BufferBody;
 use super::error::AsStdError;
+use super::per_host::{HostLayers, RequestAuthority};
 use super::policy::HttpPolicy;
 use super::recorded::RecordedRequest;
 use super::replay::DEFAULT_REPLAY_LIMIT;
@@ -29,7 +30,13 @@ use tower_backoff_core::BackoffLayer;
 /// its attempt and time limits, its budget and pacing. Built from the layer,
 /// so it is configured the same way, and shares that layer's budget and
 /// pacing (with every clone of it, and every other service it wraps): one
-/// budget for every request the client sends.
+/// budget for every request the client sends. Made from an
+/// [`HttpRetryLayer`](super::HttpRetryLayer) that keeps its
+/// [circuit breaker per host](super::HttpRetryLayer::breaker_per_host), it
+/// keeps it per host too, in the same table of hosts: each request goes
+/// through its URL's host's layer (scheme, host and port), with that host's
+/// breaker, budget and pacing, so a dead host's breaker never rejects a
+/// request to a healthy one.
 ///
 /// It does what an [`HttpRetryLayer`](super::HttpRetryLayer) does, and is
 /// made from one with `BackoffMiddleware::from(layer)`: request bodies are
@@ -66,6 +73,9 @@ use tower_backoff_core::BackoffLayer;
 #[derive(Clone)]
 pub struct BackoffMiddleware<P = HttpPolicy, T = NoTimeout> {
     layer: BackoffLayer<P, T>,
+    /// Each host's layer, shared with the `HttpRetryLayer` it was made
+    /// from, when that keeps its breaker per host.
+    hosts: Option<Arc<HostLayers<BackoffLayer<P, T>>>>,
     replay_limit: usize,
     buffer_limit: usize,
     record_info: bool,
@@ -76,6 +86,7 @@ impl<P, T> BackoffMiddleware<P, T> {
     pub fn new(layer: BackoffLayer<P, T>) -> Self {
         Self {
             layer,
+            hosts: None,
             replay_limit: DEFAULT_REPLAY_LIMIT,
             buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
             record_info: true,
@@ -105,7 +116,9 @@ impl<P, T> BackoffMiddleware<P, T> {
         self
     }
 
-    /// The layer whose settings it applies.
+    /// The layer whose settings it applies. With the breaker kept per
+    /// host, that of the first host called; every other host has a
+    /// [fresh](BackoffLayer::fresh) copy.
     pub fn layer(&self) -> &BackoffLayer<P, T> {
         &self.layer
     }
@@ -117,11 +130,13 @@ impl<P, T> From<BackoffLayer<P, T>> for BackoffMiddleware<P, T> {
     }
 }
 
-/// The same retries, limits and settings as the layer, as a middleware.
+/// The same retries, limits and settings as the layer, as a middleware; its
+/// breaker, if kept per host, kept in the layer's own table of hosts.
 impl<T> From<HttpRetryLayer<T>> for BackoffMiddleware<HttpPolicy, T> {
     fn from(layer: HttpRetryLayer<T>) -> Self {
         Self {
             layer: layer.layer,
+            hosts: layer.hosts,
             replay_limit: layer.replay_limit,
             buffer_limit: layer.buffer_limit,
             record_info: layer.record_info,
@@ -133,6 +148,7 @@ impl<P, T: fmt::Debug> fmt::Debug for BackoffMiddleware<P, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackoffMiddleware")
             .field("layer", &self.layer)
+            .field("breaker_per_host", &self.hosts.is_some())
             .field("replay_limit", &self.replay_limit)
             .field("buffer_limit", &self.buffer_limit)
             .field("record_info", &self.record_info)
@@ -158,6 +174,18 @@ where
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
+        let host;
+        let layer = match &self.hosts {
+            Some(hosts) => {
+                host = hosts.get(
+                    request.authority(),
+                    BackoffLayer::with_host,
+                    BackoffLayer::for_host,
+                );
+                &host
+            }
+            None => &self.layer,
+        };
         let request = RecordedRequest::record(request, self.replay_limit)?;
         let limits = extensions.get::<RetryLimits>().copied();
         let ended = Mutex::new(None);
@@ -167,9 +195,8 @@ where
                 caller: extensions,
                 ended: &ended,
             };
-            let mut svc = self
-                .layer
-                .layer(BufferBody::with_limit(next, self.buffer_limit).known_length_only());
+            let mut svc =
+                layer.layer(BufferBody::with_limit(next, self.buffer_limit).known_length_only());
             match poll_fn(|cx| svc.poll_ready(cx)).await {
                 Ok(()) => {
                     let call = match limits {

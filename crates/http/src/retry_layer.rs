@@ -99,7 +99,7 @@ pub struct HttpRetryLayer<T = NoTimeout> {
     // Read by the middleware made from this layer, too.
     pub(crate) layer: BackoffLayer<HttpPolicy, T>,
     /// Each host's layer, when the breaker is kept per host.
-    hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, T>>>>,
+    pub(crate) hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, T>>>>,
     pub(crate) record_info: bool,
     pub(crate) replay_limit: usize,
     pub(crate) buffer_limit: usize,
