@@ -464,3 +464,411 @@ mod http {
         assert_eq!(layer.budget().and_then(|b| b.balance()), before);
     }
 }
+
+// --- breaker × readiness -------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+#[ignore = "defect: the finished future keeps the permit its retry's readiness took until it is dropped"]
+async fn a_retry_the_breaker_stops_after_readiness_gives_the_concurrency_permit_back() {
+    use futures::FutureExt;
+    use tower::limit::ConcurrencyLimit;
+
+    let calls = Arc::new(AtomicU32::new(0));
+    let breaker = breaker(2);
+    let limited = ConcurrencyLimit::new(failing(u32::MAX, &calls), 1);
+    let mut other = limited.clone();
+    let mut svc = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_secs(1)))
+        .jitter(Jitter::None)
+        .no_budget()
+        .circuit_breaker(breaker.clone())
+        .build()
+        .unwrap()
+        .layer(limited);
+    svc.ready().await.unwrap();
+    let mut call = Box::pin(svc.call(7));
+    let sleeping = tokio::time::timeout(Duration::from_millis(500), call.as_mut()).await;
+    assert!(
+        sleeping.is_err(),
+        "the first attempt failed: its retry sleeps"
+    );
+    // Other requests fail while this one sleeps: the breaker opens, and the
+    // retry, once its service is ready, is stopped at send.
+    breaker.record(true);
+    breaker.record(true);
+    assert_eq!(breaker.state(), BreakerState::Open);
+    let error = call.as_mut().await.unwrap_err();
+    assert!(!error.is_breaker_open(), "{error}");
+    assert_eq!(
+        error.into_inner().unwrap().to_string(),
+        "call 1 failed",
+        "the real outcome"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the retry never went out");
+    // The finished future is still held: it must not hold the permit.
+    assert!(
+        other.clone().ready_oneshot().now_or_never().is_some(),
+        "the permit the retry's readiness took is free for another caller"
+    );
+    drop(call);
+    assert!(
+        other.ready().now_or_never().is_some(),
+        "dropped, it gives it back"
+    );
+}
+
+// --- replay, buffering, breaker, budget, deadline and readiness over HTTP ------
+
+#[cfg(feature = "http")]
+mod http_bodies {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use futures::StreamExt;
+    use http::{Request, Response, StatusCode};
+    use http_body::Frame;
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tokio::time::Instant;
+    use tower::limit::ConcurrencyLimit;
+    use tower::{Layer, ServiceBuilder, ServiceExt};
+    use tower_backoff::breaker::CircuitBreaker;
+    use tower_backoff::budget::{Budget, TokenBucket};
+    use tower_backoff::http::{HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo};
+    use tower_backoff::{BackoffLayer, Cause, Constant, Hedging, Jitter};
+
+    use super::http_server::{http_layer, http_layer_with, status, Reply, Server};
+
+    /// `len` bytes that differ from their neighbours, so a dropped or
+    /// reordered chunk shows.
+    fn pattern(len: usize) -> Bytes {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// A `200` with its whole body and its `content-length`.
+    fn whole(body: Bytes) -> Reply {
+        let mut response = Response::new(http_body_util::Full::new(body).boxed());
+        *response.status_mut() = StatusCode::OK;
+        Reply::Respond(response)
+    }
+
+    /// A `200` that promises `content-length: 1000`, sends 100 bytes, then
+    /// either ends (hyper closes the connection mid-body) or, with `stall`,
+    /// sends nothing more.
+    fn cut_short(stall: bool) -> Reply {
+        let sent = futures::stream::once(async { Ok::<_, Infallible>(Frame::data(pattern(100))) });
+        let body = if stall {
+            BodyExt::boxed(StreamBody::new(sent.chain(futures::stream::pending())))
+        } else {
+            BodyExt::boxed(StreamBody::new(sent))
+        };
+        let mut response = Response::new(body);
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_LENGTH, "1000".parse().unwrap());
+        Reply::Respond(response)
+    }
+
+    /// A streaming upload of 16 KiB, the bytes it sends, and how many of its
+    /// frames were read.
+    fn upload() -> (
+        impl http_body::Body<Data = Bytes, Error = Infallible> + Send + Unpin + 'static,
+        Bytes,
+        Arc<AtomicUsize>,
+    ) {
+        let frames: Vec<Bytes> = (0..16u8).map(|i| Bytes::from(vec![i; 1024])).collect();
+        let whole = Bytes::from(frames.concat());
+        let read = Arc::new(AtomicUsize::new(0));
+        let counter = read.clone();
+        let body = StreamBody::new(futures::stream::iter(frames).map(move |f| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Infallible>(Frame::data(f))
+        }));
+        (body, whole, read)
+    }
+
+    fn get(server: &Server) -> Request<http_body_util::Empty<Bytes>> {
+        Request::get(server.url("/"))
+            .body(Default::default())
+            .unwrap()
+    }
+
+    fn attempts<B>(response: &Response<B>) -> u32 {
+        response.extensions().get::<RetryInfo>().unwrap().attempts
+    }
+
+    // --- breaker × replay ----------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_streaming_upload_the_open_breaker_rejects_is_not_sent_and_its_body_not_read() {
+        let server = Server::start(|_, _| status(503)).await;
+        let svc = ServiceBuilder::new()
+            .layer(
+                HttpRetryLayer::builder()
+                    .max_attempts(1)
+                    .circuit_breaker(super::breaker(2))
+                    .build()
+                    .unwrap(),
+            )
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        // Two 503s of two open the host's breaker.
+        for _ in 0..2 {
+            let request = Request::get(server.url("/")).body(ReplayBody::new(upload().0));
+            let response = svc.clone().oneshot(request.unwrap()).await.unwrap();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+        let (body, _, read) = upload();
+        let request = Request::put(server.url("/upload"))
+            .body(ReplayBody::new(body))
+            .unwrap();
+        let error = svc.oneshot(request).await.unwrap_err();
+        assert!(error.is_breaker_open(), "{error}");
+        assert_eq!(server.requests(), 2, "the upload never reached the server");
+        assert_eq!(read.load(Ordering::SeqCst), 0, "nor was its body read");
+    }
+
+    // --- breaker × buffering -------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_cut_short_while_read_ahead_is_a_failed_attempt_for_the_breaker() {
+        let server = Server::start(|_, _| cut_short(false)).await;
+        let breaker = CircuitBreaker::builder()
+            .min_throughput(2)
+            .break_duration(Duration::from_secs(5))
+            .break_jitter(0.0)
+            .build()
+            .unwrap();
+        let svc = ServiceBuilder::new()
+            .layer(
+                HttpRetryLayer::builder()
+                    .max_attempts(1)
+                    .circuit_breaker_for_all_hosts(breaker.clone())
+                    .build()
+                    .unwrap(),
+            )
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        for sent in 1..=2 {
+            let error = svc.clone().oneshot(get(&server)).await.unwrap_err();
+            assert!(!error.is_breaker_open(), "the read's own error: {error}");
+            assert_eq!(breaker.window(), (sent, sent), "every attempt a failure");
+        }
+        let error = svc.oneshot(get(&server)).await.unwrap_err();
+        assert!(error.is_breaker_open(), "{error}");
+        assert_eq!(server.requests(), 2);
+    }
+
+    // --- budget × buffering --------------------------------------------------------
+
+    /// A token bucket that records the cause of every retry it is asked to
+    /// pay for.
+    #[derive(Clone)]
+    struct Recording {
+        bucket: Arc<TokenBucket>,
+        paid: Arc<Mutex<Vec<Cause>>>,
+    }
+
+    impl Budget for Recording {
+        fn on_first_attempt(&self) {
+            self.bucket.on_first_attempt();
+        }
+        fn would_allow(&self, cause: Cause) -> bool {
+            self.bucket.would_allow(cause)
+        }
+        fn try_retry(&self, cause: Cause) -> bool {
+            self.paid.lock().unwrap().push(cause);
+            self.bucket.try_retry(cause)
+        }
+        fn on_success(&self, last_retry: Option<Cause>) {
+            self.bucket.on_success(last_retry);
+        }
+        fn balance(&self) -> Option<u64> {
+            self.bucket.balance()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_cut_short_while_read_ahead_is_retried_as_transient_and_charged_to_the_budget() {
+        let server = Server::start(|n, _| match n {
+            0 => cut_short(false),
+            _ => whole(pattern(1000)),
+        })
+        .await;
+        let budget = Recording {
+            bucket: Arc::new(
+                TokenBucket::builder()
+                    .initial_tokens(5)
+                    .retry_cost(5)
+                    .build()
+                    .unwrap(),
+            ),
+            paid: Arc::default(),
+        };
+        let layer = BackoffLayer::builder()
+            .policy(HttpPolicy::new())
+            .schedule(Constant::new(Duration::from_millis(100)))
+            .jitter(Jitter::None)
+            .budget(budget.clone())
+            .build()
+            .unwrap();
+        let svc =
+            HttpRetryLayer::from(layer).layer(Client::builder(TokioExecutor::new()).build_http());
+        let response = svc.oneshot(get(&server)).await.unwrap();
+        assert_eq!(attempts(&response), 2);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, pattern(1000), "the retry's whole body");
+        assert_eq!(*budget.paid.lock().unwrap(), [Cause::Transient]);
+        // Paid at send (a refusal would have returned the cut body's error),
+        // then put back by the success it led to, as for any retry.
+        assert_eq!(budget.balance(), Some(5));
+    }
+
+    // --- deadline × replay ---------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_streaming_upload_whose_retry_the_deadline_stops_returns_the_503_and_is_sent_once() {
+        let server = Server::start(|_, _| status(503)).await;
+        let svc = ServiceBuilder::new()
+            .layer(http_layer_with(
+                HttpPolicy::new(),
+                Constant::new(Duration::from_secs(2)),
+                3,
+                Some(Duration::from_secs(1)),
+            ))
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        let (body, whole, _) = upload();
+        let request = Request::put(server.url("/upload"))
+            .body(ReplayBody::new(body))
+            .unwrap();
+        let start = Instant::now();
+        let response = svc.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(attempts(&response), 1);
+        assert!(start.elapsed() < Duration::from_secs(1), "no sleep");
+        let seen = server.seen();
+        assert_eq!(seen.len(), 1, "the body was not sent again");
+        assert_eq!(seen[0].body, whole);
+    }
+
+    // --- deadline × buffering ------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_still_read_ahead_at_the_deadline_is_cut_there_and_the_request_times_out() {
+        let server = Server::start(|_, _| cut_short(true)).await;
+        let layer = BackoffLayer::builder()
+            .policy(HttpPolicy::new())
+            .schedule(Constant::new(Duration::from_millis(100)))
+            .jitter(Jitter::None)
+            .no_budget()
+            .attempt_timeout(Duration::from_secs(10))
+            .max_elapsed(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let svc =
+            HttpRetryLayer::from(layer).layer(Client::builder(TokioExecutor::new()).build_http());
+        let start = Instant::now();
+        let error = svc.oneshot(get(&server)).await.unwrap_err();
+        assert!(error.is_timeout(), "{error}");
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(1),
+            "cut at the deadline"
+        );
+        assert_eq!(server.requests(), 1);
+    }
+
+    // --- replay × buffering --------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upload_answered_with_a_body_cut_short_is_replayed_whole_and_returns_the_retrys_whole_body(
+    ) {
+        let server = Server::start(|n, _| match n {
+            0 => cut_short(false),
+            _ => whole(pattern(1000)),
+        })
+        .await;
+        let svc = ServiceBuilder::new()
+            .layer(http_layer(HttpPolicy::new()))
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        let (body, sent, _) = upload();
+        let request = Request::put(server.url("/upload"))
+            .body(ReplayBody::new(body))
+            .unwrap();
+        let response = svc.oneshot(request).await.unwrap();
+        assert_eq!(attempts(&response), 2);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, pattern(1000));
+        let seen = server.seen();
+        assert_eq!(seen.len(), 2);
+        assert_eq!((&seen[0].body, &seen[1].body), (&sent, &sent));
+    }
+
+    // --- replay × readiness --------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replayed_retry_waits_for_readiness_and_is_sent_whole_once_ready() {
+        let server = Server::start(|n, _| match n {
+            0 => status(503),
+            _ => status(200),
+        })
+        .await;
+        let limited = ConcurrencyLimit::new(Client::builder(TokioExecutor::new()).build_http(), 1);
+        let mut other = limited.clone();
+        let svc = ServiceBuilder::new()
+            .layer(http_layer(HttpPolicy::new()))
+            .service(limited);
+        let (body, sent, _) = upload();
+        let request = Request::put(server.url("/upload"))
+            .body(ReplayBody::new(body))
+            .unwrap();
+        let call = tokio::spawn(svc.oneshot(request));
+        while server.requests() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Another caller takes the permit once the first attempt gives it
+        // back, and keeps it for three seconds.
+        other.ready().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let released = Instant::now();
+        drop(other);
+        let response = call.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let seen = server.seen();
+        assert_eq!(seen.len(), 2);
+        assert!(seen[1].at >= released, "the retry waited for the permit");
+        assert_eq!((&seen[0].body, &seen[1].body), (&sent, &sent));
+    }
+
+    // --- hedge × buffering ---------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hedged_copy_whose_body_arrives_whole_wins_over_a_first_copy_whose_body_stalls() {
+        let server = Server::start(|n, _| match n {
+            0 => whole(Bytes::from_static(b"warm")),
+            1 => cut_short(true),
+            _ => whole(pattern(1000)),
+        })
+        .await;
+        let svc = ServiceBuilder::new()
+            .layer(
+                HttpRetryLayer::builder()
+                    // One warm-up request at 100 % grants one hedge.
+                    .hedge(Hedging::after(Duration::from_millis(100)).max_extra_load(1.0))
+                    .build()
+                    .unwrap(),
+            )
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        let warm = svc.clone().oneshot(get(&server)).await.unwrap();
+        assert_eq!(warm.into_body().collect().await.unwrap().to_bytes(), "warm");
+        // The first copy's headers come at once; its body stalls, so it has
+        // not won when the hedge goes out 100 ms later.
+        let response = svc.oneshot(get(&server)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, pattern(1000), "the hedge's whole body");
+        assert_eq!(server.requests(), 3);
+    }
+}
