@@ -112,15 +112,22 @@ fn authorities(dead: &Server, healthy: &Server) -> (String, String) {
     (dead.addr.to_string(), healthy.addr.to_string())
 }
 
+/// A host that answers 503 to everything and one that answers 200, their
+/// authorities written to `seen` for the assertions outside the run.
+async fn dead_and_healthy(seen: &Mutex<Option<(String, String)>>) -> (Server, Server) {
+    let dead = Server::start(|_, _| status(503)).await;
+    let healthy = Server::start(|_, _| status(200)).await;
+    *seen.lock().unwrap() = Some(authorities(&dead, &healthy));
+    (dead, healthy)
+}
+
 #[test]
 fn two_hosts_record_a_series_each_and_the_breaker_event_names_the_dead_host() {
     let (heard, observer) = hearing();
     let hosts = Arc::new(Mutex::new(None));
     let seen_hosts = hosts.clone();
     let snapshot = recorded(|| async move {
-        let dead = Server::start(|_, _| status(503)).await;
-        let healthy = Server::start(|_, _| status(200)).await;
-        *seen_hosts.lock().unwrap() = Some(authorities(&dead, &healthy));
+        let (dead, healthy) = dead_and_healthy(&seen_hosts).await;
         let svc = ServiceBuilder::new()
             .layer(
                 HttpRetryLayer::builder()
@@ -198,9 +205,7 @@ fn a_per_host_layer_records_a_series_per_authority() {
     let hosts = Arc::new(Mutex::new(None));
     let seen_hosts = hosts.clone();
     let snapshot = recorded(|| async move {
-        let dead = Server::start(|_, _| status(503)).await;
-        let healthy = Server::start(|_, _| status(200)).await;
-        *seen_hosts.lock().unwrap() = Some(authorities(&dead, &healthy));
+        let (dead, healthy) = dead_and_healthy(&seen_hosts).await;
         let svc = ServiceBuilder::new()
             .layer(
                 HttpRetryLayer::builder()

@@ -203,17 +203,23 @@ async fn a_per_request_timeout_is_kept_on_every_attempt() {
     assert_eq!(started.elapsed(), 2 * Duration::from_secs(1) + 2 * STEP);
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_layer_attempt_timeout_retries_a_hung_attempt() {
-    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
-    let layer = BackoffLayer::builder()
+/// The HTTP policy with a constant short delay, no budget, and each attempt
+/// cut at one second.
+fn timed_layer() -> BackoffLayer<HttpPolicy, tower_backoff::deadline::AttemptTimeout> {
+    BackoffLayer::builder()
         .policy(HttpPolicy::new())
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .attempt_timeout(Duration::from_secs(1))
         .no_budget()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layer_attempt_timeout_retries_a_hung_attempt() {
+    let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
+    let layer = timed_layer();
     let client = client(layer);
     let response = client.get(server.url("/")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -443,14 +449,7 @@ async fn each_attempt_sees_the_extensions_the_last_one_left_and_the_caller_gets_
 #[tokio::test(start_paused = true)]
 async fn an_attempt_cut_by_the_attempt_timeout_leaves_the_extensions_as_they_were() {
     let server = Server::start(|n, _| if n == 0 { Reply::Hang } else { status(200) }).await;
-    let layer = BackoffLayer::builder()
-        .policy(HttpPolicy::new())
-        .schedule(Constant::new(STEP))
-        .jitter(Jitter::None)
-        .attempt_timeout(Duration::from_secs(1))
-        .no_budget()
-        .build()
-        .unwrap();
+    let layer = timed_layer();
     let client = ClientBuilder::new(cases::client())
         .with(BackoffMiddleware::new(layer))
         .with(TallyInExtensions)

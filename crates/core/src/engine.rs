@@ -565,14 +565,19 @@ mod tests {
         Rng::seeded(1)
     }
 
-    /// A bucket of one retry, spent: any retry the budget pays is refused.
-    fn emptied_bucket() -> TokenBucket {
-        let bucket = TokenBucket::builder()
+    /// A bucket that pays exactly one retry, whatever its cause.
+    fn one_retry_bucket() -> TokenBucket {
+        TokenBucket::builder()
             .capacity(5)
             .retry_cost(5)
             .timeout_cost(5)
             .build()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// A bucket of one retry, spent: any retry the budget pays is refused.
+    fn emptied_bucket() -> TokenBucket {
+        let bucket = one_retry_bucket();
         assert!(bucket.try_retry(Cause::Transient), "empties the bucket");
         bucket
     }
@@ -773,12 +778,7 @@ mod tests {
 
     #[test]
     fn a_request_that_cannot_be_copied_ends_before_the_budget_pays() {
-        let bucket = TokenBucket::builder()
-            .capacity(5)
-            .retry_cost(5)
-            .timeout_cost(5)
-            .build()
-            .unwrap();
+        let bucket = one_retry_bucket();
         let schedule = Constant::new(ms(10));
         let rules = Rules {
             budget: Some(&bucket),
@@ -1005,12 +1005,7 @@ mod tests {
 
     #[test]
     fn a_hedge_the_policy_does_not_copy_charges_nothing() {
-        let bucket = TokenBucket::builder()
-            .capacity(5)
-            .retry_cost(5)
-            .timeout_cost(5)
-            .build()
-            .unwrap();
+        let bucket = one_retry_bucket();
         let mut session = Session::new(3, None);
         assert_eq!(
             session.send_hedge(None, Some(&bucket), never, || None::<()>),
@@ -1022,12 +1017,7 @@ mod tests {
 
     #[test]
     fn the_budget_pays_for_each_hedge_and_refuses_when_empty() {
-        let bucket = TokenBucket::builder()
-            .capacity(5)
-            .retry_cost(5)
-            .timeout_cost(5)
-            .build()
-            .unwrap();
+        let bucket = one_retry_bucket();
         let mut session = Session::new(5, None);
         assert_eq!(
             session.send_hedge(None, Some(&bucket), never, || Some(())),
