@@ -354,37 +354,37 @@ async fn when_every_copy_fails_the_attempt_is_retried_and_hedged_again() {
 
 #[tokio::test(start_paused = true)]
 async fn a_zero_delay_sends_every_copy_at_once() {
-    let mut steps = vec![(1, true); 10];
-    steps.extend([(30, true), (20, true), (10, true)]);
-    let host = Host::script(&steps);
+    // Two copies of the first request a layer sees: a cap of `1.0` allows
+    // one hedge per request of the second, and when every request hedges at
+    // once no second has room for more.
+    let host = Host::script(&[(30, true), (10, true)]);
     let (stats, hedges) = (Stats::new(), Hedges::default());
     let hedging = Hedging::after(Duration::ZERO)
-        .max_copies(3)
+        .max_copies(2)
         .max_extra_load(1.0);
     let mut svc = layer(hedging, &stats, &hedges)
         .unwrap()
         .layer(host.service());
-    warm_up(&mut svc, 10).await;
     // Between two of the timer's millisecond ticks, where a zero sleep would
     // wait for the next one.
     tokio::time::advance(Duration::from_micros(500)).await;
     let start = Instant::now();
     let mut attempt = std::pin::pin!(svc.ready().await.unwrap().call(0));
-    // All three go out in the first poll: none waits for a timer.
+    // Both go out in the first poll: none waits for a timer.
     std::future::poll_fn(|cx| {
         assert!(std::future::Future::poll(attempt.as_mut(), cx).is_pending());
         std::task::Poll::Ready(())
     })
     .await;
-    assert_eq!(host.calls(), 13, "every copy at the first poll");
-    assert_eq!(attempt.await.unwrap(), 13);
-    // The third copy's 10 ms, ending on the timer's next tick.
+    assert_eq!(host.calls(), 2, "every copy at the first poll");
+    assert_eq!(attempt.await.unwrap(), 2);
+    // The second copy's 10 ms, ending on the timer's next tick.
     let took = start.elapsed();
     assert!(
         took >= Duration::from_millis(10) && took <= Duration::from_millis(11),
         "{took:?}"
     );
-    assert_eq!((host.calls(), host.cancelled()), (13, 2));
+    assert_eq!((host.calls(), host.cancelled()), (2, 1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -426,7 +426,8 @@ async fn no_hedge_without_traffic_to_grant_it() {
 #[tokio::test(start_paused = true)]
 async fn the_load_cap_holds_when_every_attempt_is_slow() {
     // Everything slows down: 100 requests at once, each slower than the
-    // delay, after a second of 100 quick ones. At 10 %, 10 get a hedge.
+    // delay, 100 ms after 100 quick ones. At 10 % of the 200 requests of
+    // the second that ends at the hedges, 20 get one.
     let host = Host::script(&[]);
     let (stats, hedges) = (Stats::new(), Hedges::default());
     let mut svc = layer(Hedging::after(DELAY), &stats, &hedges)
@@ -440,7 +441,7 @@ async fn the_load_cap_holds_when_every_attempt_is_slow() {
     let calls = (0..100).map(|n| svc.clone().oneshot(n));
     let answers = futures::future::join_all(calls).await;
     assert!(answers.iter().all(Result::is_ok));
-    assert_eq!(stats.snapshot().hedges, 10);
+    assert_eq!(stats.snapshot().hedges, 20);
 }
 
 #[tokio::test(start_paused = true)]

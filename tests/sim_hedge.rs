@@ -238,28 +238,32 @@ fn bimodal_our_hedging_meets_the_issues_targets_at_the_90th_percentile() {
         assert!(r.p999 <= 35 * MS, "seed {seed}: p99.9 {:?}", r.p999);
         assert!(r.extra_share <= 0.06, "seed {seed}: {}", r.extra_share);
         assert!(
-            r.max_second_extra <= 0.10,
+            r.max_second_extra <= 0.10 + ROUNDING,
             "seed {seed}: {}",
             r.max_second_extra
         );
     }
 }
 
-/// The issue asks for p99 ≤ 55 ms at ≤ 10 % extra attempts here: missed.
-/// One hedge at a fixed delay `d` gives `P(T > x) = P(O > x) P(H > x - d)`,
-/// smallest for the shortest `d` the 10 % allows, the 90th percentile
-/// (36 ms); for independent log-normal attempts that puts the p99 at
-/// 56.4 ms, above 55 ms before any measurement error. Ours reaches 63 ms
-/// at 8 % extra (the load cap trims the busiest seconds); `tower::hedge`
-/// 56 ms at 10.6 %, over the 10 %. Asserted: every second within 10 %,
-/// and the p99 well below no hedging's 104 ms.
+/// The issue's goals here: the p99 within 3 % of what one hedge can do
+/// for the extra load spent, and at most 58 ms at ≤ 10 % extra. One hedge
+/// at a fixed delay `d` gives `P(T > x) = P(O > x) P(H > x - d)`, best when
+/// every attempt past `d` is hedged and nothing else: for an extra load
+/// `e`, `d` is the `1 - e` quantile ([`one_hedge_p99`]). Measured: 60.6 ms
+/// at 8.6 %, 3.9 % above that limit (58.3 ms), so both goals are missed,
+/// narrowly: the cap still turns hedges away in the seconds busier than the
+/// average, and those attempts keep their whole latency. Before the delay
+/// followed first copies only and stayed within the cap, 63.2 ms at 8.3 %,
+/// 7 % above. `tower::hedge` reaches 55.6 ms at 10.6 %, 16 % in its worst
+/// second. Asserted: every second within 10 %, and the p99 within 5 % of
+/// the limit for the load spent, over the seeds.
 #[test]
 fn log_normal_our_hedging_stays_within_10_percent_every_second() {
     let runs = measure(Backend::LogNormal);
     for stack_name in [OURS_90, OURS_95] {
         for (seed, r) in SEEDS.iter().zip(stack(&runs, stack_name)) {
             assert!(
-                r.max_second_extra <= 0.10,
+                r.max_second_extra <= 0.10 + ROUNDING,
                 "{stack_name}, seed {seed}: {}",
                 r.max_second_extra
             );
@@ -270,9 +274,79 @@ fn log_normal_our_hedging_stays_within_10_percent_every_second() {
             );
         }
     }
-    for (seed, r) in SEEDS.iter().zip(stack(&runs, OURS_90)) {
-        assert!(r.p99 <= 70 * MS, "seed {seed}: p99 {:?}", r.p99);
+    // Over the seeds: each p99 is read to the millisecond the simulation
+    // ticks in, 2 % of it.
+    let ours = stack(&runs, OURS_90);
+    let mean = |f: &dyn Fn(&TailReport) -> f64| ours.iter().map(f).sum::<f64>() / ours.len() as f64;
+    let p99 = mean(&|r| r.p99.as_secs_f64());
+    let limit = mean(&|r| one_hedge_p99(r.extra_share).as_secs_f64());
+    let above = p99 / limit - 1.0;
+    println!(
+        "log-normal, 90th percentile: p99 {:.1} ms at {:.1} % extra, the one-hedge limit {:.1} ms: {:.1} % above",
+        p99 * 1000.0,
+        100.0 * mean(&|r| r.extra_share),
+        limit * 1000.0,
+        100.0 * above
+    );
+    assert!(above <= 0.05, "{above}");
+}
+
+/// A share computed as `attempts / requests - 1` is exactly 10 % give or
+/// take the last bit of a float.
+const ROUNDING: f64 = 1e-9;
+
+/// The p99 of `min(O, d + H)` for independent log-normal `O` and `H`
+/// (median 10 ms, sigma 1) with `d` the `1 - extra` quantile: the best one
+/// hedge per attempt can do for `extra` hedges per request.
+fn one_hedge_p99(extra: f64) -> Duration {
+    // The standard normal's tail, erfc by Abramowitz and Stegun 7.1.26
+    // (error under 1.5e-7), enough for a millisecond.
+    fn tail(z: f64) -> f64 {
+        let x = z.abs() / std::f64::consts::SQRT_2;
+        let t = 1.0 / (1.0 + 0.327_591_1 * x);
+        let poly = t
+            * (0.254_829_592
+                + t * (-0.284_496_736
+                    + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+        let erfc = poly * (-x * x).exp();
+        if z >= 0.0 {
+            erfc / 2.0
+        } else {
+            1.0 - erfc / 2.0
+        }
     }
+    let survival = |ms: f64| {
+        if ms <= 0.0 {
+            1.0
+        } else {
+            tail((ms / 10.0).ln())
+        }
+    };
+    // Bisection on a decreasing function: where it crosses `target`.
+    let solve = |f: &dyn Fn(f64) -> f64, target: f64| {
+        let (mut low, mut high) = (0.0, 10_000.0);
+        for _ in 0..100 {
+            let mid = (low + high) / 2.0;
+            if f(mid) > target {
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+        low
+    };
+    let delay = solve(&survival, extra);
+    let p99 = solve(&|x| survival(x) * survival(x - delay), 0.01);
+    Duration::from_secs_f64(p99 / 1000.0)
+}
+
+#[test]
+fn the_one_hedge_limit_is_the_known_one() {
+    // At 10 % extra the delay is the 90th percentile, 36 ms, and the p99
+    // 56.4 ms; at 8.4 %, 58.7 ms (the issue's figures).
+    let at = |extra| one_hedge_p99(extra).as_secs_f64() * 1000.0;
+    assert!((56.2..56.6).contains(&at(0.10)), "{}", at(0.10));
+    assert!((58.5..58.9).contains(&at(0.084)), "{}", at(0.084));
 }
 
 #[test]
@@ -313,7 +387,7 @@ fn slowdown_our_hedging_adds_at_most_10_percent_in_every_second() {
     for stack_name in [OURS_90, OURS_95] {
         for (seed, r) in SEEDS.iter().zip(stack(&runs, stack_name)) {
             assert!(
-                r.max_second_extra <= 0.10,
+                r.max_second_extra <= 0.10 + ROUNDING,
                 "{stack_name}, seed {seed}: {}",
                 r.max_second_extra
             );
@@ -321,8 +395,9 @@ fn slowdown_our_hedging_adds_at_most_10_percent_in_every_second() {
     }
 }
 
-/// The issue's target behind 20 workers at about 75 % busy: median and p99
-/// no worse than sending no hedges.
+/// The issue's target behind 20 workers at about 75 % busy: median, p99
+/// and p99.9 no worse than sending no hedges, and at most 10 % extra in
+/// every second.
 #[test]
 fn with_workers_our_hedging_is_no_worse_than_no_hedging() {
     let runs = measure(Backend::Workers);
@@ -339,6 +414,16 @@ fn with_workers_our_hedging_is_no_worse_than_no_hedging() {
                 ours.p99 <= none.p99,
                 "{stack_name}, seed {seed}: p99 {:?}",
                 ours.p99
+            );
+            assert!(
+                ours.p999 <= none.p999,
+                "{stack_name}, seed {seed}: p99.9 {:?}",
+                ours.p999
+            );
+            assert!(
+                ours.max_second_extra <= 0.10 + ROUNDING,
+                "{stack_name}, seed {seed}: {}",
+                ours.max_second_extra
             );
         }
     }

@@ -138,6 +138,17 @@ pub(crate) struct HedgeGates<'a, B: ?Sized> {
     pub(crate) budget: Option<&'a B>,
 }
 
+/// Whether a hedge may go out now: [`Session::may_hedge`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HedgeAdmission {
+    /// Nothing stands in its way.
+    Admitted,
+    /// Only the load cap is full: ask again a little later.
+    Later,
+    /// The attempt limit, the deadline, the breaker or the budget refuse it.
+    Refused,
+}
+
 /// One request's retries: how many attempts went out, what was slept, and
 /// where the schedule stands.
 #[derive(Debug, Clone)]
@@ -446,17 +457,27 @@ impl Session {
     /// then commits it. The one place a hedge is admitted, as
     /// [`decide`](Self::decide) is for a retry; the policy's say on the copy
     /// is asked in between.
-    pub(crate) fn may_hedge<B>(&self, gates: &HedgeGates<'_, B>, now: Instant) -> bool
+    ///
+    /// Only the load cap says [`Later`](HedgeAdmission::Later): its room
+    /// grows with every request that comes, so a hedge it turns away now
+    /// may go out a little later, while the attempt is still pending.
+    pub(crate) fn may_hedge<B>(&self, gates: &HedgeGates<'_, B>, now: Instant) -> HedgeAdmission
     where
         B: Budget + ?Sized,
     {
-        self.has_room_for_hedge()
+        let admitted = self.has_room_for_hedge()
             && self.deadline.is_none_or(|deadline| now < deadline)
-            && gates.cap.would_take(now)
             && gates
                 .breaker
                 .is_none_or(|b| b.state() == crate::breaker::BreakerState::Closed)
-            && gates.budget.is_none_or(|b| b.would_allow(Cause::Hedge))
+            && gates.budget.is_none_or(|b| b.would_allow(Cause::Hedge));
+        if !admitted {
+            HedgeAdmission::Refused
+        } else if gates.cap.would_take(now) {
+            HedgeAdmission::Admitted
+        } else {
+            HedgeAdmission::Later
+        }
     }
 
     /// [`send_hedge`](Self::send_hedge) at `now`, within the load cap of
@@ -940,6 +961,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_hedge_is_admitted_before_readiness_on_what_would_refuse_it_at_send() {
+        use HedgeAdmission::{Admitted, Later, Refused};
         let cap = LoadCap::new(1.0);
         let bucket = emptied_bucket();
         let gates = |budget| HedgeGates {
@@ -949,12 +971,20 @@ mod tests {
         };
         let session = Session::new(3, None);
         let now = Instant::now();
-        assert!(!session.may_hedge(&gates(NO_BUDGET), now), "no traffic");
+        assert_eq!(
+            session.may_hedge(&gates(NO_BUDGET), now),
+            Later,
+            "no traffic yet"
+        );
         cap.on_request(now);
         tokio::time::advance(Duration::from_millis(200)).await;
         let now = Instant::now();
-        assert!(session.may_hedge(&gates(NO_BUDGET), now));
-        assert!(!session.may_hedge(&gates(Some(&bucket)), now), "no budget");
+        assert_eq!(session.may_hedge(&gates(NO_BUDGET), now), Admitted);
+        assert_eq!(
+            session.may_hedge(&gates(Some(&bucket)), now),
+            Refused,
+            "no budget"
+        );
         // Refused at send after all: the cap's hedge is given back.
         let mut refused = session.clone();
         assert_eq!(
@@ -967,9 +997,26 @@ mod tests {
             sent.send_hedge_through(&gates(NO_BUDGET), now, || Some(())),
             Some(())
         );
-        assert!(!sent.may_hedge(&gates(NO_BUDGET), now), "the cap is spent");
+        // The cap is spent, and it alone: a hedge may go out later.
+        assert_eq!(sent.may_hedge(&gates(NO_BUDGET), now), Later);
+        // With the budget refusing too, no hedge will.
+        assert_eq!(sent.may_hedge(&gates(Some(&bucket)), now), Refused);
         let late = Session::new(3, Some(now));
-        assert!(!late.may_hedge(&gates(NO_BUDGET), now), "at the deadline");
+        assert_eq!(
+            late.may_hedge(&gates(NO_BUDGET), now),
+            Refused,
+            "at the deadline"
+        );
+        let mut full = Session::new(2, None);
+        assert_eq!(
+            full.send_hedge(None, NO_BUDGET, || now, || Some(())),
+            Some(())
+        );
+        assert_eq!(
+            full.may_hedge(&gates(NO_BUDGET), now),
+            Refused,
+            "no attempt left"
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::budget::Budget;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, HedgeSlot, NoTimeout};
 use crate::decision::{Cause, Decision};
-use crate::engine::{Ending, HedgeGates, Retry, Session};
+use crate::engine::{Ending, HedgeAdmission, HedgeGates, Retry, Session};
 use crate::events::{EndArgs, Event, HedgeArgs, HedgeEvent, OutcomeKind, RejectArgs, RetryArgs};
 use crate::hedge::{Copies, CopySent, Hedger};
 use crate::policy::{Policy, PrepareRetry};
@@ -82,8 +82,11 @@ pin_project! {
         // The request, kept to classify outcomes and to copy for each retry;
         // `None` when the policy would not copy it.
         request: Option<Req>,
-        // Sends the retries.
-        inner: S,
+        // Sends the retries; dropped when the request ends, so that a
+        // service readied for a retry that was then stopped gives back what
+        // its readiness reserved (a concurrency permit) at once, not when
+        // the caller drops the finished future.
+        inner: Option<S>,
         config: Arc<Config<P, T>>,
         // A hedged layer's request whose first attempt, still pinned in
         // `state`, began hedging at its first poll: its tracked state, until
@@ -298,7 +301,7 @@ where
         Self {
             state: State::First { future, timer },
             request,
-            inner,
+            inner: Some(inner),
             config,
             hedging: Default::default(),
         }
@@ -338,7 +341,7 @@ where
                 tracked: Box::into_pin(tracked),
             },
             request,
-            inner,
+            inner: Some(inner),
             config,
             hedging: Default::default(),
         }
@@ -361,7 +364,7 @@ where
         Self {
             state: State::Tracked { tracked },
             request: None,
-            inner,
+            inner: Some(inner),
             config,
             hedging: Default::default(),
         }
@@ -516,8 +519,17 @@ type TrackedOf<S, Req, T> = Tracked<
 /// retries and the settings that judge the outcomes.
 struct Transitions<'a, S, P, Req, T> {
     request: &'a mut Option<Req>,
-    inner: &'a mut S,
+    inner: &'a mut Option<S>,
     config: &'a Config<P, T>,
+}
+
+impl<S, P, Req, T> Transitions<'_, S, P, Req, T> {
+    /// The service that sends the retries, until the request ends.
+    fn service(&mut self) -> &mut S {
+        self.inner
+            .as_mut()
+            .expect("a request sends nothing once it has ended")
+    }
 }
 
 impl<S, P, Req, T> Transitions<'_, S, P, Req, T>
@@ -560,7 +572,8 @@ where
                     // Zero-delay retries against a ready service would never
                     // yield: spend tokio's task budget like any I/O would.
                     let coop = ready!(tokio::task::coop::poll_proceed(cx));
-                    let ready = poll_ready_to_send(self.inner, &mut progress.gate, self.config, cx);
+                    let config = self.config;
+                    let ready = poll_ready_to_send(self.service(), &mut progress.gate, config, cx);
                     match ready {
                         Poll::Ready(readiness) => {
                             coop.made_progress();
@@ -892,7 +905,12 @@ where
         // The attempt's future is built where it will be polled: returned
         // first, it would be copied once more (measured: 36 instructions per
         // retry).
-        let future = span::retry(self.inner.call(copy), attempt + 1, &retry, &config.origin);
+        let future = span::retry(
+            self.service().call(copy),
+            attempt + 1,
+            &retry,
+            &config.origin,
+        );
         match config.hedger() {
             None => phase.set(Phase::Called { future, timer }),
             Some(_) => phase.set(hedged(
@@ -936,7 +954,7 @@ where
         } = copy;
         // An answer at the first poll is not a latency the hedging follows.
         if !first_poll {
-            hedger(self.config).on_copy_end(sent.at, Instant::now);
+            hedger(self.config).on_copy_end(&sent, Instant::now);
         }
         let pending = copies.len() > 0;
         let (after, cause) = match self.judge(&outcome, sent.stamp, sent.paid) {
@@ -1036,8 +1054,12 @@ where
             budget: config.budget(),
         };
         let now = Instant::now();
-        if !progress.session.may_hedge(&gates, now) {
-            return Poll::Ready(None);
+        match progress.session.may_hedge(&gates, now) {
+            HedgeAdmission::Admitted => {}
+            HedgeAdmission::Refused => return Poll::Ready(None),
+            HedgeAdmission::Later => {
+                return Poll::Ready(Some(ask_again(delay, copies.started(), now)))
+            }
         }
         let attempt = progress.session.attempts() + 1;
         // Made before readiness, to ask the policy; made again at the next
@@ -1049,7 +1071,7 @@ where
             return Poll::Ready(None);
         }
         if ready!(poll_ready_to_send(
-            self.inner,
+            self.service(),
             &mut progress.gate,
             config,
             cx
@@ -1074,7 +1096,7 @@ where
             stamp: pacing_stamp(config, &mut progress.gate),
         };
         copies.push(
-            span::hedge(self.inner.call(copy), attempt, &config.origin),
+            span::hedge(self.service().call(copy), attempt, &config.origin),
             sent,
         );
         Poll::Ready(Some(delay))
@@ -1089,7 +1111,7 @@ where
         let hedger = hedger(self.config);
         let now = Instant::now();
         copies.cancel(|sent| {
-            hedger.on_copy_end(sent.at, || now);
+            hedger.on_copy_end(&sent, || now);
             self.config
                 .emit(|| hedge_event(sent.attempt, HedgeEvent::Cancelled));
         });
@@ -1102,6 +1124,9 @@ where
         outcome: Outcome<S, Req, T>,
         ending: Ending,
     ) -> Flow<Outcome<S, Req, T>> {
+        // Nothing more goes out: a service readied for a retry or a hedge
+        // that was stopped at send releases what it reserved now.
+        *self.inner = None;
         let session = &progress.session;
         let (attempts, transparent) = (session.attempts(), session.transparent_retries());
         let (hedges, slept) = (session.hedges(), session.slept());
@@ -1140,6 +1165,16 @@ where
 /// replay limit since.
 fn copy_for<Req, Res, E, P: Policy<Req, Res, E>>(policy: &P, request: &Option<Req>) -> Option<Req> {
     policy.clone_request(request.as_ref()?)
+}
+
+/// When a hedge the load cap turned away asks again: soon after a short
+/// wait, when the cap may have room for it (each request that comes adds
+/// some), and less often the longer the attempt has been pending. A hedge
+/// that goes out a little late still cuts the tail that one never sent
+/// leaves in place, and an attempt pending for long asks only a few times.
+fn ask_again(delay: Duration, started: Instant, now: Instant) -> Duration {
+    let pending = now.saturating_duration_since(started);
+    (delay.max(pending) / 4).max(Duration::from_millis(1))
 }
 
 /// The longer of two delays a server may have named.

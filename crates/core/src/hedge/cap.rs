@@ -2,6 +2,10 @@
 //! second, not only on average. When latency rises for everyone, every
 //! request passes the hedge delay; the cap is what keeps hedging from adding
 //! load to a server that is slow already.
+//!
+//! A second's hedges are held to the share of that same second's requests,
+//! counted as they arrive: a second with fewer requests than the one before
+//! gets fewer hedges, not the share of the busier one.
 
 use std::time::Duration;
 
@@ -13,8 +17,8 @@ use crate::sync::{AtomicU64, Ordering};
 const SLOT: Duration = Duration::from_millis(100);
 /// Slots in a second.
 const SECOND: u64 = 10;
-/// The ring holds a second of full slots and the current one.
-const RING: usize = SECOND as usize + 1;
+/// The ring holds the slots of the last second, the current one included.
+const RING: usize = SECOND as usize;
 /// A slot's counts are tagged with the slot's number in their high bits, so
 /// that a count and the slot it belongs to change in one atomic step: a
 /// slot reused a ring later starts from zero without a reset that could race
@@ -23,7 +27,7 @@ const RING: usize = SECOND as usize + 1;
 const COUNT_BITS: u32 = 24;
 const COUNT: u64 = (1 << COUNT_BITS) - 1;
 
-/// Hedges at most `share` of the requests of the last second.
+/// Hedges at most `share` of the requests of a second, in every second.
 pub(crate) struct LoadCap {
     share: f64,
     origin: Instant,
@@ -59,11 +63,12 @@ impl LoadCap {
         add(&self.slot(epoch).requests, epoch, u64::MAX);
     }
 
-    /// Takes a hedge at `now` if the hedges of the last second, this one
-    /// included, stay within the share of the requests of the last full
-    /// second: so whatever second a clock on the wall picks, it holds no
-    /// more hedges than the share of its requests. Exact under concurrent
-    /// callers: the last check and the count are one atomic step.
+    /// Takes a hedge at `now` if, with it, the hedges of the second that
+    /// ends now stay within the share of that same second's requests, those
+    /// that arrived so far in its last slot included: so a second with fewer
+    /// requests than the one before it gets fewer hedges, not the share of
+    /// the busier one. Exact under concurrent callers: the last check and
+    /// the count are one atomic step.
     pub(crate) fn try_take(&self, now: Instant) -> bool {
         let current = self.epoch(now);
         add(&self.slot(current).hedges, current, self.room(current))
@@ -78,14 +83,16 @@ impl LoadCap {
         taken < self.room(current)
     }
 
-    /// The hedges slot `current` may hold: the share of the requests of the
-    /// last full second, less the hedges of its earlier slots.
+    /// The hedges slot `current` may hold: the share of the requests of
+    /// the second that ends with it, less the hedges of its earlier slots.
     fn room(&self, current: u64) -> u64 {
         let (mut requests, mut earlier_hedges) = (0u64, 0u64);
-        for epoch in current.saturating_sub(SECOND)..current {
+        for epoch in current.saturating_sub(SECOND - 1)..=current {
             let slot = self.slot(epoch);
             requests += count(slot.requests.load(Ordering::Relaxed), epoch);
-            earlier_hedges += count(slot.hedges.load(Ordering::Relaxed), epoch);
+            if epoch != current {
+                earlier_hedges += count(slot.hedges.load(Ordering::Relaxed), epoch);
+            }
         }
         // Floored: a hedge is whole.
         let allowed = (self.share * requests as f64) as u64;
@@ -166,16 +173,31 @@ mod tests {
         (0..1000).take_while(|_| cap.try_take(now)).count() as u32
     }
 
+    /// Within a second's slots: the last request at 998 ms, the clock at
+    /// 999 ms.
+    const WITHIN_A_SECOND: Duration = Duration::from_millis(999);
+
     #[tokio::test(start_paused = true)]
     async fn hedges_a_share_of_the_last_seconds_requests() {
         let cap = LoadCap::new(0.1);
         // No requests counted yet: no hedge.
         assert_eq!(hedges(&cap), 0);
-        requests(&cap, 500, Duration::from_secs(1)).await;
+        requests(&cap, 500, WITHIN_A_SECOND).await;
         assert_eq!(hedges(&cap), 50);
-        // Still within the same second: nothing more.
+        // Half a second on, the last second holds those 50 hedges and
+        // half the requests: nothing more.
         tokio::time::advance(Duration::from_millis(500)).await;
         assert_eq!(hedges(&cap), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quieter_second_gets_the_share_of_its_own_requests() {
+        let cap = LoadCap::new(0.1);
+        requests(&cap, 500, Duration::from_secs(1)).await;
+        // A second of 100 requests after one of 500: 10 hedges, not the
+        // share of the busier second before it.
+        requests(&cap, 100, WITHIN_A_SECOND).await;
+        assert_eq!(hedges(&cap), 10);
     }
 
     #[tokio::test(start_paused = true)]
@@ -202,8 +224,9 @@ mod tests {
 
     proptest::proptest! {
         /// Whatever the traffic, each hedge granted at slot `k` leaves the
-        /// hedges of slots `k - 10 ..= k` within the share of the requests
-        /// of the full slots `k - 10 ..= k - 1`: what the docs promise.
+        /// hedges of the second that ends with it, slots `k - 9 ..= k`,
+        /// within the share of that second's requests so far: what the
+        /// docs promise.
         #[test]
         fn no_hedge_is_granted_past_the_share_of_the_last_second(
             steps in proptest::collection::vec((0u64..350, 0u32..40, 0u32..12), 1..120),
@@ -230,15 +253,12 @@ mod tests {
                         if cap.try_take(now) {
                             hedges.push(slot(now));
                             let k = slot(now);
-                            let window = k.saturating_sub(SECOND)..=k;
+                            let window = k.saturating_sub(SECOND - 1)..=k;
                             let granted = hedges.iter().filter(|s| window.contains(s)).count();
-                            let before = requests
-                                .iter()
-                                .filter(|&&s| s + SECOND >= k && s < k)
-                                .count();
+                            let arrived = requests.iter().filter(|s| window.contains(s)).count();
                             assert!(
-                                granted as f64 <= share * before as f64,
-                                "{granted} hedges at slot {k} for {before} requests at {share}"
+                                granted as f64 <= share * arrived as f64,
+                                "{granted} hedges at slot {k} for {arrived} requests at {share}"
                             );
                         }
                     }
@@ -250,7 +270,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn would_take_says_what_try_take_does_and_takes_nothing() {
         let cap = LoadCap::new(0.2);
-        requests(&cap, 10, Duration::from_secs(1)).await;
+        requests(&cap, 10, WITHIN_A_SECOND).await;
         let now = Instant::now();
         for _ in 0..2 {
             assert!(cap.would_take(now));
@@ -264,7 +284,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hedge_given_back_frees_its_place() {
         let cap = LoadCap::new(0.1);
-        requests(&cap, 10, Duration::from_secs(1)).await;
+        requests(&cap, 10, WITHIN_A_SECOND).await;
         let now = Instant::now();
         assert!(cap.try_take(now));
         assert!(!cap.try_take(now));

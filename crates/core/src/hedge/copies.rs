@@ -103,6 +103,11 @@ impl<F: Future> Copies<F> {
         sent.attempt
     }
 
+    /// When the first copy went out, or was found pending.
+    pub(crate) fn started(&self) -> Instant {
+        self.first_sent.at
+    }
+
     /// Copies still pending.
     pub(crate) fn len(&self) -> usize {
         usize::from(self.first.is_some() || self.outside != Outside::No) + self.hedges.len()
