@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_backoff::breaker::{BreakerState, CircuitBreaker};
-use tower_backoff::{classify_fn, BackoffLayer, Constant, Decision, Jitter};
+use tower_backoff::{classify_fn, AdaptivePacing, BackoffLayer, Cause, Constant, Decision, Jitter};
 
 const STEP: Duration = Duration::from_millis(100);
 
@@ -468,7 +468,6 @@ mod http {
 // --- breaker × readiness -------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-#[ignore = "defect: the finished future keeps the permit its retry's readiness took until it is dropped"]
 async fn a_retry_the_breaker_stops_after_readiness_gives_the_concurrency_permit_back() {
     use futures::FutureExt;
     use tower::limit::ConcurrencyLimit;
@@ -505,16 +504,283 @@ async fn a_retry_the_breaker_stops_after_readiness_gives_the_concurrency_permit_
         "the real outcome"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the retry never went out");
-    // The finished future is still held: it must not hold the permit.
-    assert!(
-        other.clone().ready_oneshot().now_or_never().is_some(),
-        "the permit the retry's readiness took is free for another caller"
-    );
+    assert_the_permit_is_free(&other);
     drop(call);
     assert!(
         other.ready().now_or_never().is_some(),
         "dropped, it gives it back"
     );
+}
+
+/// `other`, a clone of a concurrency limit of one, can take the permit: the
+/// one a retry's readiness took must be back once the retry was stopped at
+/// send, while its finished future is still held.
+fn assert_the_permit_is_free<S: Service<u32> + Clone>(other: &tower::limit::ConcurrencyLimit<S>) {
+    use futures::FutureExt;
+    assert!(
+        other.clone().ready_oneshot().now_or_never().is_some(),
+        "the permit the retry's readiness took is free for another caller"
+    );
+}
+
+// --- breaker × readiness: a retry the budget or the deadline stops at send ----
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_the_budget_refuses_after_readiness_gives_the_concurrency_permit_back() {
+    use tower::limit::ConcurrencyLimit;
+    use tower_backoff::{Budget, TokenBucket};
+
+    let calls = Arc::new(AtomicU32::new(0));
+    let limited = ConcurrencyLimit::new(failing(u32::MAX, &calls), 1);
+    let other = limited.clone();
+    // One retry's worth: enough when the retry is decided.
+    let bucket = Arc::new(
+        TokenBucket::builder()
+            .initial_tokens(5)
+            .retry_cost(5)
+            .build()
+            .unwrap(),
+    );
+    let mut svc = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_secs(1)))
+        .jitter(Jitter::None)
+        .budget(bucket.clone())
+        .build()
+        .unwrap()
+        .layer(limited);
+    svc.ready().await.unwrap();
+    let mut call = Box::pin(svc.call(7));
+    let sleeping = tokio::time::timeout(Duration::from_millis(500), call.as_mut()).await;
+    assert!(
+        sleeping.is_err(),
+        "the first attempt failed: its retry sleeps"
+    );
+    // Another request spends the budget during the sleep: the retry, once
+    // its service is ready, is refused at send.
+    assert!(bucket.try_retry(Cause::Transient));
+    assert_eq!(bucket.balance(), Some(0));
+    let error = call.as_mut().await.unwrap_err();
+    assert_eq!(error.to_string(), "call 1 failed", "the real outcome");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the retry never went out");
+    assert_the_permit_is_free(&other);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_ready_only_past_the_deadline_gives_the_concurrency_permit_back() {
+    use futures::FutureExt;
+    use tower::limit::ConcurrencyLimit;
+
+    let calls = Arc::new(AtomicU32::new(0));
+    let limited = ConcurrencyLimit::new(failing(u32::MAX, &calls), 1);
+    let mut holder = limited.clone();
+    let other = limited.clone();
+    let mut svc = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_secs(1)))
+        .jitter(Jitter::None)
+        .no_budget()
+        .max_elapsed(Duration::from_millis(1_500))
+        .build()
+        .unwrap()
+        .layer(limited);
+    svc.ready().await.unwrap();
+    // Polled by hand, so the permit can come back past the deadline before
+    // the future sees its alarm: readiness is then answered first.
+    let mut call = Box::pin(svc.call(7));
+    assert!(call.as_mut().now_or_never().is_none(), "the retry sleeps");
+    holder.ready().await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(
+        call.as_mut().now_or_never().is_none(),
+        "the retry waits for the permit"
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    drop(holder);
+    let error = call
+        .as_mut()
+        .now_or_never()
+        .expect("ready past the deadline: ended at send")
+        .unwrap_err();
+    assert_eq!(error.to_string(), "call 1 failed", "the real outcome");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the retry never went out");
+    assert_the_permit_is_free(&other);
+}
+
+// --- pacing --------------------------------------------------------------------
+
+/// The interval [`engaged_pacing`] leaves: one send every 1.5 s.
+const PACED: Duration = Duration::from_millis(1_500);
+
+/// Pacing with unrandomized slots, engaged by another client of it: two
+/// throttled answers a second apart, the second closing the round the first
+/// opened with one send in it and nothing accepted (an outage), cut it one
+/// ×1.5 step below that send a second.
+async fn engaged_pacing() -> AdaptivePacing {
+    let pacing = AdaptivePacing::builder()
+        .randomization(0.0)
+        .build()
+        .unwrap();
+    let throttled = BackoffLayer::builder()
+        .policy(classify_fn(|_: &u32, _: &Result<u32, io::Error>| {
+            Decision::retry().because(Cause::Throttled)
+        }))
+        .max_attempts(1)
+        .pacing(pacing.clone())
+        .build()
+        .unwrap()
+        .layer(service_fn(|n: u32| async move { Ok::<_, io::Error>(n) }));
+    throttled.clone().oneshot(0).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    throttled.oneshot(1).await.unwrap();
+    assert_eq!(pacing.interval(), PACED);
+    pacing
+}
+
+/// A service whose first `fails` calls fail after `latency` and whose others
+/// answer after it, recording when each call went out.
+fn logged(
+    fails: usize,
+    latency: Duration,
+    sent: &Arc<Mutex<Vec<Instant>>>,
+) -> impl Service<u32, Response = u32, Error = io::Error, Future = impl Send> + Clone {
+    let sent = sent.clone();
+    service_fn(move |n: u32| {
+        let call = {
+            let mut sent = sent.lock().unwrap();
+            sent.push(Instant::now());
+            sent.len()
+        };
+        async move {
+            tokio::time::sleep(latency).await;
+            if call <= fails {
+                Err(io::Error::other(format!("call {call} failed")))
+            } else {
+                Ok(n)
+            }
+        }
+    })
+}
+
+// --- breaker × pacing ----------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_rejects_a_paced_request_at_call_and_the_pacing_counts_no_send() {
+    let pacing = engaged_pacing().await;
+    let breaker = breaker(2);
+    breaker.record(true);
+    breaker.record(true);
+    assert_eq!(breaker.state(), BreakerState::Open);
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut svc = BackoffLayer::builder()
+        .no_budget()
+        .pacing(pacing.clone())
+        .circuit_breaker(breaker.clone())
+        .build()
+        .unwrap()
+        .layer(failing(0, &calls));
+    let before = pacing.metrics();
+    let start = Instant::now();
+    // Pacing is backpressure in `poll_ready`; the breaker is asked at call.
+    svc.ready().await.unwrap();
+    assert_eq!(start.elapsed(), PACED, "the caller waited for its slot");
+    let error = svc.call(7).await.unwrap_err();
+    assert!(error.is_breaker_open(), "{error}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let after = pacing.metrics();
+    assert_eq!(after.sleeps, before.sleeps + 1, "the wait is counted");
+    assert_eq!(
+        after.invocations, before.invocations,
+        "but no send: nothing went out"
+    );
+    assert_eq!(after.interval, PACED, "and the rejection taught it nothing");
+    assert_eq!(after.raised, before.raised);
+}
+
+// --- pacing × attempt timeout --------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_a_pacing_slot_does_not_count_against_the_attempt_timeout() {
+    let pacing = engaged_pacing().await;
+    let latency = Duration::from_millis(10);
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let svc = BackoffLayer::builder()
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .no_budget()
+        .max_attempts(2)
+        .attempt_timeout(Duration::from_secs(1))
+        .pacing(pacing.clone())
+        .build()
+        .unwrap()
+        .layer(logged(1, latency, &sent));
+    let before = pacing.metrics();
+    assert_eq!(svc.oneshot(7).await.unwrap(), 7, "no attempt timed out");
+    let sent = sent.lock().unwrap();
+    assert_eq!(sent.len(), 2);
+    // The first attempt failed after 10 ms, its retry slept STEP, then
+    // waited for its slot 1.5 s after the first attempt's: longer than the
+    // attempt timeout.
+    let waited = sent[1] - sent[0] - latency - STEP;
+    assert!(waited > Duration::from_secs(1), "{waited:?}");
+    assert_eq!(sent[1] - sent[0], PACED);
+    assert_eq!(pacing.metrics().sleeps, before.sleeps + 2);
+}
+
+// --- pacing × server delay -----------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_the_server_delay_then_its_pacing_slot_and_the_delay_cuts_the_pacing() {
+    let pacing = engaged_pacing().await;
+    // When each call went out, and how many cuts the pacing had made then.
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let log = sent.clone();
+    let watched = pacing.clone();
+    let inner = service_fn(move |n: u32| {
+        let call = {
+            let mut sent = log.lock().unwrap();
+            sent.push((Instant::now(), watched.metrics().raised));
+            sent.len()
+        };
+        async move {
+            if call == 1 {
+                Err(io::Error::other("busy"))
+            } else {
+                Ok(n)
+            }
+        }
+    });
+    let delay = Duration::from_secs(1);
+    let svc = BackoffLayer::builder()
+        .policy(classify_fn(
+            move |_: &u32, result: &Result<u32, io::Error>| match result {
+                Ok(_) => Decision::Success,
+                // Not throttled by its cause: by the server's delay alone.
+                Err(_) => Decision::retry_after(delay),
+            },
+        ))
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .no_budget()
+        .pacing(pacing.clone())
+        .build()
+        .unwrap()
+        .layer(inner);
+    let before = pacing.metrics();
+    assert_eq!(svc.oneshot(7).await.unwrap(), 7);
+    let sent = sent.lock().unwrap();
+    let [(first, cuts), (retry, cuts_then)] = sent[..] else {
+        panic!("two attempts: {sent:?}");
+    };
+    // The delayed failure ended the pacing's round: a throttled round, cut
+    // (a plain failure would have left it as it was). Nothing got through,
+    // so the cut keeps one step below the last send rate: still 1.5 s.
+    assert_eq!(cuts_then, cuts + 1, "the server's delay was a throttle");
+    // The retry waited the server's 1 s, then the rest of the way to its
+    // slot, 1.5 s after the first attempt's; a slot waited for before the
+    // delay would have come 1.5 s + 1 s after it.
+    let gap = retry - first;
+    assert!(gap > delay, "{gap:?}");
+    assert_eq!(gap, PACED, "the slot, not the slot plus the delay");
+    assert_eq!(pacing.metrics().sleeps, before.sleeps + 2, "both waited");
 }
 
 // --- replay, buffering, breaker, budget, deadline and readiness over HTTP ------
@@ -541,7 +807,7 @@ mod http_bodies {
     use tower_backoff::http::{HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo};
     use tower_backoff::{BackoffLayer, Cause, Constant, Hedging, Jitter};
 
-    use super::http_server::{http_layer, http_layer_with, status, Reply, Server};
+    use super::http_server::{http_layer, http_layer_with, status, with_body, Reply, Server};
 
     /// `len` bytes that differ from their neighbours, so a dropped or
     /// reordered chunk shows.
@@ -870,5 +1136,133 @@ mod http_bodies {
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, pattern(1000), "the hedge's whole body");
         assert_eq!(server.requests(), 3);
+    }
+
+    // --- pacing × replay -----------------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replayed_retry_waits_its_pacing_slot_and_is_sent_whole_after_the_wait() {
+        let pacing = super::engaged_pacing().await;
+        let server = Server::start(|n, _| match n {
+            0 => status(502),
+            _ => status(200),
+        })
+        .await;
+        let svc = ServiceBuilder::new()
+            .layer(
+                HttpRetryLayer::builder()
+                    .schedule(Constant::new(super::STEP))
+                    .jitter(Jitter::None)
+                    .no_budget()
+                    .pacing(pacing.clone())
+                    .build()
+                    .unwrap(),
+            )
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        let before = pacing.metrics();
+        let (body, sent, _) = upload();
+        let request = Request::put(server.url("/upload"))
+            .body(ReplayBody::new(body))
+            .unwrap();
+        let response = svc.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(attempts(&response), 2);
+        let seen = server.seen();
+        assert_eq!(seen.len(), 2);
+        // Its slot 1.5 s after the first attempt's, far past the 100 ms sleep.
+        let gap = seen[1].at - seen[0].at;
+        assert!(
+            gap >= super::PACED && gap < super::PACED + super::STEP,
+            "{gap:?}"
+        );
+        assert_eq!((&seen[0].body, &seen[1].body), (&sent, &sent));
+        let after = pacing.metrics();
+        assert_eq!(after.invocations, before.invocations + 2, "two sends");
+        assert_eq!(after.sleeps, before.sleeps + 2, "each waited its slot");
+    }
+
+    // --- pacing × buffering --------------------------------------------------------
+
+    /// The interval a fresh pacing sets for a round that a 429 opens and
+    /// another closes a second later, with four answers from `answer` in it
+    /// (one attempt each, so nothing sleeps): what the pacing made of them.
+    async fn interval_after(answer: fn() -> Reply) -> Duration {
+        let server = Server::start(move |n, _| match n {
+            0 | 5 => status(429),
+            _ => answer(),
+        })
+        .await;
+        let pacing = tower_backoff::AdaptivePacing::builder()
+            .randomization(0.0)
+            .build()
+            .unwrap();
+        let svc = ServiceBuilder::new()
+            .layer(
+                HttpRetryLayer::builder()
+                    .max_attempts(1)
+                    .no_budget()
+                    .pacing(pacing.clone())
+                    .build()
+                    .unwrap(),
+            )
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        for _ in 0..5 {
+            let _ = svc.clone().oneshot(get(&server)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = svc.oneshot(get(&server)).await;
+        assert_eq!(server.requests(), 6);
+        assert_eq!(pacing.metrics().raised, 1, "the second 429 cut the rate");
+        pacing.interval()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pacing_hears_bodies_cut_short_while_read_ahead_as_failures_not_as_accepted_sends()
+    {
+        let cut = interval_after(|| cut_short(false)).await;
+        let failed = interval_after(|| status(502)).await;
+        let accepted = interval_after(|| whole(pattern(1000))).await;
+        // Nothing accepted in the round: an outage, one ×1.5 step below the
+        // five sends it counted.
+        assert_eq!(cut, Duration::from_millis(300));
+        assert_eq!(cut, failed, "as it hears 502s");
+        assert_ne!(cut, accepted, "not as it hears whole 200s");
+    }
+
+    // --- buffering × readiness -----------------------------------------------------
+
+    #[tokio::test(start_paused = true)]
+    async fn a_buffered_response_retried_away_gives_its_connection_back_before_the_retry_asks_for_readiness(
+    ) {
+        let server = Server::start(|n, _| match n {
+            0 => with_body(status(502), "busy"),
+            _ => status(200),
+        })
+        .await;
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        let limited = ConcurrencyLimit::new(client.clone(), 1);
+        let mut other = limited.clone();
+        let svc = ServiceBuilder::new()
+            .layer(http_layer(HttpPolicy::new()))
+            .service(limited);
+        let call = tokio::spawn(svc.oneshot(get(&server)));
+        while server.requests() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The retry, after its 100 ms sleep, waits for the permit another
+        // caller holds.
+        other.ready().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Meanwhile the kept 502, read ahead whole, has left its connection
+        // idle in the pool: another request of the same client reuses it.
+        let meanwhile = client.request(get(&server)).await.unwrap();
+        assert_eq!(meanwhile.status(), StatusCode::OK);
+        assert_eq!(server.connections(), 1, "the kept response's connection");
+        drop(other);
+        let response = call.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(attempts(&response), 2);
+        assert_eq!(server.requests(), 3);
+        assert_eq!(server.connections(), 1, "the retry reused it too");
     }
 }
