@@ -214,6 +214,7 @@ fn print_board(board: &tower_backoff::poll::Board<&'static str, u32>, at: Durati
                 at.saturating_duration_since(Instant::now()).as_secs_f32()
             ),
             State::Evicted { .. } => "evicted".to_string(),
+            other => format!("{other:?}"),
         };
         println!("           {key:<8} {note}");
     }

@@ -6,15 +6,16 @@
 //! they retry even more (a *retry storm*). [`BackoffLayer`] retries only what a
 //! [`Policy`] calls transient, after exponentially growing, [jittered](Jitter)
 //! sleeps from a [`Schedule`], within a limit of attempts and time, and
-//! optionally within a [`Budget`] shared by every clone of the client.
+//! within a retry [`Budget`], on by default, shared by every clone of the
+//! client.
 //!
 //! The three concerns stay apart: the policy says *what* to retry, the schedule
 //! *when*, the budget *how much*.
 //!
 //! # Four jobs, one layer or one call each
 //! - any tower `Service`: [`BackoffLayer`];
-//! - reqwest and hyper-util: `http::HttpRetryLayer` (features `http`,
-//!   `reqwest`), which also replays streaming request bodies and reads
+//! - reqwest and hyper-util: `http::HttpRetryLayer` (features `reqwest`,
+//!   `hyper`, or `http` for any other HTTP client), which also replays streaming request bodies and reads
 //!   responses of known length whole before judging them;
 //! - tonic: `grpc::GrpcRetryLayer` (feature `grpc`), configured by the gRPC
 //!   service-config JSON;
@@ -24,7 +25,8 @@
 //! The sleeps run on tokio's timer: a tokio runtime with the time driver
 //! (`#[tokio::main]`, or `Builder::enable_time()`). Without one the first
 //! retry's sleep panics with a message saying so; a request that succeeds
-//! the first time needs no runtime.
+//! the first time needs no runtime. On another executor, install its timer
+//! once with [`timer::set_timer`] before the first retry.
 //!
 //! # The last real outcome
 //! The caller always gets the last real response or error, with the inner
@@ -95,8 +97,9 @@ pub use tower_backoff_core::*;
 
 /// A poller of many providers on the same engine: per-provider backoff,
 /// quarantine and eviction, and a live board of their values.
+#[cfg(feature = "poll")]
+#[cfg_attr(docsrs, doc(cfg(feature = "poll")))]
 pub use tower_backoff_poll as poll;
-pub use tower_backoff_poll::Poller;
 
 /// HTTP retries: the HTTP policy, the server's signals (`Retry-After` and
 /// friends), replayable request bodies, reqwest and reqwest-middleware.

@@ -465,6 +465,7 @@ fn pacing_rejects_settings_that_cannot_work() {
 /// A hyper server on 127.0.0.1 that admits `limit` requests in any rolling
 /// `window` and answers 429 above; returns its address and its log of
 /// (when, admitted).
+#[cfg(feature = "hyper")]
 async fn throttling_server(
     limit: usize,
     window: Duration,
@@ -519,6 +520,7 @@ async fn throttling_server(
 /// second (15 per rolling 250 ms; rounds of 250 ms to match, so the test
 /// takes 4 s). The bar is lower than the simulation's 90 %: the real clock
 /// on a loaded CI machine adds noise the paced one does not have.
+#[cfg(feature = "hyper")]
 #[tokio::test]
 async fn hyper_clients_find_the_rate_of_a_real_server_answering_429() {
     use tower_backoff::http::HttpPolicy;

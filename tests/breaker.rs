@@ -4,7 +4,7 @@
 //! hides a real outcome behind its own error, probes once when half-open,
 //! and is per host under a `PerHostLayer`.
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod http_server;
 
 use std::io;
@@ -488,7 +488,7 @@ async fn a_request_stopped_by_the_breaker_ends_as_breaker_open() {
 
 /// Real hyper servers on 127.0.0.1, through hyper-util's client and the
 /// HTTP layer's own builder option, one breaker per host.
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod per_host {
     use super::*;
     use bytes::Bytes;

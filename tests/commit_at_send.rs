@@ -531,7 +531,7 @@ async fn prepare_retry_stamps_each_retry_once_and_never_the_first_attempt() {
 
 // --- a replay body that outgrew its limit during the sleep -----------------------------
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod replay {
     use super::*;
     use bytes::Bytes;

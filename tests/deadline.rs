@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_backoff::deadline::Error;
+use tower_backoff::Error;
 use tower_backoff::{BackoffLayer, Constant, Jitter};
 
 fn secs(n: u64) -> Duration {
@@ -80,7 +80,7 @@ async fn the_last_attempt_gets_only_the_time_left_before_the_deadline() {
     match error {
         Error::TimedOut(timed_out) => assert_eq!(timed_out.after(), Duration::from_millis(500)),
         Error::Inner(n) => panic!("expected a time-out, got Err({n})"),
-        Error::Open(_) => panic!("expected a time-out; this layer has no breaker"),
+        other => panic!("expected a time-out, got {other}"),
     }
 }
 
@@ -172,16 +172,16 @@ async fn a_retry_waiting_for_readiness_ends_at_max_elapsed_with_the_kept_outcome
     );
 }
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod http_server;
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 type HangingLayer =
     BackoffLayer<tower_backoff::http::HttpPolicy, tower_backoff::deadline::AttemptTimeout>;
 
 /// 500 ms between attempts, 30 s an attempt, 2 s in all: a second attempt
 /// that hangs is cut by the 2 s limit, not by its own.
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 fn cut_at_two_seconds() -> HangingLayer {
     BackoffLayer::builder()
         .policy(tower_backoff::http::HttpPolicy::new())
@@ -194,7 +194,7 @@ fn cut_at_two_seconds() -> HangingLayer {
 }
 
 /// The caller got its answer when the 2 s limit ran out, not later.
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 fn assert_waited_two_seconds(started: Instant) {
     let waited = started.elapsed();
     assert!(
@@ -203,7 +203,7 @@ fn assert_waited_two_seconds(started: Instant) {
     );
 }
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod over_http {
     use super::*;
     use ::http::{Request, StatusCode};

@@ -43,7 +43,7 @@ fn no_breaker_and_no_pacing_unless_asked() {
     assert!(layer.stats().is_none());
 }
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 #[test]
 fn the_http_policy_waits_at_most_a_minute_for_a_server() {
     assert_eq!(

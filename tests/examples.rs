@@ -6,7 +6,7 @@
 //! Each example talks to its own server on 127.0.0.1. The first test to run
 //! builds the examples: `cargo test --test examples` alone builds none, and
 //! would run whatever binaries an older build left.
-#![cfg(feature = "http")]
+#![cfg(feature = "hyper")]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -171,11 +171,13 @@ fn built() -> &'static Result<(), String> {
     BUILT.get_or_init(|| {
         let features = [
             ("http", cfg!(feature = "http")),
+            ("hyper", cfg!(feature = "hyper")),
             ("reqwest", cfg!(feature = "reqwest")),
             ("reqwest-middleware", cfg!(feature = "reqwest-middleware")),
             ("tracing", cfg!(feature = "tracing")),
             ("metrics", cfg!(feature = "metrics")),
             ("grpc", cfg!(feature = "grpc")),
+            ("poll", cfg!(feature = "poll")),
         ];
         let examples = [
             ("hyper_client", true),

@@ -5,7 +5,7 @@
 //! server and client on 127.0.0.1, tower's `ConcurrencyLimit`, and tokio's
 //! paused clock where time is all that matters.
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod http_server;
 
 use std::future::Future;
@@ -214,7 +214,7 @@ async fn with_a_time_limit_or_pacing_answers_ready_at_their_first_poll_grant_no_
 
 // --- 1. and 2. over HTTP ---------------------------------------------------------------
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod http {
     use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! hosts behind one layer show two series, not one sum. Two hyper servers on
 //! 127.0.0.1, one dead (503 always) and one healthy, behind one client, read
 //! back with `metrics-util`'s debugging recorder and an observer.
-#![cfg(all(feature = "http", feature = "metrics"))]
+#![cfg(all(feature = "hyper", feature = "metrics"))]
 
 mod http_server;
 

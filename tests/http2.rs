@@ -20,7 +20,7 @@
 //!
 //! HTTP/2 resets are read under the `http2` feature (which `grpc` turns on
 //! too, since tonic speaks only HTTP/2).
-#![cfg(feature = "http2")]
+#![cfg(all(feature = "http2", feature = "hyper"))]
 
 use std::io;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! Responses classified on their body and bodies cut short, through
 //! `BufferBody` inside the retry layer, against a real hyper server on
 //! 127.0.0.1 and real hyper-util and reqwest clients.
-#![cfg(feature = "http")]
+#![cfg(feature = "hyper")]
 
 mod http_server;
 

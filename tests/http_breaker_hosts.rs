@@ -2,7 +2,7 @@
 //! to two hosts, one dead (503 always) and one healthy (200), on tokio's
 //! paused clock: the breaker is kept per host, so the dead host's breaker
 //! opens and stops its calls while the healthy host is never rejected.
-#![cfg(feature = "http")]
+#![cfg(feature = "hyper")]
 
 mod http_server;
 

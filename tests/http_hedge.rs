@@ -3,7 +3,7 @@
 //! still pending after the delay gets a copy, the first answer wins, and the
 //! server sees the losing copy cancelled; a POST is never sent twice unless
 //! it carries an `Idempotency-Key`.
-#![cfg(feature = "http")]
+#![cfg(feature = "hyper")]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -12,7 +12,7 @@
 //!
 //! HTTP/2 resets are read under the `http2` feature: without it the HTTP/2
 //! runs are not made.
-#![cfg(feature = "http")]
+#![cfg(feature = "hyper")]
 
 mod http_server;
 

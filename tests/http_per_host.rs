@@ -1,7 +1,7 @@
 //! Per-host retry budgets ([`PerHostLayer`]) against two real hyper servers on
 //! 127.0.0.1, through hyper-util's client and reqwest, on tokio's paused
 //! clock: one host's outage cannot spend the other's retries.
-#![cfg(feature = "http")]
+#![cfg(feature = "hyper")]
 
 mod http_server;
 

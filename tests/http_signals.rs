@@ -1,6 +1,6 @@
 //! Every server signal the HTTP policy reads, against a real hyper server on
 //! 127.0.0.1 through hyper-util's client, on tokio's paused clock.
-#![cfg(feature = "http")]
+#![cfg(feature = "hyper")]
 
 mod http_server;
 

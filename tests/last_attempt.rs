@@ -153,7 +153,7 @@ async fn a_request_that_never_left_is_retried_past_the_last_attempt() {
 }
 
 /// The same through `HttpPolicy`, whose request bodies are any `Clone` type.
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod http_policy {
     use super::*;
     use http::{Request, Response, StatusCode};

@@ -3,7 +3,7 @@
 //! `service_fn`s and hand-written services on tokio's paused clock for the
 //! core; a hyper server on 127.0.0.1 for HTTP.
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod http_server;
 
 use std::future::Future;
@@ -374,7 +374,7 @@ async fn a_retry_waits_the_server_delay_then_readiness_and_never_goes_out_before
 
 // --- replay × server delay, over HTTP ------------------------------------------
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod http {
     use std::convert::Infallible;
     use std::time::Duration;
@@ -785,7 +785,7 @@ async fn a_retry_waits_the_server_delay_then_its_pacing_slot_and_the_delay_cuts_
 
 // --- replay, buffering, breaker, budget, deadline and readiness over HTTP ------
 
-#[cfg(feature = "http")]
+#[cfg(feature = "hyper")]
 mod http_bodies {
     use std::convert::Infallible;
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -165,7 +165,7 @@ proptest! {
         let cost = |cause| match cause {
             Cause::Timeout => timeout,
             Cause::Throttled => throttled,
-            Cause::Transient | Cause::NotSent | Cause::Conflict | Cause::Hedge => retry,
+            _ => retry,
         };
         let tally = run(&bucket, &steps, cost, |last| last.map_or(refund, cost));
         prop_assert!(bucket.available() <= capacity);
@@ -220,6 +220,7 @@ proptest! {
         let (earned, earned_at) = match earn {
             Earn::FirstAttempts => (tally.first_attempts, &tally.first_attempts_at),
             Earn::Successes => (tally.successes, &tally.successes_at),
+            other => panic!("an earning this test does not know: {other:?}"),
         };
         // The documented bound, at every retry: the retries of the last nine
         // tenths of a window (all still in the budget's window) are at most

@@ -258,6 +258,7 @@ proptest! {
                     prop_assert_eq!(jitter.validate().unwrap_err().field(), "jitter");
                 }
             }
+            other => prop_assert!(false, "a jitter this test does not know: {other:?}"),
         }
     }
 

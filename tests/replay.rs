@@ -4,7 +4,7 @@
 //! The server is a raw TCP listener, not hyper: it has to answer 503 after
 //! the first chunk, then neither read nor close, which is exactly what leaves
 //! the client's connection waiting on the request body.
-#![cfg(feature = "http")]
+#![cfg(feature = "hyper")]
 
 use std::time::Duration;
 

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use crate::timer::Sleep;
 
-use crate::error::BreakerOpen;
+use crate::error::{BreakerOpen, Error, TimedOut};
 
 /// How attempts are timed: [`NoTimeout`], [`WithBreaker`] or
 /// [`AttemptTimeout`], each alone or [`Hedged`]. Sealed: the state machine
@@ -410,10 +410,3 @@ impl<E> fmt::Debug for Expiry<E> {
             .finish()
     }
 }
-
-/// The layer's error, which lived here before the circuit breaker needed it
-/// too: [`crate::Error`].
-pub use crate::error::Error;
-
-/// An attempt ran out of time, now in [`crate::error`].
-pub use crate::error::TimedOut;

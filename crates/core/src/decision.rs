@@ -7,13 +7,14 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{Cause, Decision};
+/// use tower_backoff_core::{Cause, Decision};
 ///
 /// // A 429 with `Retry-After: 2`:
 /// let d = Decision::retry_after(Duration::from_secs(2)).because(Cause::Throttled);
 /// assert!(d.is_retry());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Decision {
     /// The attempt succeeded: return its outcome.
     Success,
@@ -68,6 +69,7 @@ impl Decision {
 
 /// Why an attempt failed, as far as the policy can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Cause {
     /// Any transient failure: a dropped connection, a 502.
     #[default]

@@ -30,7 +30,7 @@ use crate::schedule::{AnySchedule, Schedule};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{Delays, Exponential, Jitter};
+/// use tower_backoff_core::{Delays, Exponential, Jitter};
 ///
 /// let schedule = Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_millis(500));
 /// let mut delays = Delays::new(schedule).jitter(Jitter::None);
@@ -48,7 +48,7 @@ use crate::schedule::{AnySchedule, Schedule};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{Delays, Exponential, Jitter};
+/// use tower_backoff_core::{Delays, Exponential, Jitter};
 ///
 /// let delays = Delays::new(Exponential::new(Duration::from_secs(1)))
 ///     .jitter(Jitter::Decorrelated)
@@ -70,7 +70,7 @@ use crate::schedule::{AnySchedule, Schedule};
 /// # async fn main() {
 /// use std::time::Duration;
 /// use tokio::sync::watch;
-/// use tower_backoff::{Delays, Exponential};
+/// use tower_backoff_core::{Delays, Exponential};
 ///
 /// # let mut refusals = 3;
 /// # let mut connect = || {

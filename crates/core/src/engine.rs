@@ -43,6 +43,7 @@ use crate::schedule::Schedule;
 /// How a request ended: the outcome it returns is the last real one, and this
 /// says why no further attempt was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Ending {
     /// The policy called the outcome a success.
     Success,
@@ -85,6 +86,7 @@ pub struct Rules<'a, S: ?Sized, B: ?Sized> {
 /// A retry decided but not sent yet: the front-end waits `delay`, then asks
 /// [`Session::send`] to commit it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Retry {
     /// Why the attempt before failed: what the budget charges for.
     pub cause: Cause,

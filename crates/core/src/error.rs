@@ -13,6 +13,7 @@ use std::time::Duration;
 /// service's own type cannot make (hyper's and reqwest's errors cannot be
 /// made from outside); a layer with neither keeps the inner service's error.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error<E> {
     /// The inner service failed; this is its error, untouched.
     Inner(E),
@@ -44,6 +45,17 @@ impl<E> Error<E> {
         }
     }
 
+    /// The inner service's error, or else the layer's own (a timeout, an
+    /// open breaker) as an error of its own: one match for code that
+    /// handles both, whatever variants the layer gains.
+    pub fn inner_or_layer(&self) -> Result<&E, &(dyn StdError + Send + Sync + 'static)> {
+        match self {
+            Error::Inner(error) => Ok(error),
+            Error::TimedOut(timed_out) => Err(timed_out),
+            Error::Open(open) => Err(open),
+        }
+    }
+
     /// The inner service's error, if that is what ended the request.
     pub fn into_inner(self) -> Option<E> {
         match self {
@@ -62,10 +74,14 @@ impl<E> From<E> for Error<E> {
     }
 }
 
-impl<E: fmt::Display> fmt::Display for Error<E> {
+/// Says what happened once: the inner error is the [`source`](StdError::source)
+/// of "the inner service failed", not printed again beside it, so that error
+/// reporters walking the chain show each message once; a timeout or an open
+/// breaker is the error itself, with no source.
+impl<E> fmt::Display for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Inner(error) => write!(f, "attempt failed: {error}"),
+            Error::Inner(_) => f.write_str("the inner service failed"),
             Error::TimedOut(timed_out) => timed_out.fmt(f),
             Error::Open(open) => open.fmt(f),
         }
@@ -76,8 +92,7 @@ impl<E: StdError + 'static> StdError for Error<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
             Error::Inner(error) => Some(error),
-            Error::TimedOut(timed_out) => Some(timed_out),
-            Error::Open(open) => Some(open),
+            Error::TimedOut(_) | Error::Open(_) => None,
         }
     }
 }
@@ -90,7 +105,7 @@ impl<E: StdError + 'static> StdError for Error<E> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{BackoffLayer, Exponential};
+/// use tower_backoff_core::{BackoffLayer, Exponential};
 ///
 /// let err = BackoffLayer::builder()
 ///     .schedule(Exponential::new(Duration::from_millis(100)).factor(0.5))
@@ -136,10 +151,12 @@ impl std::error::Error for ConfigError {}
 /// Longest delay or time limit the crate accepts: a year. Anything longer is
 /// almost certainly a unit mistake (milliseconds passed as seconds), and tokio's
 /// timer cannot represent much more than that anyway.
+#[doc(hidden)]
 pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 60 * 60);
 
 /// Rejects durations no timer should be asked for: longer than
 /// [`MAX_DURATION`], as every builder of the crate checks them.
+#[doc(hidden)]
 pub fn check_duration(field: &'static str, value: std::time::Duration) -> Result<(), ConfigError> {
     if value > MAX_DURATION {
         return Err(ConfigError::new(
@@ -188,3 +205,33 @@ impl fmt::Display for TimedOut {
 }
 
 impl StdError for TimedOut {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The messages an error reporter prints: the error's, then each
+    /// source's.
+    fn chain(error: &(dyn StdError + 'static)) -> Vec<String> {
+        let mut messages = vec![error.to_string()];
+        let mut next = error.source();
+        while let Some(source) = next {
+            messages.push(source.to_string());
+            next = source.source();
+        }
+        messages
+    }
+
+    #[test]
+    fn a_reporter_shows_each_message_once() {
+        let inner = Error::Inner(std::io::Error::other("refused"));
+        assert_eq!(chain(&inner), ["the inner service failed", "refused"]);
+        let timed_out = Error::<std::io::Error>::TimedOut(TimedOut::new(Duration::from_secs(1)));
+        assert_eq!(chain(&timed_out), ["attempt timed out after 1s"]);
+        let open = Error::<std::io::Error>::Open(BreakerOpen);
+        assert_eq!(
+            chain(&open),
+            ["circuit breaker open: the request was not sent"]
+        );
+    }
+}

@@ -58,6 +58,7 @@ pub enum Event {
 
 /// What happened to a hedge: [`Event::Hedge`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum HedgeEvent {
     /// A hedge went out, paid like a retry.
     Sent,
@@ -108,6 +109,7 @@ impl RejectArgs {
 
 /// Whether an attempt's outcome was a response or an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum OutcomeKind {
     /// The inner service answered (the policy may still have called the
     /// answer a failure, a 503 say).
@@ -267,8 +269,8 @@ impl Origin {
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
-/// use tower_backoff::events::Event;
-/// use tower_backoff::BackoffLayer;
+/// use tower_backoff_core::events::Event;
+/// use tower_backoff_core::BackoffLayer;
 ///
 /// let retries = Arc::new(AtomicU64::new(0));
 /// let counted = retries.clone();
@@ -281,7 +283,7 @@ impl Origin {
 ///     })
 ///     .build()?;
 /// # drop(layer);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 pub trait Observer: Send + Sync {
     /// `event` happened to one of the layer's requests.
@@ -307,8 +309,8 @@ impl<F: Fn(&Event) + Send + Sync> Observer for F {
 /// per-host layer copy it happened in, and the layer's name.
 ///
 /// ```
-/// use tower_backoff::events::{Event, Origin, WithOrigin};
-/// use tower_backoff::BackoffLayer;
+/// use tower_backoff_core::events::{Event, Origin, WithOrigin};
+/// use tower_backoff_core::BackoffLayer;
 ///
 /// let layer = BackoffLayer::builder()
 ///     .name("payments")
@@ -319,9 +321,10 @@ impl<F: Fn(&Event) + Send + Sync> Observer for F {
 ///     }))
 ///     .build()?;
 /// # drop(layer);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy)]
+#[doc(hidden)]
 pub struct WithOrigin<F>(pub F);
 
 impl<F: Fn(&Event, &Origin) + Send + Sync> Observer for WithOrigin<F> {

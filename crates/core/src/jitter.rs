@@ -27,7 +27,7 @@ use crate::schedule::nanos_capped;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{Exponential, Jitter, Rng, Schedule};
+/// use tower_backoff_core::{Exponential, Jitter, Rng, Schedule};
 ///
 /// let schedule = Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_secs(1));
 /// let mut rng = Rng::seeded(7);
@@ -36,6 +36,7 @@ use crate::schedule::nanos_capped;
 /// assert!(jittered <= base);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub enum Jitter {
     /// Sleep exactly the schedule's delay. Clients that failed together retry
     /// together; use it only when there is a single client.
@@ -73,7 +74,7 @@ impl Jitter {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_backoff::{Exponential, Jitter, Rng};
+    /// use tower_backoff_core::{Exponential, Jitter, Rng};
     ///
     /// let schedule = Exponential::new(Duration::from_millis(100));
     /// let mut rng = Rng::seeded(1);
@@ -151,7 +152,7 @@ impl Jitter {
 /// stream 64 against 27, a full-jitter draw 81 against 72, and it is 32 bytes
 /// against 8 in every retrying request's session. A request that fails twice
 /// would pay about 184 more instructions, 3 % of its path through the layer
-/// (issue 27; rustc 1.95, x86_64). `bash benches/callgrind_jitter.sh` counts
+/// (rustc 1.95, x86_64). `bash benches/callgrind_jitter.sh` counts
 /// them; the table is in `docs/RESULTS.md`.
 #[derive(Debug, Clone)]
 pub struct Rng {

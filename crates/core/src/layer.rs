@@ -42,7 +42,7 @@ pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff::{BackoffLayer, Exponential};
+/// use tower_backoff_core::{BackoffLayer, Exponential};
 ///
 /// let layer = BackoffLayer::builder()
 ///     .max_attempts(4)
@@ -161,13 +161,13 @@ impl<P, T> BackoffLayer<P, T> {
     /// `tracing` records name it.
     ///
     /// ```
-    /// use tower_backoff::BackoffLayer;
+    /// use tower_backoff_core::BackoffLayer;
     ///
     /// let layer = BackoffLayer::builder().name("payments").build()?;
     /// let eu = layer.for_host("eu.example:443");
     /// assert_eq!(eu.host(), Some("eu.example:443"));
     /// assert_eq!(eu.layer_name(), Some("payments"));
-    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
     pub fn for_host(&self, authority: &str) -> Self
     where
@@ -295,7 +295,7 @@ impl<P, T> BackoffBuilder<P, T> {
     /// before the request's deadline (its [`max_elapsed`](Self::max_elapsed)
     /// or a per-request [`RetryLimits`](crate::RetryLimits) deadline): a hung
     /// attempt is cut short and, if the policy says so, retried. The layer's
-    /// error becomes [`deadline::Error`](crate::deadline::Error), which holds
+    /// error becomes [`Error`](crate::Error), which holds
     /// the inner service's error as is or the time-out (see [`deadline`](crate::deadline)).
     ///
     /// ```
@@ -303,7 +303,7 @@ impl<P, T> BackoffBuilder<P, T> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
     /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff::BackoffLayer;
+    /// use tower_backoff_core::BackoffLayer;
     ///
     /// let calls = std::sync::atomic::AtomicU32::new(0);
     /// let hangs_once = service_fn(|()| {
@@ -346,14 +346,14 @@ impl<P, T> BackoffBuilder<P, T> {
     /// the layers of one host only.
     ///
     /// ```
-    /// use tower_backoff::breaker::CircuitBreaker;
-    /// use tower_backoff::BackoffLayer;
+    /// use tower_backoff_core::breaker::CircuitBreaker;
+    /// use tower_backoff_core::BackoffLayer;
     ///
     /// let layer = BackoffLayer::builder()
     ///     .circuit_breaker(CircuitBreaker::new())
     ///     .build()?;
     /// # drop(layer);
-    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
     pub fn circuit_breaker(self, breaker: CircuitBreaker) -> BackoffBuilder<P, T::Rejecting>
     where
@@ -383,7 +383,7 @@ impl<P, T> BackoffBuilder<P, T> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_backoff::BackoffLayer;
+    /// use tower_backoff_core::BackoffLayer;
     ///
     /// // Bounded by the default budget and one minute per request.
     /// let layer = BackoffLayer::builder()
@@ -393,7 +393,7 @@ impl<P, T> BackoffBuilder<P, T> {
     /// # drop(layer);
     /// let endless = BackoffLayer::builder().unlimited_attempts().no_budget().build();
     /// assert_eq!(endless.unwrap_err().field(), "max_attempts");
-    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
     pub fn unlimited_attempts(mut self) -> Self {
         self.settings.limits.max_attempts = UNLIMITED_ATTEMPTS;
@@ -411,7 +411,7 @@ impl<P, T> BackoffBuilder<P, T> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_backoff::{BackoffLayer, Exponential};
+    /// use tower_backoff_core::{BackoffLayer, Exponential};
     ///
     /// let layer = BackoffLayer::builder()
     ///     .schedule(Exponential::new(Duration::from_secs(1)).max_delay(Duration::from_secs(10)))
@@ -419,7 +419,7 @@ impl<P, T> BackoffBuilder<P, T> {
     ///     .stop_at_cap()
     ///     .build()?;
     /// # drop(layer);
-    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
     pub fn stop_at_cap(mut self) -> Self {
         self.settings.limits.stop_at_cap = true;
@@ -427,8 +427,10 @@ impl<P, T> BackoffBuilder<P, T> {
     }
 
     /// Time limit for a whole request, from its first attempt: no retry starts
-    /// whose sleep would end past it. Attempts themselves are not cut short; put
-    /// a `tower::timeout` outside the layer for that.
+    /// whose sleep would end past it, and the caller gets the last real
+    /// outcome. Attempts themselves are cut short only with an
+    /// [`attempt_timeout`](Self::attempt_timeout), which is shortened to the
+    /// time left.
     pub fn max_elapsed(mut self, limit: Duration) -> Self {
         self.settings.limits.max_elapsed = Some(limit);
         self
@@ -479,12 +481,12 @@ impl<P, T> BackoffBuilder<P, T> {
     /// the hedging nothing.
     ///
     /// ```
-    /// use tower_backoff::{BackoffLayer, Hedging};
+    /// use tower_backoff_core::{BackoffLayer, Hedging};
     ///
     /// let layer = BackoffLayer::builder()
     ///     .hedge(Hedging::at_percentile(95.0).max_extra_load(0.05))
     ///     .build()?;
-    /// # Ok::<(), tower_backoff::ConfigError>(())
+    /// # Ok::<(), tower_backoff_core::ConfigError>(())
     /// ```
     pub fn hedge(self, hedging: Hedging) -> BackoffBuilder<P, T::Hedging>
     where
@@ -538,11 +540,11 @@ impl<P, T> BackoffBuilder<P, T> {
     /// one process (a payments client, a search client) can be told apart.
     ///
     /// ```
-    /// use tower_backoff::BackoffLayer;
+    /// use tower_backoff_core::BackoffLayer;
     ///
     /// let layer = BackoffLayer::builder().name("payments").build()?;
     /// assert_eq!(layer.layer_name(), Some("payments"));
-    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.settings.name = Some(name.into());
@@ -572,7 +574,7 @@ impl<P, T> BackoffBuilder<P, T> {
     /// [`Policy::prepare_retry`](crate::Policy::prepare_retry).
     ///
     /// ```
-    /// use tower_backoff::BackoffLayer;
+    /// use tower_backoff_core::BackoffLayer;
     ///
     /// let layer = BackoffLayer::builder()
     ///     .on_retry(|retry| {
@@ -580,7 +582,7 @@ impl<P, T> BackoffBuilder<P, T> {
     ///     })
     ///     .build()?;
     /// # drop(layer);
-    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
     pub fn on_retry<F>(self, hook: F) -> Self
     where

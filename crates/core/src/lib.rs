@@ -5,7 +5,7 @@
 //! What is here: the [`BackoffRetry`] service and its [`BackoffLayer`], the
 //! [`Policy`] that says what to retry, the [`Schedule`] and [`Jitter`] that
 //! say when, the [`Budget`] that says how much, [`AdaptivePacing`], and the
-//! other front-ends of the same [engine]: [`retry()`] for async closures and
+//! other front-ends of the same engine: [`retry()`] for async closures and
 //! [`Delays`] for loops written by hand. The core knows nothing of HTTP or
 //! gRPC; the sibling crates build on its public API.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -15,9 +15,15 @@ pub mod adaptive;
 pub mod breaker;
 pub mod budget;
 mod config;
+// The attempt timer's type state, read by the sibling crates: not part of
+// the documented API (issue 42 removes it).
+#[doc(hidden)]
 pub mod deadline;
 mod decision;
 mod delays;
+// The retry session the sibling crates' front-ends drive: not part of the
+// documented API.
+#[doc(hidden)]
 pub mod engine;
 pub mod error;
 pub mod events;

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::RetryLimits;
+/// use tower_backoff_core::RetryLimits;
 ///
 /// let mut request = http::Request::get("http://example.test/").body(()).unwrap();
 /// request
@@ -90,7 +90,7 @@ impl RetryLimits {
 /// type: see [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry).
 ///
 /// ```
-/// use tower_backoff::{Decision, Policy};
+/// use tower_backoff_core::{Decision, Policy};
 ///
 /// /// Retries only errors that say the queue is full.
 /// #[derive(Clone)]
@@ -255,7 +255,7 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
 /// infers it instead:
 ///
 /// ```
-/// use tower_backoff::{retry_if, BackoffLayer};
+/// use tower_backoff_core::{retry_if, BackoffLayer};
 ///
 /// let layer = BackoffLayer::builder()
 ///     .policy(retry_if(|result: &Result<u16, std::io::Error>| match result {
@@ -309,7 +309,7 @@ where
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{classify_fn, Cause, Decision};
+/// use tower_backoff_core::{classify_fn, Cause, Decision};
 ///
 /// let policy = classify_fn(|_req: &&str, result: &Result<u16, ()>| match result {
 ///     Ok(429) => Decision::retry_after(Duration::from_secs(1)).because(Cause::Throttled),

@@ -30,7 +30,7 @@ use crate::timer::{self, Sleep};
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::time::Duration;
-/// use tower_backoff::{retry, Exponential};
+/// use tower_backoff_core::{retry, Exponential};
 ///
 /// let mut calls = 0;
 /// let value = retry(|| {
@@ -77,7 +77,7 @@ enum BudgetChoice {
 /// ```
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// use tower_backoff::retry;
+/// use tower_backoff_core::retry;
 ///
 /// let fetch = retry(|| async { Ok::<_, std::io::Error>("page") }).max_attempts(5);
 /// for _ in 0..3 {
@@ -237,6 +237,7 @@ impl<F, W, N> fmt::Debug for RetryCall<F, W, N> {
 }
 
 /// Which errors [`retry`](fn@crate::retry) retries.
+#[doc(hidden)]
 pub trait Predicate<E> {
     /// Whether `error` is worth another attempt.
     fn should_retry(&self, error: &E) -> bool;
@@ -244,6 +245,7 @@ pub trait Predicate<E> {
 
 /// Retries every error: [`retry`](fn@crate::retry)'s default.
 #[derive(Debug, Clone, Copy, Default)]
+#[doc(hidden)]
 pub struct AnyError;
 
 impl<E> Predicate<E> for AnyError {
@@ -259,6 +261,7 @@ impl<E, F: Fn(&E) -> bool> Predicate<E> for F {
 }
 
 /// Told of each retry as it starts, after its sleep.
+#[doc(hidden)]
 pub trait OnRetry<E> {
     /// `error` is being retried, after `delay` asleep.
     fn on_retry(&mut self, error: &E, delay: Duration);
@@ -266,6 +269,7 @@ pub trait OnRetry<E> {
 
 /// Tells no one: [`retry`](fn@crate::retry)'s default.
 #[derive(Debug, Clone, Copy, Default)]
+#[doc(hidden)]
 pub struct NoHook;
 
 impl<E> OnRetry<E> for NoHook {

@@ -37,7 +37,7 @@ use crate::send::{pacing_stamp, poll_ready_to_send};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// use tower::{service_fn, ServiceExt};
-/// use tower_backoff::{BackoffRetry, BackoffLayer};
+/// use tower_backoff_core::{BackoffRetry, BackoffLayer};
 ///
 /// let echo = service_fn(|s: String| async move { Ok::<_, std::io::Error>(s) });
 /// let svc = BackoffRetry::new(echo, &BackoffLayer::new());
@@ -48,7 +48,7 @@ use crate::send::{pacing_stamp, poll_ready_to_send};
 /// `T` says how long an attempt may take: [`NoTimeout`] (the default; the
 /// error is the inner service's) or, with
 /// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout), a limit per
-/// attempt (the error is [`deadline::Error`](crate::deadline::Error)).
+/// attempt (the error is [`Error`](crate::Error)).
 pub struct BackoffRetry<S, P = RetryOnError, T = NoTimeout> {
     inner: S,
     config: Arc<Config<P, T>>,
@@ -89,7 +89,7 @@ impl<S, P, T> BackoffRetry<S, P, T> {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff::{BackoffRetry, BackoffLayer};
+    /// use tower_backoff_core::{BackoffRetry, BackoffLayer};
     ///
     /// let flaky = service_fn(|path: &'static str| async move {
     ///     Err::<String, _>(std::io::Error::new(std::io::ErrorKind::TimedOut, path))
@@ -118,7 +118,7 @@ impl<S, P, T> BackoffRetry<S, P, T> {
     /// # async fn main() {
     /// use std::time::Duration;
     /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff::{BackoffRetry, BackoffLayer, Cause, Decision};
+    /// use tower_backoff_core::{BackoffRetry, BackoffLayer, Cause, Decision};
     ///
     /// let store = service_fn(|key: u32| async move { Ok::<u16, std::io::Error>(200 + key as u16) });
     /// let svc = BackoffRetry::new(store, &BackoffLayer::new()).classify(|key, outcome| match outcome {

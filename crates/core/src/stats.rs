@@ -22,7 +22,7 @@ use crate::events::{Ending, Event, HedgeEvent, Observer};
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use tower::{service_fn, ServiceExt};
-/// use tower_backoff::{BackoffLayer, Stats};
+/// use tower_backoff_core::{BackoffLayer, Stats};
 ///
 /// let stats = Stats::new();
 /// let layer = BackoffLayer::builder().max_attempts(2).stats(stats.clone()).build()?;

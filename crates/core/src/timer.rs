@@ -14,7 +14,7 @@
 //! use std::future::Future;
 //! use std::pin::Pin;
 //! use std::time::Duration;
-//! use tower_backoff::timer::{self, Timer};
+//! use tower_backoff_core::timer::{self, Timer};
 //!
 //! /// Sleeps on a thread of its own: a timer for any executor (a real one
 //! /// would share one thread for every sleep).

@@ -57,7 +57,7 @@ const NAMES: [&str; 17] = [
 ///
 /// ```
 /// use tonic::Code;
-/// use tower_backoff::grpc::CodeSet;
+/// use tower_backoff_grpc::CodeSet;
 ///
 /// let codes = CodeSet::DEFAULT.with(Code::ResourceExhausted);
 /// assert!(codes.contains(Code::Unavailable));

@@ -9,6 +9,7 @@ use tower_backoff_http::{classify_error, find_in_chain, is_unsent};
 
 /// What an error from the transport (no response at all) means for a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TransportFailure {
     /// The call provably never reached the server: the connection could not
     /// be made, the request never left the client's queue, or the server
@@ -50,7 +51,7 @@ pub enum TransportFailure {
 /// ```
 /// use std::io;
 /// use tonic::Code;
-/// use tower_backoff::grpc::{classify_transport_error, TransportFailure};
+/// use tower_backoff_grpc::{classify_transport_error, TransportFailure};
 ///
 /// let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
 /// assert_eq!(classify_transport_error(&refused), TransportFailure::NotSent);
@@ -89,7 +90,7 @@ fn classify_link(error: &(dyn Error + 'static)) -> Option<TransportFailure> {
     if error.is::<tonic::TimeoutExpired>()
         || error.is::<tower::timeout::error::Elapsed>()
         || error.is::<tokio::time::error::Elapsed>()
-        || error.is::<tower_backoff_core::deadline::TimedOut>()
+        || error.is::<tower_backoff_core::error::TimedOut>()
     {
         return Some(TransportFailure::Status(Code::DeadlineExceeded));
     }

@@ -28,7 +28,7 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer, Constant, Hedging, Jitter
 /// ```
 /// use std::time::Duration;
 /// use tonic::Code;
-/// use tower_backoff::grpc::{CodeSet, HedgingConfig};
+/// use tower_backoff_grpc::{CodeSet, HedgingConfig};
 ///
 /// let hedging = HedgingConfig::new(3, Duration::from_millis(50), CodeSet::DEFAULT)?;
 /// assert_eq!(hedging.max_attempts(), 3);
@@ -36,7 +36,7 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer, Constant, Hedging, Jitter
 /// assert!(hedging.non_fatal_codes().contains(Code::Unavailable));
 /// let layer = hedging.layer().build()?; // a BackoffLayer for this method
 /// # drop(layer);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HedgingConfig {

@@ -21,7 +21,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use tonic::transport::Channel;
 //! use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-//! use tower_backoff::grpc::{GrpcRetryLayer, ServiceConfig};
+//! use tower_backoff_grpc::{GrpcRetryLayer, ServiceConfig};
 //!
 //! let config = ServiceConfig::from_json(r#"{
 //!   "methodConfig": [{
@@ -82,10 +82,19 @@ mod throttle;
 pub use code::CodeSet;
 pub use error::{classify_transport_error, TransportFailure};
 pub use hedging_config::HedgingConfig;
-pub use policy::{GrpcPolicy, DEFAULT_MAX_PUSHBACK, PREVIOUS_RPC_ATTEMPTS};
-pub use pushback::{parse_pushback, Pushback, RETRY_PUSHBACK_MS};
+pub use policy::GrpcPolicy;
+pub use pushback::{parse_pushback, Pushback};
 pub use replay::{Replay, ReplayLayer, TonicBody, TonicBodyLayer};
 pub use retry::{GrpcResponseFuture, GrpcRetry, GrpcRetryBuilder, GrpcRetryLayer};
-pub use retry_config::{RetryConfig, MAX_ATTEMPTS_LIMIT, RETRY_CONFIG_JITTER};
+pub use retry_config::RetryConfig;
 pub use service_config::{RetryThrottling, ServiceConfig};
 pub use throttle::RetryThrottle;
+
+// Defaults, limits and header names the docs state where they apply; out of
+// the public docs, kept for tests and power users.
+#[doc(hidden)]
+pub use policy::{DEFAULT_MAX_PUSHBACK, PREVIOUS_RPC_ATTEMPTS};
+#[doc(hidden)]
+pub use pushback::RETRY_PUSHBACK_MS;
+#[doc(hidden)]
+pub use retry_config::{MAX_ATTEMPTS_LIMIT, RETRY_CONFIG_JITTER};

@@ -82,8 +82,8 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 /// ```
 /// use std::time::Duration;
 /// use tonic::Code;
-/// use tower_backoff::grpc::GrpcPolicy;
-/// use tower_backoff::{BackoffLayer, Decision};
+/// use tower_backoff_grpc::GrpcPolicy;
+/// use tower_backoff_core::{BackoffLayer, Decision};
 ///
 /// let policy = GrpcPolicy::new().retry_code(Code::ResourceExhausted);
 /// let trailers_only = |status: &str| {
@@ -98,7 +98,7 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///
 /// let layer = BackoffLayer::builder().policy(policy).build()?;
 /// # drop(layer);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct GrpcPolicy {

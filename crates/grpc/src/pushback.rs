@@ -9,6 +9,7 @@ pub const RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pu
 
 /// What a response's `grpc-retry-pushback-ms` asks of the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Pushback {
     /// No pushback: the retry policy's backoff decides.
     Absent,
@@ -32,7 +33,7 @@ pub enum Pushback {
 /// ```
 /// use std::time::Duration;
 /// use http::HeaderMap;
-/// use tower_backoff::grpc::{parse_pushback, Pushback, RETRY_PUSHBACK_MS};
+/// use tower_backoff_grpc::{parse_pushback, Pushback, RETRY_PUSHBACK_MS};
 ///
 /// let mut headers = HeaderMap::new();
 /// assert_eq!(parse_pushback(&headers), Pushback::Absent);

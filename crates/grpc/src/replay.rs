@@ -22,8 +22,8 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use tower::ServiceBuilder;
-/// use tower_backoff::grpc::{GrpcPolicy, ReplayLayer, TonicBodyLayer};
-/// use tower_backoff::BackoffLayer;
+/// use tower_backoff_grpc::{GrpcPolicy, ReplayLayer, TonicBodyLayer};
+/// use tower_backoff_core::BackoffLayer;
 ///
 /// let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
 /// let svc = ServiceBuilder::new()

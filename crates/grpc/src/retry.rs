@@ -49,7 +49,7 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use tonic::transport::Channel;
 /// use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-/// use tower_backoff::grpc::{GrpcRetryLayer, ServiceConfig};
+/// use tower_backoff_grpc::{GrpcRetryLayer, ServiceConfig};
 ///
 /// let config: ServiceConfig = r#"{"methodConfig": [{
 ///     "name": [{"service": "grpc.health.v1.Health"}],

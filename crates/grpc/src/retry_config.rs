@@ -28,8 +28,8 @@ pub const RETRY_CONFIG_JITTER: Jitter = Jitter::Proportional(0.2);
 /// ```
 /// use std::time::Duration;
 /// use tonic::Code;
-/// use tower_backoff::grpc::{CodeSet, RetryConfig};
-/// use tower_backoff::Schedule;
+/// use tower_backoff_grpc::{CodeSet, RetryConfig};
+/// use tower_backoff_core::Schedule;
 ///
 /// let policy = RetryConfig::new(
 ///     4,
@@ -43,7 +43,7 @@ pub const RETRY_CONFIG_JITTER: Jitter = Jitter::Proportional(0.2);
 /// assert_eq!(policy.delay(9), Duration::from_secs(1));
 /// let layer = policy.layer().build()?; // a BackoffLayer for this method
 /// # drop(layer);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryConfig {

@@ -44,9 +44,9 @@ const MAX_TOKENS: f64 = 1000.0;
 /// one word.
 ///
 /// ```
-/// use tower_backoff::budget::Budget;
-/// use tower_backoff::grpc::RetryThrottle;
-/// use tower_backoff::Cause;
+/// use tower_backoff_core::budget::Budget;
+/// use tower_backoff_grpc::RetryThrottle;
+/// use tower_backoff_core::Cause;
 ///
 /// let throttle = RetryThrottle::new(10.0, 0.1)?;
 /// for _ in 0..4 {
@@ -59,7 +59,7 @@ const MAX_TOKENS: f64 = 1000.0;
 /// }
 /// assert_eq!(throttle.tokens(), 6.0);
 /// assert!(throttle.allows_retry());
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 pub struct RetryThrottle {
     /// Thousandths of a token.

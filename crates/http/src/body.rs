@@ -41,7 +41,7 @@ impl<B: Clone> CloneBody for B {
 ///
 /// ```
 /// let request = http::Request::put("http://example.test/item").body(String::from("x")).unwrap();
-/// let copy = tower_backoff::http::parts::copy_request(&request).unwrap();
+/// let copy = tower_backoff_http::parts::copy_request(&request).unwrap();
 /// assert_eq!((copy.method(), copy.body()), (request.method(), request.body()));
 /// ```
 pub fn copy_request<B: CloneBody>(request: &http::Request<B>) -> Option<http::Request<B>> {

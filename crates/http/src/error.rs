@@ -52,7 +52,8 @@ const MAX_DEPTH: usize = 32;
 ///
 /// ```
 /// use std::io;
-/// use tower_backoff::{http::classify_error, Cause};
+/// use tower_backoff_core::Cause;
+/// use tower_backoff_http::classify_error;
 ///
 /// let reset: Box<dyn std::error::Error + Send + Sync> =
 ///     io::Error::from(io::ErrorKind::ConnectionReset).into();
@@ -97,7 +98,7 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
 ///
 /// ```
 /// use std::io;
-/// use tower_backoff::http::is_unsent;
+/// use tower_backoff_http::is_unsent;
 ///
 /// assert!(is_unsent(&io::Error::from(io::ErrorKind::ConnectionRefused)));
 /// assert!(!is_unsent(&io::Error::from(io::ErrorKind::ConnectionReset)));
@@ -115,7 +116,7 @@ pub fn is_unsent(error: &(dyn Error + 'static)) -> bool {
 ///
 /// ```
 /// use std::io;
-/// use tower_backoff::http::find_in_chain;
+/// use tower_backoff_http::find_in_chain;
 ///
 /// let wrapped = io::Error::other(std::fmt::Error);
 /// assert!(find_in_chain(&wrapped, |e| e.downcast_ref::<std::fmt::Error>()).is_some());
@@ -143,12 +144,17 @@ fn proves_unsent(error: &(dyn Error + 'static)) -> bool {
     {
         return true;
     }
-    let connect = error
-        .downcast_ref::<hyper_util::client::legacy::Error>()
-        .is_some_and(hyper_util::client::legacy::Error::is_connect);
-    let canceled = error
-        .downcast_ref::<hyper::Error>()
-        .is_some_and(hyper::Error::is_canceled);
+    #[cfg(feature = "hyper")]
+    let (connect, canceled) = (
+        error
+            .downcast_ref::<hyper_util::client::legacy::Error>()
+            .is_some_and(hyper_util::client::legacy::Error::is_connect),
+        error
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled),
+    );
+    #[cfg(not(feature = "hyper"))]
+    let (connect, canceled) = (false, false);
     #[cfg(feature = "reqwest")]
     let connect = connect
         || error
@@ -228,15 +234,17 @@ fn classify_h2(error: &h2::Error) -> Option<Cause> {
 fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
     if error.is::<tower::timeout::error::Elapsed>()
         || error.is::<tokio::time::error::Elapsed>()
-        || error.is::<tower_backoff_core::deadline::TimedOut>()
+        || error.is::<tower_backoff_core::error::TimedOut>()
     {
         return Some(Cause::Timeout);
     }
+    #[cfg(feature = "hyper")]
     if let Some(error) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
         if error.is_connect() {
             return Some(Cause::Transient);
         }
     }
+    #[cfg(feature = "hyper")]
     if let Some(error) = error.downcast_ref::<hyper::Error>() {
         if error.is_timeout() {
             return Some(Cause::Timeout);
@@ -280,7 +288,7 @@ fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
 /// line:
 ///
 /// ```
-/// use tower_backoff::http::AsStdError;
+/// use tower_backoff_http::AsStdError;
 ///
 /// #[derive(Debug)]
 /// struct MyError;
@@ -329,10 +337,9 @@ impl AsStdError for Box<dyn Error> {
 /// ends a request before any attempt, so the policy never sees it.)
 impl<E: AsStdError> AsStdError for tower_backoff_core::Error<E> {
     fn as_std_error(&self) -> &(dyn Error + 'static) {
-        match self {
-            tower_backoff_core::Error::Inner(error) => error.as_std_error(),
-            tower_backoff_core::Error::TimedOut(timed_out) => timed_out,
-            tower_backoff_core::Error::Open(open) => open,
+        match self.inner_or_layer() {
+            Ok(error) => error.as_std_error(),
+            Err(own) => own,
         }
     }
 }
@@ -347,10 +354,11 @@ macro_rules! as_itself {
     )*};
 }
 
+#[cfg(feature = "hyper")]
+as_itself!(hyper::Error, hyper_util::client::legacy::Error);
+
 as_itself!(
     io::Error,
-    hyper::Error,
-    hyper_util::client::legacy::Error,
     ::http::Error,
     tower::timeout::error::Elapsed,
     tokio::time::error::Elapsed,

@@ -8,7 +8,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::http::RetryInfo;
+/// use tower_backoff_http::RetryInfo;
 ///
 /// # let mut response = http::Response::new(());
 /// # response.extensions_mut().insert(RetryInfo::new(2, Duration::from_millis(100)));

@@ -74,8 +74,8 @@
 //! use http_body_util::Full;
 //! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_backoff::http::{HttpRetryLayer, RetryInfo};
-//! use tower_backoff::Exponential;
+//! use tower_backoff_http::{HttpRetryLayer, RetryInfo};
+//! use tower_backoff_core::Exponential;
 //!
 //! let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
 //! let svc = ServiceBuilder::new()
@@ -104,8 +104,8 @@
 //! use std::time::Duration;
 //! use http::{Request, Response};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_backoff::http::HttpPolicy;
-//! use tower_backoff::BackoffLayer;
+//! use tower_backoff_http::HttpPolicy;
+//! use tower_backoff_core::BackoffLayer;
 //!
 //! # let client = service_fn(|_: Request<String>| async {
 //! #     Ok::<_, std::io::Error>(Response::new(String::new()))
@@ -168,31 +168,45 @@ mod retry_layer;
 mod status;
 
 pub use body::CloneBody;
-pub use buffer::{BufferedBody, DEFAULT_BUFFER_LIMIT};
-pub use delay_headers::{
-    parse_rate_limit_reset, parse_retry_after_ms, DelayHeaders, RATELIMIT_REMAINING,
-    RATELIMIT_RESET, RETRY_AFTER_MS, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
-pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
+pub use buffer::BufferedBody;
+pub use delay_headers::DelayHeaders;
 pub use error::{classify_error, find_in_chain, is_unsent, AsStdError};
 pub use info::RetryInfo;
 pub use method::MethodSet;
 #[cfg(feature = "reqwest-middleware")]
 pub use middleware::{BackoffMiddleware, IntoMiddlewareError};
-pub use per_host::{
-    MakeHostLayer, PerHost, PerHostFuture, PerHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS,
-};
-pub use policy::{
-    HttpPolicy, DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
-    IDEMPOTENCY_KEY, X_SHOULD_RETRY,
-};
-pub use replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
+pub use per_host::{MakeHostLayer, PerHost, PerHostFuture, PerHostLayer, RequestAuthority};
+pub use policy::HttpPolicy;
+pub use replay::ReplayBody;
 pub use retry_after::parse_retry_after;
 pub use retry_layer::{
     HttpResponseFuture, HttpRetry, HttpRetryBuilder, HttpRetryLayer, ResponseExtensions,
-    DEFAULT_RESPONSE_BUFFER_LIMIT,
 };
 pub use status::StatusSet;
+
+// The defaults, header names and parsers the builders' docs name and the
+// sibling crates and tests use; out of the public docs, where the builder
+// methods state each default.
+#[doc(hidden)]
+pub use buffer::DEFAULT_BUFFER_LIMIT;
+#[doc(hidden)]
+pub use delay_headers::{
+    parse_rate_limit_reset, parse_retry_after_ms, RATELIMIT_REMAINING, RATELIMIT_RESET,
+    RETRY_AFTER_MS, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+#[doc(hidden)]
+pub use drain::{DEFAULT_DRAIN_LIMIT, DEFAULT_DRAIN_TIMEOUT};
+#[doc(hidden)]
+pub use per_host::DEFAULT_MAX_HOSTS;
+#[doc(hidden)]
+pub use policy::{
+    DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
+    IDEMPOTENCY_KEY, X_SHOULD_RETRY,
+};
+#[doc(hidden)]
+pub use replay::DEFAULT_REPLAY_LIMIT;
+#[doc(hidden)]
+pub use retry_layer::DEFAULT_RESPONSE_BUFFER_LIMIT;
 
 /// The pieces [`HttpRetryLayer`] is made of, for power users who compose
 /// them by hand (a `BackoffLayer` with the [`HttpPolicy`] in a stack of their
@@ -201,6 +215,11 @@ pub use status::StatusSet;
 /// Their order matters and the compiler does not check it:
 /// `ReplayLayer` → `BackoffLayer` → `IntoReqwestLayer` (reqwest only) →
 /// `BufferBodyLayer` → the client.
+///
+/// Hidden from the documentation: [`HttpRetryLayer`] is the one way in, and
+/// these stay public for the gRPC crate and for stacks already composed by
+/// hand; each page's docs are still read with `cargo doc --document-hidden-items`.
+#[doc(hidden)]
 pub mod parts {
     pub use super::body::{copy_request, unless_spent};
     #[cfg(feature = "reqwest")]

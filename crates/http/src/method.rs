@@ -24,7 +24,7 @@ static METHODS: [Method; 9] = [
 ///
 /// ```
 /// use http::Method;
-/// use tower_backoff::http::MethodSet;
+/// use tower_backoff_http::MethodSet;
 ///
 /// let set = MethodSet::IDEMPOTENT.with(Method::POST);
 /// assert!(set.contains(&Method::POST));

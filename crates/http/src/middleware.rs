@@ -21,7 +21,7 @@ use super::policy::HttpPolicy;
 use super::recorded::RecordedRequest;
 use super::replay::DEFAULT_REPLAY_LIMIT;
 use super::retry_layer::{HttpResponseFuture, HttpRetryLayer, DEFAULT_RESPONSE_BUFFER_LIMIT};
-use tower_backoff_core::deadline::{self, AttemptTimer, NoTimeout};
+use tower_backoff_core::deadline::{AttemptTimer, NoTimeout};
 use tower_backoff_core::policy::{Policy, RetryLimits};
 use tower_backoff_core::BackoffLayer;
 
@@ -55,8 +55,8 @@ use tower_backoff_core::BackoffLayer;
 /// ```
 /// use std::time::Duration;
 /// use reqwest_middleware::ClientBuilder;
-/// use tower_backoff::http::{BackoffMiddleware, HttpRetryLayer};
-/// use tower_backoff::Exponential;
+/// use tower_backoff_http::{BackoffMiddleware, HttpRetryLayer};
+/// use tower_backoff_core::Exponential;
 ///
 /// let layer = HttpRetryLayer::builder()
 ///     .schedule(Exponential::new(Duration::from_millis(100)))
@@ -290,14 +290,17 @@ impl IntoMiddlewareError for reqwest_middleware::Error {
     }
 }
 
-impl IntoMiddlewareError for deadline::Error<reqwest_middleware::Error> {
+impl IntoMiddlewareError for tower_backoff_core::Error<reqwest_middleware::Error> {
     fn into_middleware_error(self) -> reqwest_middleware::Error {
         match self {
-            deadline::Error::Inner(error) => error,
-            deadline::Error::TimedOut(timed_out) => {
+            tower_backoff_core::Error::Inner(error) => error,
+            // The layer's own errors, as themselves, so that a caller can
+            // downcast to `TimedOut` or `BreakerOpen`.
+            tower_backoff_core::Error::TimedOut(timed_out) => {
                 reqwest_middleware::Error::middleware(timed_out)
             }
-            deadline::Error::Open(open) => reqwest_middleware::Error::middleware(open),
+            tower_backoff_core::Error::Open(open) => reqwest_middleware::Error::middleware(open),
+            other => reqwest_middleware::Error::middleware(other),
         }
     }
 }

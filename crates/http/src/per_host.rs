@@ -39,8 +39,8 @@ const SHARDS: usize = 8;
 /// ```
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::{HttpPolicy, PerHostLayer};
-/// use tower_backoff::{BackoffLayer, TokenBucket};
+/// use tower_backoff_http::{HttpPolicy, PerHostLayer};
+/// use tower_backoff_core::{BackoffLayer, TokenBucket};
 /// # let client = tower::service_fn(|_: http::Request<String>| async {
 /// #     Ok::<_, std::io::Error>(http::Response::new(String::new()))
 /// # });

@@ -90,8 +90,8 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 /// use http::{Request, Response, StatusCode};
 /// use http_body_util::Full;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
-/// use tower_backoff::Exponential;
+/// use tower_backoff_http::{HttpPolicy, HttpRetryLayer, RetryInfo};
+/// use tower_backoff_core::Exponential;
 ///
 /// // Stands in for an HTTP client: busy once, then fine.
 /// let calls = std::sync::atomic::AtomicU32::new(0);
@@ -284,7 +284,7 @@ impl HttpPolicy {
     ///
     /// ```
     /// use http::HeaderName;
-    /// use tower_backoff::http::HttpPolicy;
+    /// use tower_backoff_http::HttpPolicy;
     ///
     /// let policy = HttpPolicy::new()
     ///     .attempt_header(HeaderName::from_static("x-envoy-attempt-count"));
@@ -325,7 +325,8 @@ impl HttpPolicy {
     /// `http::Response`s and `reqwest::Response`s alike.
     ///
     /// ```
-    /// use tower_backoff::{http::HttpPolicy, Cause};
+    /// use tower_backoff_core::Cause;
+    /// use tower_backoff_http::HttpPolicy;
     ///
     /// let policy = HttpPolicy::new().retry_on_body(|_status, _headers, body| {
     ///     body.windows(14).any(|w| w == b"queue capacity").then_some(Cause::Throttled)
@@ -386,7 +387,8 @@ impl HttpPolicy {
     /// extend it:
     ///
     /// ```
-    /// use tower_backoff::{http::{classify_error, HttpPolicy}, Cause};
+    /// use tower_backoff_core::Cause;
+    /// use tower_backoff_http::{classify_error, HttpPolicy};
     ///
     /// let policy = HttpPolicy::new().on_error(|error| {
     ///     classify_error(error).or_else(|| {
@@ -423,7 +425,7 @@ impl HttpPolicy {
     /// classifier cannot turn it off by accident.
     ///
     /// ```
-    /// use tower_backoff::http::HttpPolicy;
+    /// use tower_backoff_http::HttpPolicy;
     ///
     /// let policy = HttpPolicy::new().retry_unsent();
     /// # drop(policy);

@@ -46,7 +46,7 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// use futures::stream;
 /// use http_body::Frame;
 /// use http_body_util::{BodyExt, StreamBody};
-/// use tower_backoff::http::{CloneBody, ReplayBody};
+/// use tower_backoff_http::{CloneBody, ReplayBody};
 ///
 /// let chunks = ["hello", ", ", "world"]
 ///     .map(|s| Ok::<_, std::io::Error>(Frame::data(Bytes::from(s))));

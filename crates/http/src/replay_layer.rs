@@ -30,9 +30,9 @@ use super::replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 /// use http_body_util::combinators::BoxBody;
 /// use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::{HttpPolicy, ReplayBody};
-/// use tower_backoff::http::parts::ReplayLayer;
-/// use tower_backoff::BackoffLayer;
+/// use tower_backoff_http::{HttpPolicy, ReplayBody};
+/// use tower_backoff_http::parts::ReplayLayer;
+/// use tower_backoff_core::BackoffLayer;
 ///
 /// type Upload = BoxBody<Bytes, std::io::Error>;
 /// let client = Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Upload>>();

@@ -19,8 +19,8 @@ use tower_backoff_core::policy::{Decision, Policy, PrepareRetry};
 /// ```
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::HttpPolicy;
-/// use tower_backoff::{BackoffLayer, Exponential};
+/// use tower_backoff_http::HttpPolicy;
+/// use tower_backoff_core::{BackoffLayer, Exponential};
 ///
 /// let client = ServiceBuilder::new()
 ///     .layer(

@@ -34,9 +34,9 @@ type BoxError = Box<dyn Error + Send + Sync>;
 ///
 /// ```
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::{HttpPolicy};
-/// use tower_backoff::http::parts::{IntoReqwestLayer, ReplayLayer};
-/// use tower_backoff::BackoffLayer;
+/// use tower_backoff_http::{HttpPolicy};
+/// use tower_backoff_http::parts::{IntoReqwestLayer, ReplayLayer};
+/// use tower_backoff_core::BackoffLayer;
 ///
 /// let client = ServiceBuilder::new()
 ///     .layer(ReplayLayer::new())

@@ -32,7 +32,7 @@ pub(super) const MAX_LEN: usize = 64;
 /// ```
 /// use std::time::{Duration, SystemTime};
 /// use http::HeaderValue;
-/// use tower_backoff::http::parse_retry_after;
+/// use tower_backoff_http::parse_retry_after;
 ///
 /// let now = SystemTime::now();
 /// assert_eq!(

@@ -80,10 +80,10 @@ pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 ///
 /// ```
 /// # #[cfg(feature = "reqwest")]
-/// # fn main() -> Result<(), tower_backoff::ConfigError> {
+/// # fn main() -> Result<(), tower_backoff_core::ConfigError> {
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::{HttpRetry, HttpRetryLayer};
+/// use tower_backoff_http::{HttpRetry, HttpRetryLayer};
 ///
 /// // The type to name in a struct field: the client, retried.
 /// let client: HttpRetry<reqwest::Client> = ServiceBuilder::new()
@@ -431,11 +431,11 @@ impl<T> HttpRetryBuilder<T> {
     ///
     /// ```
     /// # #[cfg(feature = "reqwest")]
-    /// # fn main() -> Result<(), tower_backoff::ConfigError> {
+    /// # fn main() -> Result<(), tower_backoff_core::ConfigError> {
     /// use tower::ServiceBuilder;
-    /// use tower_backoff::breaker::CircuitBreaker;
-    /// use tower_backoff::deadline::WithBreaker;
-    /// use tower_backoff::http::{HttpRetry, HttpRetryLayer};
+    /// use tower_backoff_core::breaker::CircuitBreaker;
+    /// use tower_backoff_core::deadline::WithBreaker;
+    /// use tower_backoff_http::{HttpRetry, HttpRetryLayer};
     ///
     /// // One client for every host it calls, one breaker per host.
     /// let client: HttpRetry<reqwest::Client, WithBreaker> = ServiceBuilder::new()
@@ -468,15 +468,15 @@ impl<T> HttpRetryBuilder<T> {
     /// what every host is reached through (one proxy, one tunnel).
     ///
     /// ```
-    /// use tower_backoff::breaker::CircuitBreaker;
-    /// use tower_backoff::http::HttpRetryLayer;
+    /// use tower_backoff_core::breaker::CircuitBreaker;
+    /// use tower_backoff_http::HttpRetryLayer;
     ///
     /// let breaker = CircuitBreaker::new();
     /// let layer = HttpRetryLayer::builder()
     ///     .circuit_breaker_for_all_hosts(breaker.clone())
     ///     .build()?;
     /// assert!(!layer.breaker_per_host());
-    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
     pub fn circuit_breaker_for_all_hosts(
         self,
@@ -495,11 +495,11 @@ impl<T> HttpRetryBuilder<T> {
     /// [`HttpRetryLayer::per_host`]).
     ///
     /// ```
-    /// use tower_backoff::http::HttpRetryLayer;
+    /// use tower_backoff_http::HttpRetryLayer;
     ///
     /// let per_host = HttpRetryLayer::builder().max_attempts(4).build_per_host()?;
     /// # drop(per_host);
-    /// # Ok::<_, tower_backoff::ConfigError>(())
+    /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
     ///
     /// # Errors

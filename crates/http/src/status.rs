@@ -17,7 +17,7 @@ const WORDS: usize = ((LAST - FIRST) as usize + 1).div_ceil(64);
 ///
 /// ```
 /// use http::StatusCode;
-/// use tower_backoff::http::StatusSet;
+/// use tower_backoff_http::StatusSet;
 ///
 /// let set = StatusSet::DEFAULT.with(StatusCode::INTERNAL_SERVER_ERROR);
 /// assert!(set.contains(StatusCode::SERVICE_UNAVAILABLE));

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 /// Where a provider stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum State {
     /// Added; its first poll has not answered yet.
     Pending,

@@ -90,6 +90,7 @@ impl<K> Event<K> {
 
 /// Why a poll failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Failure {
     /// No answer within the per-poll [`timeout`](super::PollerBuilder::timeout).
     TimedOut,

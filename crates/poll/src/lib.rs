@@ -34,7 +34,10 @@ use tower_service::Service;
 use tower_backoff_core::Rng;
 
 pub use board::{Board, Leader, State};
-pub use builder::{PollerBuilder, DEFAULT_INTERVAL, DEFAULT_MAX_FAILURES, DEFAULT_TIMEOUT};
+pub use builder::PollerBuilder;
+// The defaults `PollerBuilder`'s methods state; out of the public docs.
+#[doc(hidden)]
+pub use builder::{DEFAULT_INTERVAL, DEFAULT_MAX_FAILURES, DEFAULT_TIMEOUT};
 pub use event::{Event, Failure};
 
 use registry::{Shared, Slot};
@@ -51,7 +54,7 @@ use registry::{Shared, Slot};
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower::service_fn;
-/// use tower_backoff::poll::{Poller, State};
+/// use tower_backoff_poll::{Poller, State};
 ///
 /// let poller = Poller::builder(|_store: &&str| ())
 ///     .interval(Duration::from_secs(5))

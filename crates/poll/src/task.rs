@@ -216,7 +216,7 @@ where
             Err(_) => (None, Cause::Transient),
         },
         Decision::Retry { after, cause } => (after, cause),
-        Decision::Final => (None, Cause::Transient),
+        _ => (None, Cause::Transient),
     };
     let failure = match &result {
         Ok(_) => Failure::Rejected,

@@ -12,14 +12,14 @@ use crate::error::{check_duration, ConfigError};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::AdaptivePacing;
+/// use tower_backoff_core::AdaptivePacing;
 ///
 /// let pacing = AdaptivePacing::builder()
 ///     .round(Duration::from_millis(500))
 ///     .down_multiplier(0.8)
 ///     .build()?;
 /// # drop(pacing);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 #[must_use]

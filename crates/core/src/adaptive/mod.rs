@@ -134,7 +134,7 @@ const IDLE: u64 = u64::MAX;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{AdaptivePacing, BackoffLayer};
+/// use tower_backoff_core::{AdaptivePacing, BackoffLayer};
 ///
 /// let pacing = AdaptivePacing::builder()
 ///     .max_interval(Duration::from_secs(30))
@@ -144,7 +144,7 @@ const IDLE: u64 = u64::MAX;
 /// // ...later, when an operator knows the store recovered:
 /// pacing.reset();
 /// # drop(layer);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct AdaptivePacing {

@@ -94,8 +94,8 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tower::{service_fn, ServiceExt};
-//! use tower_backoff::breaker::CircuitBreaker;
-//! use tower_backoff::BackoffLayer;
+//! use tower_backoff_core::breaker::CircuitBreaker;
+//! use tower_backoff_core::BackoffLayer;
 //!
 //! let breaker = CircuitBreaker::new();
 //! let layer = BackoffLayer::builder()
@@ -134,18 +134,24 @@ mod loom;
 use window::{Window, BUCKETS};
 
 /// Default failure ratio at which a breaker opens: half.
+#[doc(hidden)]
 pub const DEFAULT_FAILURE_RATIO: f64 = 0.5;
 /// Default least attempts in the window before a breaker may open.
+#[doc(hidden)]
 pub const DEFAULT_MIN_THROUGHPUT: u32 = 20;
 /// Default length of the window attempts are counted in.
+#[doc(hidden)]
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 /// Default longest time a breaker stays open before it probes.
+#[doc(hidden)]
 pub const DEFAULT_BREAK_DURATION: Duration = Duration::from_secs(5);
 /// Default share of the break time taken off at random.
+#[doc(hidden)]
 pub const DEFAULT_BREAK_JITTER: f64 = 0.2;
 
 /// Where a breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum BreakerState {
     /// Attempts go out; their outcomes are counted.
     Closed,
@@ -200,6 +206,7 @@ fn phase_of(word: u64) -> BreakerState {
 
 /// What the breaker said to an attempt about to go out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Admission {
     /// Closed: go.
     Closed,

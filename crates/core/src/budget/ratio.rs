@@ -97,8 +97,8 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// advanced past that slot.
 ///
 /// ```
-/// use tower_backoff::budget::{Budget, RatioBudget};
-/// use tower_backoff::Cause;
+/// use tower_backoff_core::budget::{Budget, RatioBudget};
+/// use tower_backoff_core::Cause;
 ///
 /// let budget = RatioBudget::builder().ratio(0.6).reserve(0).build()?;
 /// for _ in 0..100 {
@@ -106,7 +106,7 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// }
 /// let allowed = (0..100).filter(|_| budget.try_retry(Cause::Transient)).count();
 /// assert_eq!(allowed, 60);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 pub struct RatioBudget {
     totals: Totals,
@@ -124,6 +124,7 @@ pub struct RatioBudget {
 
 /// What a [`RatioBudget`] earns its retries on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Earn {
     /// Every first attempt earns `ratio` retries, whether it succeeds or not
     /// (Finagle's `RetryBudget`): retries add at most `ratio` to the load,

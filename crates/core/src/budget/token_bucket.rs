@@ -80,8 +80,8 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// share cannot pay gathers.
 ///
 /// ```
-/// use tower_backoff::budget::{Budget, TokenBucket};
-/// use tower_backoff::Cause;
+/// use tower_backoff_core::budget::{Budget, TokenBucket};
+/// use tower_backoff_core::Cause;
 ///
 /// let bucket = TokenBucket::builder().capacity(10).build()?;
 /// assert!(bucket.try_retry(Cause::Transient)); // 10 -> 5
@@ -89,7 +89,7 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// assert!(bucket.try_retry(Cause::Transient)); // 5 -> 0
 /// bucket.on_success(Some(Cause::Transient)); // the retry's cost comes back
 /// assert_eq!(bucket.available(), 5);
-/// # Ok::<_, tower_backoff::ConfigError>(())
+/// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 pub struct TokenBucket {
     /// Thousandths of a token, and the capacity in thousandths, which moves

@@ -26,7 +26,7 @@ pub use any::AnySchedule;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{Exponential, Schedule};
+/// use tower_backoff_core::{Exponential, Schedule};
 ///
 /// let s = Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_millis(500));
 /// let delays: Vec<_> = (1..=5).map(|n| s.delay(n)).collect();
@@ -92,7 +92,7 @@ impl<S: Schedule + ?Sized> Schedule for Arc<S> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{Exponential, Schedule};
+/// use tower_backoff_core::{Exponential, Schedule};
 ///
 /// let s = Exponential::new(Duration::from_millis(50)).factor(3.0);
 /// assert_eq!(s.delay(3), Duration::from_millis(450));
@@ -253,7 +253,7 @@ impl Schedule for Constant {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{Schedule, Table};
+/// use tower_backoff_core::{Schedule, Table};
 ///
 /// let s = Table::new([1, 5, 30].map(Duration::from_secs));
 /// assert_eq!(s.delay(2), Duration::from_secs(5));
@@ -301,7 +301,7 @@ impl Schedule for Table {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_backoff::{schedule, Schedule};
+/// use tower_backoff_core::{schedule, Schedule};
 ///
 /// let fibonacci = schedule::from_fn(Duration::from_secs(10), |n| {
 ///     let (mut a, mut b) = (0u64, 1u64);

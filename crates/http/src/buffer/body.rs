@@ -25,7 +25,7 @@ use http_body::{Body, Frame, SizeHint};
 /// use http::{Request, Response};
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{service_fn, ServiceExt};
-/// use tower_backoff::http::parts::BufferBody;
+/// use tower_backoff_http::parts::BufferBody;
 ///
 /// let client = service_fn(|_: Request<()>| async {
 ///     Ok::<_, std::io::Error>(Response::new(Full::new(bytes::Bytes::from("queue capacity"))))

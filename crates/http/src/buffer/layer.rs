@@ -9,9 +9,9 @@ use super::{BufferBody, DEFAULT_BUFFER_LIMIT};
 ///
 /// ```
 /// use tower::ServiceBuilder;
-/// use tower_backoff::http::{HttpPolicy};
-/// use tower_backoff::http::parts::BufferBodyLayer;
-/// use tower_backoff::BackoffLayer;
+/// use tower_backoff_http::{HttpPolicy};
+/// use tower_backoff_http::parts::BufferBodyLayer;
+/// use tower_backoff_core::BackoffLayer;
 ///
 /// # let client = tower::service_fn(|_: http::Request<String>| async {
 /// #     Ok::<_, std::io::Error>(http::Response::new(String::new()))

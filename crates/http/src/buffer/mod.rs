@@ -91,9 +91,9 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 /// use http::{Request, Response};
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
-/// use tower_backoff::http::parts::BufferBodyLayer;
-/// use tower_backoff::{BackoffLayer, Cause};
+/// use tower_backoff_http::{HttpPolicy, HttpRetryLayer, RetryInfo};
+/// use tower_backoff_http::parts::BufferBodyLayer;
+/// use tower_backoff_core::{BackoffLayer, Cause};
 ///
 /// // Stands in for an HTTP client: a full queue once, then the answer.
 /// let calls = AtomicU32::new(0);
