@@ -31,7 +31,7 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
-//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 //! use tower_backoff::shed::{Limiter, ShedLayer};
 //!
 //! let layer = ShedLayer::builder()
