@@ -1007,13 +1007,15 @@ mod tests {
     }
 
     #[test]
-    fn the_attempt_header_is_stamped_only_when_named() {
+    fn the_attempt_header_is_x_retry_attempt_unless_named_or_turned_off() {
         let mut request = Request::get("http://127.0.0.1/")
             .body(String::new())
             .unwrap();
-        let plain = HttpPolicy::new();
-        prepare(&plain, &mut request, 2);
+        prepare(&HttpPolicy::new().no_attempt_header(), &mut request, 2);
         assert!(request.headers().is_empty());
+        prepare(&HttpPolicy::new(), &mut request, 2);
+        assert_eq!(request.headers()["x-retry-attempt"], "2");
+        request.headers_mut().clear();
         let named =
             HttpPolicy::new().attempt_header(HeaderName::from_static("x-envoy-attempt-count"));
         prepare(&named, &mut request, 2);
