@@ -57,6 +57,7 @@ mod pacing;
 mod partial;
 mod report;
 mod server;
+mod shed;
 mod storm;
 mod strategy;
 mod tail;
@@ -79,6 +80,10 @@ pub use pacing::{
 pub use partial::{FlakyAttempt, FlakyServer, PartialFailure, PartialFailureReport};
 pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECOVERY_WINDOW};
 pub use server::{Server, ServerGone, ServerModel, ServerSample, Submission};
+pub use shed::{
+    metastable_storm, shed_storm, Gate, OverloadReport, OverloadScenario, ShedError, ShedFront,
+    ShedSignals,
+};
 pub use storm::Storm;
 pub use strategy::{
     storm_budget, RetryErrors, Strategy, BUDGET_RATIO, FIRST_DELAY, FIXED_INTERVAL, MAX_ATTEMPTS,
