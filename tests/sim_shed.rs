@@ -49,26 +49,30 @@ fn twice_capacity_for_60_s_keeps_goodput_latency_and_spread() {
 #[test]
 #[ignore = "prints the comparison tables"]
 fn shed_tables() {
-    println!("| seed | client only | defaults + tower load_shed + concurrency_limit(30) | defaults + shed (the pair) |");
-    println!("|---|---|---|---|");
+    println!("| seed | client only | + load_shed + concurrency_limit(30), the knee | + load_shed + concurrency_limit(300) | + shed (the pair) |");
+    println!("|---|---|---|---|---|");
     let show =
         |r: Option<Duration>| r.map_or("never".to_string(), |d| format!("{} s", d.as_secs()));
     for seed in 1..=10 {
         let storm = metastable_storm(seed);
         let client = Strategy::Defaults.run(&storm, seed).unwrap().summary();
         let fixed = shed_storm(&storm, Gate::Fixed(30), seed).unwrap().summary();
+        let loose = shed_storm(&storm, Gate::Fixed(300), seed)
+            .unwrap()
+            .summary();
         let pair = shed_storm(&storm, Gate::Shed, seed).unwrap().summary();
         println!(
-            "| {seed} | {} | {} | {} |",
+            "| {seed} | {} | {} | {} | {} |",
             show(client.recovery),
             show(fixed.recovery),
+            show(loose.recovery),
             show(pair.recovery)
         );
     }
     println!();
     println!("| gate | seed | goodput, % of capacity | admitted p99 unloaded | admitted p99 at 2× | busiest 100 ms / mean | full goodput after |");
     println!("|---|---|---|---|---|---|---|");
-    for gate in [Gate::Shed, Gate::Fixed(30)] {
+    for gate in [Gate::Shed, Gate::Fixed(30), Gate::Fixed(300)] {
         for seed in 1..=5 {
             let report = OverloadScenario::new().seed(seed).run(gate).unwrap();
             let (unloaded, loaded) = report.p99_unloaded_and_loaded();

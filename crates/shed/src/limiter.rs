@@ -342,6 +342,9 @@ impl LimiterBuilder {
             observers,
         };
         shared.set_thresholds(self.initial_limit);
+        // The gauge shows the limit from the start, not from its first change.
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("tower_backoff.shed.limit").set(self.initial_limit as f64);
         Ok(Limiter {
             shared: Arc::new(shared),
         })
