@@ -803,3 +803,66 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn next_limit_is_finite_positive_and_moves_at_most_by_half_or_its_root(
+            limit in 1.0f64..1e6,
+            anchor in 1e-6f64..10.0,
+            mean in 1e-6f64..100.0,
+            tolerance in 1.0f64..4.0,
+            peak in 0usize..2_000_000,
+        ) {
+            let next = next_limit(limit, anchor, mean, tolerance, peak);
+            prop_assert!(next.is_finite() && next > 0.0);
+            prop_assert!(next >= limit * 0.5);
+            prop_assert!(next <= limit + limit.sqrt() + 1e-9);
+            if mean > tolerance * anchor * 2.0 {
+                // Latency past twice the tolerance: it shrinks (but for the root).
+                prop_assert!(next <= limit * 0.5 + limit.sqrt() + 1e-9);
+            }
+        }
+
+        #[test]
+        fn next_limit_never_panics_or_goes_nan(
+            limit in proptest::num::f64::ANY,
+            anchor in proptest::num::f64::ANY,
+            mean in proptest::num::f64::ANY,
+            peak in 0usize..usize::MAX,
+        ) {
+            let next = next_limit(limit, anchor, mean, 1.25, peak);
+            prop_assert!(!next.is_nan() && next > 0.0);
+        }
+
+        #[test]
+        fn in_flight_returns_to_zero_whatever_the_order(
+            ops in proptest::collection::vec((0u8..4, any::<bool>(), 0u64..500), 1..200),
+        ) {
+            let limiter = Limiter::builder().initial_limit(8).min_limit(1).seed(1).build().unwrap();
+            let start = Instant::now();
+            let mut held = Vec::new();
+            for (level, complete, ms) in ops {
+                let now = start + Duration::from_millis(ms);
+                let priorities = [
+                    Priority::LOWEST,
+                    Priority::new(crate::Criticality::Sheddable, false),
+                    Priority::new(crate::Criticality::Default, false),
+                    Priority::HIGHEST,
+                ];
+                if let Ok(p) = limiter.try_acquire(priorities[usize::from(level)], now) {
+                    held.push(p);
+                } else if let Some(p) = held.pop() {
+                    if complete { p.complete(now) } else { drop(p) }
+                }
+                prop_assert!(limiter.in_flight() <= limiter.limit().max(8) + 1);
+            }
+            drop(held);
+            prop_assert_eq!(limiter.in_flight(), 0);
+        }
+    }
+}
