@@ -86,8 +86,8 @@ pub use partial::{FlakyAttempt, FlakyServer, PartialFailure, PartialFailureRepor
 pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECOVERY_WINDOW};
 pub use server::{Server, ServerGone, ServerModel, ServerSample, Submission};
 pub use shed::{
-    metastable_storm, shed_storm, Gate, OverloadReport, OverloadScenario, ShedError, ShedFront,
-    ShedSignals,
+    metastable_storm, shed_storm, shed_storm_with, Gate, OverloadReport, OverloadScenario,
+    ShedError, ShedFront, ShedSignals,
 };
 pub use storm::Storm;
 pub use strategy::{

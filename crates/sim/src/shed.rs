@@ -311,25 +311,40 @@ pub fn metastable_storm(seed: u64) -> Storm {
 /// # Errors
 /// A [`ConfigError`] naming a setting that cannot work.
 pub fn shed_storm(storm: &Storm, gate: Gate, seed: u64) -> Result<StormReport, ConfigError> {
-    storm.validate()?;
     let mut layers = Vec::new();
     for client in 0..storm.client_count() as u64 {
         layers.push(client_layer(seed, client)?);
     }
+    let mut layers = layers.into_iter().cycle();
+    shed_storm_with(storm, gate, seed, move |front| {
+        let layer = layers.next().expect("a cycle of at least one layer");
+        tower_layer::Layer::layer(&layer, front)
+    })
+}
+
+/// Runs `storm` behind `gate` with a client made by `make_client` for each
+/// of the clients, from a [`ShedFront`] to the server (as
+/// [`Storm::run`] does from a [`Connection`](crate::Connection)).
+///
+/// # Errors
+/// A [`ConfigError`] naming a setting that cannot work.
+pub fn shed_storm_with<S, F>(
+    storm: &Storm,
+    gate: Gate,
+    seed: u64,
+    mut make_client: F,
+) -> Result<StormReport, ConfigError>
+where
+    F: FnMut(ShedFront) -> S,
+    S: Service<Request> + Clone + 'static,
+{
+    storm.validate()?;
     let runtime = super::paused_runtime();
     LocalSet::new().block_on(&runtime, async {
         let server = storm.start_server();
         let front = ShedFront::new(server.clone(), storm.model(), gate, storm.timeout(), seed)?;
-        let mut layers = layers.iter().cycle();
         let report = storm
-            .drive(
-                &server,
-                || {
-                    let layer = layers.next().expect("a cycle of at least one layer");
-                    tower_layer::Layer::layer(layer, front.clone())
-                },
-                |_| {},
-            )
+            .drive(&server, || make_client(front.clone()), |_| {})
             .await;
         Ok(report)
     })
