@@ -7,12 +7,18 @@ use std::time::Duration;
 
 use tower_backoff_sim::{metastable_storm, shed_storm, Gate, OverloadScenario, Strategy};
 
-/// Seeds of each run: a few seconds in a debug build.
-const SEEDS: std::ops::RangeInclusive<u64> = 1..=3;
+/// Seeds of each run: each pair of runs takes about 4 s in a debug build.
+fn seeds() -> std::ops::RangeInclusive<u64> {
+    if cfg!(debug_assertions) {
+        1..=2
+    } else {
+        1..=5
+    }
+}
 
 #[test]
 fn metastable_the_pair_recovers_within_7_s_where_the_client_alone_never_does() {
-    for seed in SEEDS {
+    for seed in seeds() {
         let storm = metastable_storm(seed);
         let client_only = Strategy::Defaults.run(&storm, seed).unwrap().summary();
         let pair = shed_storm(&storm, Gate::Shed, seed).unwrap().summary();
@@ -25,9 +31,7 @@ fn metastable_the_pair_recovers_within_7_s_where_the_client_alone_never_does() {
 
 #[test]
 fn twice_capacity_for_60_s_keeps_goodput_latency_and_spread() {
-    // Seven simulated seconds of 1,000 clients take about a real one in a debug build.
-    let seeds = if cfg!(debug_assertions) { 1..=2 } else { 1..=5 };
-    for seed in seeds {
+    for seed in seeds() {
         let report = OverloadScenario::new().seed(seed).run(Gate::Shed).unwrap();
         let (unloaded, loaded) = report.p99_unloaded_and_loaded();
         let (unloaded, loaded) = (unloaded.unwrap(), loaded.unwrap());

@@ -454,11 +454,11 @@ impl Shared {
     }
 
     /// A delay in `[base, 2 × base)`, `base` the queueing time but at least
-    /// `retry_after`, at most `max_retry_after` in all.
+    /// `retry_after`; never past `max_retry_after`.
     fn spread(&self, drain: Duration) -> Duration {
         let base = drain
-            .max(self.config.retry_after)
-            .min(self.config.max_retry_after / 2);
+            .min(self.config.max_retry_after / 2)
+            .max(self.config.retry_after);
         let state = self
             .spread
             .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
@@ -730,6 +730,26 @@ mod tests {
         assert!(delays.iter().all(|d| *d >= ms(1000) && *d < ms(2000)));
         let early = delays.iter().filter(|d| **d < ms(1500)).count();
         assert!((400..600).contains(&early), "{early}");
+    }
+
+    #[test]
+    fn retry_after_stays_within_its_bounds_however_close_they_are() {
+        let limiter = Limiter::builder()
+            .initial_limit(4)
+            .retry_after(ms(1_000))
+            .max_retry_after(ms(1_200))
+            .seed(3)
+            .build()
+            .unwrap();
+        let now = Instant::now();
+        let _held: Vec<_> = (0..4)
+            .map(|_| limiter.try_acquire(Priority::HIGHEST, now).unwrap())
+            .collect();
+        for _ in 0..200 {
+            let rejection = limiter.try_acquire(Priority::HIGHEST, now).unwrap_err();
+            let delay = rejection.retry_after().unwrap();
+            assert!(delay >= ms(1_000) && delay <= ms(1_200), "{delay:?}");
+        }
     }
 
     #[test]
