@@ -149,3 +149,44 @@ async fn retries_and_hedges_reach_the_server_marked_and_rank_one_level_lower() {
         "the hedge is marked as a retry ({X_RETRY_ATTEMPT}) and shed first"
     );
 }
+
+#[cfg(feature = "grpc")]
+#[test]
+fn grpc_policys_defaults_wait_out_the_pushback_and_stop_on_a_negative_one() {
+    use tower_backoff::grpc::GrpcPolicy;
+    use tower_backoff::shed::{RESOURCE_EXHAUSTED, UNAVAILABLE};
+    use tower_backoff::Decision;
+
+    let limiter = one_place();
+    let now = Instant::now().into_std();
+    let _held = limiter.try_acquire(Priority::HIGHEST, now).unwrap();
+    let rejection = limiter.try_acquire(Priority::HIGHEST, now).unwrap_err();
+    let pushback = rejection.retry_after().unwrap();
+    let policy = GrpcPolicy::new();
+    let retry: Response<()> = rejection.grpc_response(UNAVAILABLE);
+    match policy.classify_response(retry.status(), retry.headers()) {
+        Decision::Retry { after, .. } => {
+            let millis = Duration::from_millis(pushback.as_millis() as u64);
+            assert_eq!(after, Some(millis));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The same answer with a negative pushback, as the layer sends when the
+    // backlog cannot drain: final, whatever the code.
+    let mut stop: Response<()> = rejection.grpc_response(RESOURCE_EXHAUSTED);
+    stop.headers_mut().insert(
+        "grpc-retry-pushback-ms",
+        http::HeaderValue::from_static("-1"),
+    );
+    assert_eq!(
+        policy.classify_response(stop.status(), stop.headers()),
+        Decision::Final
+    );
+    stop.headers_mut()
+        .insert("grpc-status", http::HeaderValue::from(14u16));
+    assert_eq!(
+        policy.classify_response(stop.status(), stop.headers()),
+        Decision::Final,
+        "UNAVAILABLE with a negative pushback is final too"
+    );
+}
