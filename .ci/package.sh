@@ -22,7 +22,7 @@ CARGO_TARGET_DIR=$(cd "$CARGO_TARGET_DIR" && pwd)
 export CARGO_TARGET_DIR
 
 # The published crates: every member but the simulator (publish = false).
-crates=(tower-backoff-core tower-backoff-http tower-backoff-grpc tower-backoff-poll tower-backoff)
+crates=(tower-backoff-core tower-backoff-http tower-backoff-grpc tower-backoff-poll tower-backoff-shed tower-backoff)
 
 packages="$CARGO_TARGET_DIR/package"
 work="$root/target/package-check"

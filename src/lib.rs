@@ -112,6 +112,13 @@ pub use tower_backoff_http as http;
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use tower_backoff_grpc as grpc;
 
+/// The server half: a layer for hyper/axum and tonic servers that admits by
+/// measured latency and sheds the rest with the signals the client honours
+/// (feature `shed`).
+#[cfg(feature = "shed")]
+#[cfg_attr(docsrs, doc(cfg(feature = "shed")))]
+pub use tower_backoff_shed as shed;
+
 // Every Rust snippet in the README is compiled and run by `cargo test`, so the
 // README cannot drift from the API. Not part of the public docs.
 #[cfg(doctest)]

@@ -288,11 +288,34 @@ async fn the_server_sees_the_attempt_number_on_each_retry_only() {
 async fn without_an_attempt_header_retries_go_out_as_the_first_did() {
     let server = Server::start(|n, _| if n < 1 { status(503) } else { status(200) }).await;
     let svc = ServiceBuilder::new()
-        .layer(layer_with(HttpPolicy::new(), schedule(), 3, None))
+        .layer(layer_with(
+            HttpPolicy::new().no_attempt_header(),
+            schedule(),
+            3,
+            None,
+        ))
         .service(client());
     svc.oneshot(get(&server, "/")).await.unwrap();
     let seen = server.seen();
     assert_eq!(seen[0].headers, seen[1].headers);
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_each_retry_carries_x_retry_attempt_for_the_server_to_shed_first() {
+    let server = Server::start(|n, _| if n < 2 { status(503) } else { status(200) }).await;
+    let svc = ServiceBuilder::new()
+        .layer(layer_with(HttpPolicy::new(), schedule(), 3, None))
+        .service(client());
+    svc.oneshot(get(&server, "/")).await.unwrap();
+    let marks: Vec<Option<String>> = server
+        .seen()
+        .iter()
+        .map(|seen| {
+            let mark = seen.headers.get("x-retry-attempt");
+            mark.map(|v| v.to_str().unwrap().to_owned())
+        })
+        .collect();
+    assert_eq!(marks, [None, Some("2".into()), Some("3".into())]);
 }
 
 // --- jitter on server delays -------------------------------------------------------

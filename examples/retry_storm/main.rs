@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use tower_backoff::Jitter;
 use tower_backoff_sim::{
-    storm_table, Amplification, AmplificationReport, BudgetKind, BudgetSharing, Contention,
-    PartialFailure, PartialFailureReport, ServerModel, Storm, StormReport, Strategy, Table,
-    RECOVERY_WINDOW,
+    shed_storm_with, storm_table, Amplification, AmplificationReport, BudgetKind, BudgetSharing,
+    Contention, Gate, PartialFailure, PartialFailureReport, ServerModel, Storm, StormReport,
+    Strategy, Table, RECOVERY_WINDOW,
 };
 
 const USAGE: &str = "\
@@ -275,6 +275,7 @@ fn run_seeds(
         strategy,
         report: None,
         recovered: 0,
+        shed_recovered: 0,
         time: Duration::ZERO,
     };
     for seed in options.seed..options.seed + options.seeds {
@@ -288,6 +289,13 @@ fn run_seeds(
             .map_err(|e| e.to_string())?;
         bar.set_position(offset + horizon_secs);
         run.recovered += report.summary().recovery.is_some() as u64;
+        // The same clients, with the server half in front of the server.
+        let layer = strategy.layer(seed).map_err(|e| e.to_string())?;
+        let shed = shed_storm_with(&storm.clone().seed(seed), Gate::Shed, seed, |front| {
+            tower_layer::Layer::layer(&layer, front)
+        })
+        .map_err(|e| e.to_string())?;
+        run.shed_recovered += shed.summary().recovery.is_some() as u64;
         // The first seed's run is the one shown in full and charted.
         if run.report.is_none() {
             run.time = clock.elapsed();
@@ -313,6 +321,11 @@ fn runs_table(runs: &[Run], options: &Options) -> Table {
         runs.iter()
             .map(|r| format!("{}/{}", r.recovered, options.seeds)),
     );
+    table.column(
+        "recovered with the shed layer in front",
+        runs.iter()
+            .map(|r| format!("{}/{}", r.shed_recovered, options.seeds)),
+    );
     table
 }
 
@@ -323,6 +336,8 @@ struct Run {
     report: Option<StormReport>,
     /// Runs, over every seed, whose goodput recovered.
     recovered: u64,
+    /// The same, with the server half's `ShedLayer` in front of the server.
+    shed_recovered: u64,
     /// Real time the first seed's run took.
     time: Duration,
 }

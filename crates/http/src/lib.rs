@@ -50,8 +50,9 @@
 //! next one waits the schedule's first delay (as gRPC's clients do after a
 //! pushback).
 //!
-//! Upstream, [`attempt_header`](HttpPolicy::attempt_header) sends the attempt
-//! number on every retry. [`PerHostLayer`] gives every authority its own
+//! Upstream, the policy sends the attempt number in `x-retry-attempt`
+//! ([`attempt_header`](HttpPolicy::attempt_header)) on every retry and hedge, so
+//! a server can shed retries first. [`PerHostLayer`] gives every authority its own
 //! retry layer, and so its own budget.
 //!
 //! # One client, many hosts
@@ -201,7 +202,7 @@ pub use per_host::DEFAULT_MAX_HOSTS;
 #[doc(hidden)]
 pub use policy::{
     DEFAULT_MAX_SERVER_DELAY, DEFAULT_SERVER_JITTER_MAX, DEFAULT_SERVER_JITTER_PERCENT,
-    IDEMPOTENCY_KEY, X_SHOULD_RETRY,
+    IDEMPOTENCY_KEY, X_RETRY_ATTEMPT, X_SHOULD_RETRY,
 };
 #[doc(hidden)]
 pub use replay::DEFAULT_REPLAY_LIMIT;

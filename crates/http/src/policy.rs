@@ -27,6 +27,11 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// (sent by the OpenAI and Anthropic APIs, honoured by their clients).
 pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
+/// `x-retry-attempt`: the attempt number (`2` on the first retry) the policy
+/// sends on every retry and hedge by default, so that a server (tower-backoff's
+/// `shed` layer, a proxy) can shed retries before first attempts.
+pub const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static("x-retry-attempt");
+
 /// The longest server-given delay the policy waits by default: one minute.
 ///
 /// The OpenAI and Anthropic client libraries honour `Retry-After` up to 60 s
@@ -152,7 +157,7 @@ impl HttpPolicy {
             jitter_percent: DEFAULT_SERVER_JITTER_PERCENT,
             jitter_max: DEFAULT_SERVER_JITTER_MAX,
             should_retry: Some(X_SHOULD_RETRY),
-            attempt_header: None,
+            attempt_header: Some(X_RETRY_ATTEMPT),
             drain_limit: DEFAULT_DRAIN_LIMIT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             on_body: None,
@@ -280,7 +285,8 @@ impl HttpPolicy {
     /// every retry, so servers and proxies can tell retries from first
     /// attempts and shed them first (as Envoy's `x-envoy-attempt-count` and
     /// the AWS SDKs' `amz-sdk-request` do). First attempts go out untouched.
-    /// Off by default.
+    /// Default [`X_RETRY_ATTEMPT`], which the `shed` layer reads;
+    /// [`no_attempt_header`](Self::no_attempt_header) turns it off.
     ///
     /// ```
     /// use http::HeaderName;
@@ -292,6 +298,13 @@ impl HttpPolicy {
     /// ```
     pub fn attempt_header(mut self, header: HeaderName) -> Self {
         self.attempt_header = Some(header);
+        self
+    }
+
+    /// Sends retries with the first attempt's headers, unmarked: a server
+    /// then cannot tell them apart to shed them first.
+    pub fn no_attempt_header(mut self) -> Self {
+        self.attempt_header = None;
         self
     }
 
@@ -996,13 +1009,15 @@ mod tests {
     }
 
     #[test]
-    fn the_attempt_header_is_stamped_only_when_named() {
+    fn the_attempt_header_is_x_retry_attempt_unless_named_or_turned_off() {
         let mut request = Request::get("http://127.0.0.1/")
             .body(String::new())
             .unwrap();
-        let plain = HttpPolicy::new();
-        prepare(&plain, &mut request, 2);
+        prepare(&HttpPolicy::new().no_attempt_header(), &mut request, 2);
         assert!(request.headers().is_empty());
+        prepare(&HttpPolicy::new(), &mut request, 2);
+        assert_eq!(request.headers()["x-retry-attempt"], "2");
+        request.headers_mut().clear();
         let named =
             HttpPolicy::new().attempt_header(HeaderName::from_static("x-envoy-attempt-count"));
         prepare(&named, &mut request, 2);

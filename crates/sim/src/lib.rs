@@ -28,6 +28,11 @@
 //!   [`TailBackend`]) under an open load; what a client stack, hedging or
 //!   not, makes of the tail and how many extra attempts it sends.
 //!
+//! - [`ShedFront`]: the server half, `tower_backoff_shed`'s limiter (or a
+//!   fixed limit, as tower's `load_shed` over `concurrency_limit`) in front
+//!   of the server's work: [`shed_storm`] on the [`metastable_storm`], and
+//!   [`OverloadScenario`], twice the capacity for a minute.
+//!
 //! Everything runs on one thread, on tokio's paused clock: a run is a pure
 //! function of its settings and seeds (seed your layer too), and two minutes
 //! of a thousand clients take a fraction of a second in a release build.
@@ -57,6 +62,7 @@ mod pacing;
 mod partial;
 mod report;
 mod server;
+mod shed;
 mod storm;
 mod strategy;
 mod tail;
@@ -79,6 +85,10 @@ pub use pacing::{
 pub use partial::{FlakyAttempt, FlakyServer, PartialFailure, PartialFailureReport};
 pub use report::{storm_table, StormReport, Summary, Table, RECOVERED_SHARE, RECOVERY_WINDOW};
 pub use server::{Server, ServerGone, ServerModel, ServerSample, Submission};
+pub use shed::{
+    metastable_storm, shed_storm, shed_storm_with, Gate, OverloadReport, OverloadScenario,
+    ShedError, ShedFront, ShedSignals,
+};
 pub use storm::Storm;
 pub use strategy::{
     storm_budget, RetryErrors, Strategy, BUDGET_RATIO, FIRST_DELAY, FIXED_INTERVAL, MAX_ATTEMPTS,

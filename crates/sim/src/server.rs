@@ -154,6 +154,11 @@ impl ServerModel {
         self
     }
 
+    /// How many requests wait in the accept backlog while it is down.
+    pub(crate) fn backlog_size(&self) -> usize {
+        self.backlog
+    }
+
     /// When the outage starts and ends, from the server's start.
     pub fn outage_window(&self) -> std::ops::Range<Duration> {
         self.outage_start..self.outage_start.saturating_add(self.outage)
@@ -275,6 +280,14 @@ impl Server {
             self.wake.notify_one();
         }
         Submission { rx }
+    }
+
+    /// Counts an attempt that reached the server's front and was answered
+    /// there, without work: a request shed.
+    pub(crate) fn note_arrival(&self) {
+        let mut state = self.state.borrow_mut();
+        let bucket = state.bucket(Instant::now());
+        state.series[bucket].arrivals += 1;
     }
 
     /// When the server started; its outage is timed from here.

@@ -148,6 +148,16 @@ impl Storm {
         &self.model
     }
 
+    /// How many clients send requests.
+    pub fn client_count(&self) -> usize {
+        self.clients
+    }
+
+    /// How long a client waits for each attempt.
+    pub fn timeout(&self) -> Duration {
+        self.attempt_timeout
+    }
+
     /// How long the run lasts.
     pub fn length(&self) -> Duration {
         self.horizon

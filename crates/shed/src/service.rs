@@ -1,0 +1,116 @@
+//! [`Shed`]: the service that admits or rejects each request.
+
+use std::task::{Context, Poll};
+
+use http::header::CONTENT_TYPE;
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::criticality::Priority;
+use crate::future::ResponseFuture;
+use crate::layer::Answers;
+use crate::limiter::Limiter;
+
+/// Admits each request to the inner service when the [`Limiter`] has room
+/// for its [`Priority`], and otherwise answers at once, without calling it:
+/// an HTTP 503 (or 429) with a spread `Retry-After`, or for a gRPC request
+/// (`content-type: application/grpc…`) a trailers-only status with
+/// `grpc-retry-pushback-ms`.
+///
+/// Readiness is the inner service's. A rejected request does not use the
+/// readiness it was given, as with tower's `LoadShed`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use bytes::Bytes;
+/// use http::{Request, Response};
+/// use http_body_util::Full;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_backoff::shed::ShedLayer;
+///
+/// let server = ServiceBuilder::new()
+///     .layer(ShedLayer::builder().build()?)
+///     .service(service_fn(|_req: Request<Full<Bytes>>| async {
+///         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("hello"))))
+///     }));
+/// let response = server.oneshot(Request::new(Full::new(Bytes::new()))).await?;
+/// assert_eq!(response.status(), 200);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Shed<S> {
+    inner: S,
+    limiter: Limiter,
+    answers: Answers,
+}
+
+impl<S> Shed<S> {
+    pub(crate) fn new(inner: S, limiter: Limiter, answers: Answers) -> Self {
+        Self {
+            inner,
+            limiter,
+            answers,
+        }
+    }
+
+    /// The limiter it admits by.
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Shed<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let priority = Priority::from_headers(request.headers());
+        let now = tokio::time::Instant::now().into_std();
+        match self.limiter.try_acquire(priority, now) {
+            Ok(permit) => ResponseFuture::admitted(self.inner.call(request), permit),
+            Err(rejection) => {
+                let grpc = request
+                    .headers()
+                    .get(CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+                let response = if grpc {
+                    let code = if rejection.should_retry() {
+                        self.answers.grpc_retry
+                    } else {
+                        self.answers.grpc_stop
+                    };
+                    rejection.grpc_response(code)
+                } else {
+                    rejection.http_response(self.answers.status)
+                };
+                ResponseFuture::rejected(response)
+            }
+        }
+    }
+}
