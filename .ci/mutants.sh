@@ -124,6 +124,9 @@ for file in "${files[@]}"; do
     for arg in $(tests_for "$file"); do targets+=("--cargo-arg=$arg"); done
     echo "== cargo mutants: $file (${targets[*]})"
     # shellcheck disable=SC2086  # MUTANTS_ARGS is split into arguments on purpose
+    # After cargo-mutants' `--` come cargo test's arguments; after the second,
+    # the test binaries'. A test binary's argument given to cargo test fails
+    # every run, and every mutant reads as caught.
     # The integration tests live in the root package, the unit tests beside
     # the code: test the file's crate and the root package (not the whole
     # workspace: with --workspace, `--lib` would rebuild and rerun the unit
@@ -148,7 +151,7 @@ for file in "${files[@]}"; do
         --package "$package" --test-package "$package" --test-package tower-backoff \
         --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout "${MUTANTS_BUILD_TIMEOUT:-900}" \
         --file "$glob" --exclude '**/loom.rs' --exclude-re '\btests::' \
-        --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} -- ${MUTANTS_TEST_ARGS:-} ||
+        --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} -- -- ${MUTANTS_TEST_ARGS:-} ||
         true # a missed mutant is a finding to report, not a script failure
     for outcome in caught missed unviable timeout; do
         printf '%-9s %s\n' "$outcome" "$(wc -l <"$out/mutants.out/$outcome.txt" 2>/dev/null || echo 0)"
