@@ -18,7 +18,12 @@
 #
 # Environment: MUTANTS_TIMEOUT (seconds per mutant's tests, default 120),
 # MUTANTS_BUILD_TIMEOUT (seconds per build, default 900), MUTANTS_ARGS (extra
-# arguments for cargo mutants, e.g. "--re Rng").
+# arguments for cargo mutants, e.g. "--re Rng"), MUTANTS_TEST_ARGS (arguments
+# for the test binaries, in the baseline too, e.g. "--skip budget::" to leave
+# out tests that cannot catch the file's mutants; on a loaded machine
+# `budget::ratio::coarse`'s clock test can fail on its own, and a failure the
+# mutant did not cause counts it as caught). PROPTEST_CASES (default 256)
+# trades the proptests' depth for the time a mutant takes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -40,6 +45,7 @@ CORE=(
     crates/core/src/jitter.rs
     crates/core/src/schedule/
     crates/core/src/hedge/
+    crates/core/src/breaker/
     crates/http/src/retry_after.rs
     crates/http/src/delay_headers.rs
     crates/http/src/policy.rs
@@ -61,7 +67,13 @@ tests_for() {
         crates/core/src/hedge/ | crates/core/src/hedge/*)
             # the cap, the latency tracker and the copies: their unit tests,
             # the hedging tests and the metrics they report.
-            echo "--lib --test hedge --test metrics"
+            echo "--lib --test hedge --test metrics --test hedge_seams --test http_hedge"
+            ;;
+        crates/core/src/breaker/ | crates/core/src/breaker/*)
+            # The breaker and its window: their unit tests, the layer's and
+            # the HTTP hosts' breaker tests, and the matrix cells it decides.
+            # The simulation (`--test sim_breaker`) only with MUTANTS_SIM=1.
+            echo "--lib --test breaker --test http_breaker_hosts --test host_labels --test matrix_cells${MUTANTS_SIM:+ --test sim_breaker}"
             ;;
         crates/http/src/retry_after.rs | crates/http/src/delay_headers.rs)
             echo "--lib --test http --test http_signals --test proptest_parsers"
@@ -112,6 +124,9 @@ for file in "${files[@]}"; do
     for arg in $(tests_for "$file"); do targets+=("--cargo-arg=$arg"); done
     echo "== cargo mutants: $file (${targets[*]})"
     # shellcheck disable=SC2086  # MUTANTS_ARGS is split into arguments on purpose
+    # After cargo-mutants' `--` come cargo test's arguments; after the second,
+    # the test binaries'. A test binary's argument given to cargo test fails
+    # every run, and every mutant reads as caught.
     # The integration tests live in the root package, the unit tests beside
     # the code: test the file's crate and the root package (not the whole
     # workspace: with --workspace, `--lib` would rebuild and rerun the unit
@@ -123,14 +138,20 @@ for file in "${files[@]}"; do
     # that already fails would count every mutant as caught, so check first.
     # shellcheck disable=SC2046  # the test options are split on purpose
     if ! cargo test --all-features --package "$package" --package tower-backoff \
-        $(tests_for "$file") >"$out/baseline.log" 2>&1; then
+        $(tests_for "$file") -- ${MUTANTS_TEST_ARGS:-} >"$out/baseline.log" 2>&1; then
         echo "the tests of $file fail before any mutation: see $out/baseline.log" >&2
         exit 1
     fi
+    # Not mutated: files compiled only under `--cfg tower_backoff_loom`
+    # (loom.rs: model checks, run by .ci/loom.sh, never by these tests: every
+    # mutant there would survive), and the test modules behind
+    # `#[cfg(all(test, not(tower_backoff_loom)))]`, which cargo-mutants does
+    # not recognise as tests the way it does a plain `#[cfg(test)]`.
     cargo mutants --all-features --in-place --baseline skip \
         --package "$package" --test-package "$package" --test-package tower-backoff \
         --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout "${MUTANTS_BUILD_TIMEOUT:-900}" \
-        --file "$glob" --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} ||
+        --file "$glob" --exclude '**/loom.rs' --exclude-re '\btests::' \
+        --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} -- -- ${MUTANTS_TEST_ARGS:-} ||
         true # a missed mutant is a finding to report, not a script failure
     for outcome in caught missed unviable timeout; do
         printf '%-9s %s\n' "$outcome" "$(wc -l <"$out/mutants.out/$outcome.txt" 2>/dev/null || echo 0)"

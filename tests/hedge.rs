@@ -563,3 +563,38 @@ async fn an_open_breaker_rejects_a_hedging_layers_request_with_its_own_error() {
     assert!(error.is_breaker_open(), "{error}");
     assert_eq!(host.calls(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_load_cap_counts_a_request_once_not_once_an_attempt() {
+    // One request: its first attempt fails, its retry is slow. At a cap of
+    // half the requests, its one request grants no hedge; counted again for
+    // its retry, it would grant one.
+    let host = Host::script(&[(1, false), (1_000, true), (5, true)]);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = layer(Hedging::after(DELAY).max_extra_load(0.5), &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    assert_eq!(svc.ready().await.unwrap().call(1).await.unwrap(), 102);
+    assert_eq!(host.calls(), 2);
+    assert!(hedges.seen().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_tracked_from_its_call_counts_towards_the_load_cap() {
+    // With a deadline, a request is tracked from its call, and its hedging
+    // starts from there rather than from its first poll: its first attempt
+    // counts as a request all the same.
+    let mut steps = vec![(1, true); 10];
+    steps.extend([(1_000, true), (5, true)]);
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let mut svc = builder(&stats, &hedges)
+        .max_elapsed(Duration::from_secs(10))
+        .hedge(Hedging::after(DELAY))
+        .build()
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    assert_eq!(svc.ready().await.unwrap().call(7).await.unwrap(), 712);
+    assert_eq!(stats.snapshot().hedges, 1);
+}

@@ -695,4 +695,130 @@ mod tests {
             "break_jitter"
         );
     }
+
+    #[test]
+    fn a_rejected_attempt_is_not_admitted_and_a_probe_is() {
+        let b = breaker(1);
+        assert!(b.admit_at(0).admitted(), "closed");
+        b.record_at(0, true);
+        assert!(!b.admit_at(4_999).admitted(), "open");
+        assert!(b.admit_at(5_000).admitted(), "the probe");
+        assert!(!b.admit_at(5_000).admitted(), "half-open, its probe out");
+    }
+
+    #[test]
+    fn only_the_probe_that_ends_the_break_tells_it_went_half_open() {
+        let b = breaker(1);
+        b.record_at(0, true);
+        let Admission::Probe(first) = b.admit_at(5_000) else {
+            panic!("the break is over: a probe");
+        };
+        assert!(first.opened_half());
+        // Lost: replaced a break later, in a breaker half-open already.
+        let Admission::Probe(replacement) = b.admit_at(10_000) else {
+            panic!("a lost probe is replaced");
+        };
+        assert!(!replacement.opened_half());
+    }
+
+    #[test]
+    fn successes_on_the_slow_path_count_as_successes() {
+        // What `record` leaves to `record_at` when the breaker closed
+        // between its two loads.
+        let b = breaker(4);
+        for _ in 0..3 {
+            assert_eq!(b.record_at(0, false), None);
+        }
+        assert_eq!(b.record_at(0, true), None, "one failure in four");
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.window(), (4, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_would_be_admitted_only_once_the_break_is_over_when_it_goes() {
+        let b = breaker(1);
+        assert!(b.would_admit(Duration::ZERO), "closed");
+        b.record(true);
+        assert!(!b.would_admit(Duration::from_millis(4_999)));
+        assert!(b.would_admit(Duration::from_secs(5)));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!b.would_admit(Duration::from_millis(3_999)));
+        assert!(b.would_admit(Duration::from_secs(4)));
+        assert_eq!(b.state(), BreakerState::Open, "asking took no probe");
+    }
+
+    #[test]
+    fn a_fresh_breaker_has_the_settings_and_none_of_the_history() {
+        let b = CircuitBreaker::builder()
+            .min_throughput(2)
+            .window(Duration::from_millis(100))
+            .break_duration(Duration::from_millis(300))
+            .break_jitter(0.0)
+            .build()
+            .unwrap();
+        b.record_at(0, true);
+        b.record_at(0, true);
+        assert_eq!(b.state(), BreakerState::Open);
+        let fresh = b.fresh();
+        assert_eq!(fresh.state(), BreakerState::Closed);
+        assert_eq!(fresh.record_at(0, true), None, "one of its two");
+        assert_eq!(
+            fresh.record_at(100, true),
+            None,
+            "the first left its 100 ms window"
+        );
+        assert_eq!(fresh.record_at(150, true), Some(BreakerState::Open));
+        assert_eq!(fresh.admit_at(449), Admission::Rejected);
+        assert!(fresh.admit_at(450).admitted(), "a break of 300 ms");
+    }
+
+    #[test]
+    fn debug_shows_the_state_and_settings() {
+        let b = breaker(4);
+        b.record_at(0, true);
+        b.record_at(0, true);
+        b.record_at(0, true);
+        b.record_at(0, true);
+        let shown = format!("{b:?}");
+        assert!(shown.starts_with("CircuitBreaker {"), "{shown}");
+        for field in [
+            "state: Open",
+            "failure_ratio: 0.5",
+            "min_throughput: 4",
+            "break_ms: 5000",
+        ] {
+            assert!(shown.contains(field), "{field} in {shown}");
+        }
+    }
+
+    #[test]
+    fn a_seed_makes_the_break_times_reproducible_and_keeps_the_other_settings() {
+        let seeded = || {
+            CircuitBreaker::builder()
+                .break_jitter(0.5)
+                .seed(7)
+                .build()
+                .unwrap()
+        };
+        let times = |b: CircuitBreaker| (0..20).map(|_| b.shared.break_ms()).collect::<Vec<_>>();
+        let drawn = times(seeded());
+        assert_eq!(drawn, times(seeded()));
+        assert!(
+            drawn.iter().all(|ms| (2_500..=5_000).contains(ms)),
+            "{drawn:?}"
+        );
+        assert!(
+            drawn.iter().any(|&ms| ms < 4_000),
+            "a jitter of a half, not the default fifth: {drawn:?}"
+        );
+    }
+
+    #[test]
+    fn the_shortest_window_and_break_allowed_are_valid() {
+        let shortest = CircuitBreaker::builder()
+            .window(Duration::from_millis(10))
+            .break_duration(Duration::from_millis(1))
+            .build();
+        assert!(shortest.is_ok(), "{shortest:?}");
+    }
 }

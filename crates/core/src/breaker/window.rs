@@ -340,6 +340,22 @@ mod tests {
     }
 
     #[test]
+    fn a_count_for_a_bucket_the_ring_has_moved_past_is_dropped() {
+        // A thread that read the clock before another's adds after it: its
+        // bucket's place already counts a later one.
+        let window = Window::new(100);
+        window.failure(1_000);
+        window.add(0, 1, 1);
+        assert_eq!(window.counts(1_000), counts(1, 1));
+        // Stamps wrap: one half the stamps or more behind reads as later.
+        let number = STAMP_MASK / 2;
+        let slot = &window.buckets[(number % BUCKETS) as usize];
+        slot.store(pack(0, 1, 1), Ordering::Relaxed);
+        window.add(number, 1, 1);
+        assert_eq!(slot.load(Ordering::Relaxed), pack(0, 1, 1));
+    }
+
+    #[test]
     fn counts_saturate_instead_of_spilling_into_the_stamp() {
         let window = Window::new(1_000);
         let slot = &window.buckets[0];

@@ -313,6 +313,17 @@ mod tests {
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(hedges(&cap), 0);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_slot_a_second_back_is_out_of_the_second_before_its_place_is_reused() {
+        let cap = LoadCap::new(0.1);
+        // 50 requests in each slot of the first second, none in the slot now.
+        requests(&cap, 500, Duration::from_secs(1)).await;
+        // The second that ends now, at 1 s, holds the first second's last
+        // nine slots: 450 requests. The first slot's place in the ring is
+        // the current slot's, still holding its 50.
+        assert_eq!(hedges(&cap), 45);
+    }
 }
 
 /// Model checks of the cap's counters with loom's atomics: every

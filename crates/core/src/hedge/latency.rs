@@ -233,4 +233,21 @@ mod tests {
         let delay = latencies.delay().unwrap();
         assert!(delay >= Duration::from_millis(20), "{delay:?}");
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_is_looked_at_only_every_sixteenth_attempt() {
+        // The lock is taken once every 16 attempts, not once an attempt.
+        let latencies = Latencies::new(50.0, Duration::from_secs(1), 16);
+        let record = |ms: u64| latencies.record(Duration::from_millis(ms), Instant::now());
+        for _ in 0..16 {
+            record(10);
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for _ in 0..15 {
+            record(10);
+        }
+        assert_eq!(latencies.delay(), None, "a period old, but at the 31st");
+        record(10);
+        assert!(latencies.delay().is_some(), "the 32nd closes it");
+    }
 }

@@ -403,4 +403,39 @@ mod tests {
         assert!(shown.contains("max_copies: 3"), "{shown}");
         assert!(shown.contains("delay: Some(7ms)"), "{shown}");
     }
+
+    /// The delay a hedger settles on after one window of first copies of
+    /// 1 to 112 ms, one each.
+    fn delay_after_a_window(hedging: Hedging) -> Duration {
+        let hedger = Hedger::new(&hedging.window(Duration::from_secs(1), 112));
+        let end = Instant::now() + Duration::from_secs(1);
+        for ms in 1..=112 {
+            let first = sent_at(end - Duration::from_millis(ms), None);
+            hedger.on_copy_end(&first, || end);
+        }
+        hedger.delay().expect("a window of 112 closed")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_percentile_delay_asks_for_no_more_hedges_than_the_cap_gives() {
+        // At a 10 % cap, the median is raised to the 91st percentile: the
+        // 102nd of 112 (within 1/32).
+        let capped = delay_after_a_window(Hedging::at_percentile(50.0));
+        assert!(
+            capped >= Duration::from_millis(102) && capped < Duration::from_micros(102_400),
+            "{capped:?}"
+        );
+        // A cap of every request asks for no raise: the 56th of 112.
+        let uncapped = delay_after_a_window(Hedging::at_percentile(50.0).max_extra_load(1.0));
+        assert!(
+            uncapped >= Duration::from_millis(56) && uncapped < Duration::from_micros(56_400),
+            "{uncapped:?}"
+        );
+        // A percentile above the raise is kept: the 107th.
+        let high = delay_after_a_window(Hedging::at_percentile(95.0));
+        assert!(
+            high >= Duration::from_millis(107) && high < Duration::from_micros(108_600),
+            "{high:?}"
+        );
+    }
 }
