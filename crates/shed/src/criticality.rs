@@ -27,7 +27,7 @@ pub const X_ENVOY_ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-a
 ///
 /// ```
 /// use http::HeaderMap;
-/// use tower_backoff::shed::Criticality;
+/// use tower_backoff_shed::Criticality;
 ///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("x-criticality", "Sheddable".parse().unwrap());
@@ -78,7 +78,7 @@ impl Criticality {
 /// request is worth more than a repeat of one that already had its chance.
 ///
 /// ```
-/// use tower_backoff::shed::{Criticality, Priority};
+/// use tower_backoff_shed::{Criticality, Priority};
 ///
 /// let first = Priority::new(Criticality::Default, false);
 /// let retry = Priority::new(Criticality::Default, true);

@@ -22,11 +22,11 @@ pub const UNAVAILABLE: u16 = 14;
 /// rejected at once by one shared [`Limiter`].
 ///
 /// ```
-/// use tower_backoff::shed::ShedLayer;
+/// use tower_backoff_shed::ShedLayer;
 ///
 /// let layer = ShedLayer::builder().status(http::StatusCode::TOO_MANY_REQUESTS).build()?;
 /// # drop(layer);
-/// # Ok::<(), tower_backoff::ConfigError>(())
+/// # Ok::<(), tower_backoff_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct ShedLayer {

@@ -32,7 +32,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-//! use tower_backoff::shed::{Limiter, ShedLayer};
+//! use tower_backoff_shed::{Limiter, ShedLayer};
 //!
 //! let layer = ShedLayer::builder()
 //!     .limiter(Limiter::builder().initial_limit(1).min_limit(1))

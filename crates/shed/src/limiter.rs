@@ -42,7 +42,7 @@ const ANCHOR_SLOTS: usize = 10;
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use tower_backoff::shed::{Limiter, Priority, Criticality};
+/// use tower_backoff_shed::{Limiter, Priority, Criticality};
 ///
 /// let limiter = Limiter::builder().initial_limit(2).min_limit(1).build()?;
 /// let now = Instant::now();
@@ -54,7 +54,7 @@ const ANCHOR_SLOTS: usize = 10;
 /// first.complete(now + Duration::from_millis(50));
 /// drop(second);
 /// assert!(limiter.try_acquire(Priority::new(Criticality::Default, false), now).is_ok());
-/// # Ok::<(), tower_backoff::ConfigError>(())
+/// # Ok::<(), tower_backoff_core::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct Limiter {

@@ -27,7 +27,7 @@ use crate::limiter::Limiter;
 /// use http::{Request, Response};
 /// use http_body_util::Full;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff::shed::ShedLayer;
+/// use tower_backoff_shed::ShedLayer;
 ///
 /// let server = ServiceBuilder::new()
 ///     .layer(ShedLayer::builder().build()?)
