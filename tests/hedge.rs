@@ -598,3 +598,32 @@ async fn a_request_tracked_from_its_call_counts_towards_the_load_cap() {
     assert_eq!(svc.ready().await.unwrap().call(7).await.unwrap(), 712);
     assert_eq!(stats.snapshot().hedges, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_the_cap_turned_away_goes_out_once_later_requests_make_room() {
+    // The first request a layer sees has no room for a hedge (10 % of one
+    // request is none); nine quick ones that come while it is pending make
+    // room for one, and its hedge goes out then instead of never.
+    let mut steps = vec![(1_000, true)];
+    steps.extend([(1, true); 9]);
+    steps.push((5, true));
+    let host = Host::script(&steps);
+    let (stats, hedges) = (Stats::new(), Hedges::default());
+    let svc = layer(Hedging::after(DELAY), &stats, &hedges)
+        .unwrap()
+        .layer(host.service());
+    let start = Instant::now();
+    let slow = tokio::spawn(svc.clone().oneshot(0));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(stats.snapshot().hedges, 0, "no room yet");
+    for n in 1..10 {
+        svc.clone().oneshot(n).await.unwrap();
+    }
+    assert_eq!(slow.await.unwrap().unwrap(), 11);
+    assert_eq!(stats.snapshot().hedges, 1);
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        start.elapsed()
+    );
+}
