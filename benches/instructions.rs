@@ -35,8 +35,7 @@ async fn run_budget_column(column: &str, iters: u64) {
 const BREAKER_COLUMN: &str = "ours, closed breaker";
 
 fn breaker_layer(
-) -> tower_backoff::BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::WithBreaker>
-{
+) -> tower_backoff::BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::Guarded> {
     tower_backoff::BackoffLayer::builder()
         .circuit_breaker(tower_backoff::breaker::CircuitBreaker::new())
         .build()
@@ -54,8 +53,7 @@ async fn run_breaker_column(iters: u64) {
 /// instructions at most.
 const HEDGE_COLUMN: &str = "ours, hedging configured";
 
-fn hedge_layer(
-) -> tower_backoff::BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::Hedged> {
+fn hedge_layer() -> tower_backoff::BackoffLayer<tower_backoff::RetryOnError> {
     tower_backoff::BackoffLayer::builder()
         .hedge(tower_backoff::Hedging::after(
             std::time::Duration::from_secs(1),

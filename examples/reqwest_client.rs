@@ -83,7 +83,9 @@ async fn main() -> Result<(), BoxError> {
 }
 
 /// Prints how the request ended, and its status if it got one.
-fn report(result: Result<reqwest::Response, reqwest::Error>) -> Option<StatusCode> {
+fn report(
+    result: Result<reqwest::Response, tower_backoff::Error<reqwest::Error>>,
+) -> Option<StatusCode> {
     match result {
         Ok(response) => {
             let info = response
@@ -99,7 +101,10 @@ fn report(result: Result<reqwest::Response, reqwest::Error>) -> Option<StatusCod
             Some(response.status())
         }
         Err(error) => {
-            println!("  = error (connect: {}): {error}\n", error.is_connect());
+            println!(
+                "  = error (connect: {}): {error}\n",
+                error.get_ref().is_some_and(|e| e.is_connect())
+            );
             None
         }
     }

@@ -534,7 +534,7 @@ mod per_host {
         }
         assert_eq!(down.requests(), 6);
         let error = svc.clone().oneshot(get(&down)).await.unwrap_err();
-        assert!(error.is_breaker_open(), "{error}");
+        assert!(error.is::<tower_backoff::error::BreakerOpen>(), "{error}");
         assert_eq!(down.requests(), 6, "rejected without a call");
 
         for _ in 0..50 {

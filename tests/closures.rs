@@ -36,7 +36,7 @@ fn logging(seen: &Seen) -> HttpRetryLayer {
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .no_budget()
-        .on_retry(move |retry| {
+        .on_retry(move |retry, _| {
             log.lock().unwrap().push((
                 retry.attempt(),
                 retry.delay(),

@@ -93,7 +93,7 @@ async fn on_retry_and_stats_hear_nothing_of_a_retry_dropped_during_its_sleep() {
     let seen = hooked.clone();
     let layer = constant(secs(1), 3)
         .stats(stats.clone())
-        .on_retry(move |_| {
+        .on_retry(move |_, _| {
             seen.fetch_add(1, Ordering::SeqCst);
         })
         .build()
@@ -116,7 +116,7 @@ async fn on_retry_fires_once_per_retry_sent_with_the_outcome_it_replaces() {
     let layer = constant(secs(1), 3)
         .no_budget()
         .policy(Recording(prepared.clone()))
-        .on_retry(move |retry| {
+        .on_retry(move |retry, _| {
             seen.lock()
                 .unwrap()
                 .push((retry.attempt(), retry.delay(), retry.replaced()));

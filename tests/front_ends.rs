@@ -85,7 +85,7 @@ async fn through_the_layer(jitter: Jitter) -> Run {
         .seed(SEED)
         .max_attempts(4)
         .no_budget()
-        .on_retry(move |retry| hooked.hook(retry.delay()))
+        .on_retry(move |retry, _| hooked.hook(retry.delay()))
         .build()
         .unwrap();
     let attempts = script.clone();
@@ -109,7 +109,7 @@ async fn through_retry(jitter: Jitter) -> Run {
     .seed(SEED)
     .max_attempts(4)
     .no_budget()
-    .on_retry(move |_: &usize, delay| hooked.hook(delay))
+    .on_retry(move |retry, _| hooked.hook(retry.delay()))
     .await;
     assert_eq!(outcome, Ok(FAILURES));
     script.run()

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_backoff::deadline::{AttemptTimeout, Hedged};
 use tower_backoff::events::{Event, HedgeEvent, Observer};
 use tower_backoff::{BackoffLayer, ConfigError, Constant, Hedging, Jitter, Stats, TokenBucket};
 
@@ -112,7 +111,7 @@ fn layer(
     hedging: Hedging,
     stats: &Stats,
     hedges: &Hedges,
-) -> Result<BackoffLayer<tower_backoff::RetryOnError, Hedged>, ConfigError> {
+) -> Result<BackoffLayer<tower_backoff::RetryOnError>, ConfigError> {
     builder(stats, hedges).hedge(hedging).build()
 }
 
@@ -120,7 +119,7 @@ fn layer(
 fn timed_layer(
     stats: &Stats,
     hedges: &Hedges,
-) -> BackoffLayer<tower_backoff::RetryOnError, Hedged<AttemptTimeout>> {
+) -> BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::Guarded> {
     builder(stats, hedges)
         .attempt_timeout(Duration::from_millis(30))
         .hedge(Hedging::after(DELAY))

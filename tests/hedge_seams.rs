@@ -71,10 +71,7 @@ impl Policy<u64, u64, io::Error> for NoHedges {
 /// How long a second caller waits for `ConcurrencyLimit(2)` while one slow
 /// call of `layer`'s is in flight and its hedge has been refused; `warm`
 /// quick calls first give the load cap traffic to grant from.
-async fn second_callers_wait<P>(
-    layer: BackoffLayer<P, tower_backoff::deadline::Hedged>,
-    warm: u32,
-) -> Duration
+async fn second_callers_wait<P>(layer: BackoffLayer<P>, warm: u32) -> Duration
 where
     P: Policy<u64, u64, io::Error> + Send + Sync + 'static,
 {

@@ -658,7 +658,7 @@ const HEDGE_DELAY: Duration = Duration::from_millis(50);
 
 /// Hedges after `HEDGE_DELAY`, stamping each copy's attempt number in
 /// `x-attempt`.
-fn hedging_layer(stats: &Stats) -> HttpRetryLayer<tower_backoff::deadline::Hedged> {
+fn hedging_layer(stats: &Stats) -> HttpRetryLayer {
     HttpRetryLayer::builder()
         .policy(HttpPolicy::new().attempt_header(http::HeaderName::from_static("x-attempt")))
         .stats(stats.clone())

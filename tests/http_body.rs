@@ -710,7 +710,12 @@ mod through_reqwest {
     async fn reqwest_get_whose_body_is_always_cut_short_returns_the_last_reqwest_error() {
         let server = Server::start(|_, _| cut_short(1000, pattern(100))).await;
         let svc = buffered(HttpPolicy::new(), client());
-        let error: reqwest::Error = svc.oneshot(get(&server)).await.unwrap_err();
+        let error: reqwest::Error = svc
+            .oneshot(get(&server))
+            .await
+            .unwrap_err()
+            .into_inner()
+            .expect("the layer has no timeout or breaker of its own");
         assert!(error.is_body() || error.is_decode(), "{error:?}");
         assert!(
             chain_has_io_kind(&error, io::ErrorKind::UnexpectedEof),

@@ -15,7 +15,6 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backoff::breaker::{BreakerState, CircuitBreaker};
-use tower_backoff::deadline::WithBreaker;
 use tower_backoff::http::{HttpRetry, HttpRetryLayer};
 
 use http_server::{status, unused_addr, Server};
@@ -92,9 +91,9 @@ fn assert_breaker_per_host(tally: &Tally) {
 }
 
 /// The service under test, as a user names it in a struct field.
-type Retried = HttpRetry<Client<HttpConnector, Full<Bytes>>, WithBreaker>;
+type Retried = HttpRetry<Client<HttpConnector, Full<Bytes>>>;
 
-fn retried(layer: HttpRetryLayer<WithBreaker>) -> Retried {
+fn retried(layer: HttpRetryLayer) -> Retried {
     ServiceBuilder::new().layer(layer).service(client())
 }
 
@@ -106,7 +105,7 @@ fn send(svc: &Retried, server: &Server) -> impl std::future::Future<Output = Out
     async move {
         match sent.await {
             Ok(response) => Ok(response.status()),
-            Err(error) if error.is_breaker_open() => Err(()),
+            Err(error) if error.is::<tower_backoff::error::BreakerOpen>() => Err(()),
             Err(error) => panic!("{error:?}"),
         }
     }
@@ -166,7 +165,7 @@ async fn a_host_refusing_connections_opens_only_its_own_breaker() {
             .body(Full::default())
             .unwrap();
         match svc.clone().oneshot(request).await {
-            Err(error) if error.is_breaker_open() => closed_rejected += 1,
+            Err(error) if error.is::<tower_backoff::error::BreakerOpen>() => closed_rejected += 1,
             Err(_) => {}
             Ok(response) => panic!("nothing listens there: {response:?}"),
         }
@@ -185,7 +184,7 @@ async fn a_host_refusing_connections_opens_only_its_own_breaker() {
 async fn one_breaker_setting_keeps_the_healthy_host_unrejected_through_reqwest() {
     let dead = Server::start(|_, _| status(503)).await;
     let healthy = Server::start(|_, _| status(200)).await;
-    let svc: HttpRetry<reqwest::Client, WithBreaker> = ServiceBuilder::new()
+    let svc: HttpRetry<reqwest::Client> = ServiceBuilder::new()
         .layer(
             HttpRetryLayer::builder()
                 .circuit_breaker(CircuitBreaker::new())

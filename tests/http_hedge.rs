@@ -113,7 +113,7 @@ impl Server {
 
 /// The layer under test: hedges after `DELAY`, stamping each copy with its
 /// attempt number in `x-attempt`.
-fn layer(stats: &Stats) -> HttpRetryLayer<tower_backoff::deadline::Hedged> {
+fn layer(stats: &Stats) -> HttpRetryLayer {
     HttpRetryLayer::builder()
         .policy(HttpPolicy::new().attempt_header(http::HeaderName::from_static("x-attempt")))
         .stats(stats.clone())

@@ -34,7 +34,6 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::{BoxError, Layer, ServiceExt};
-use tower_backoff::deadline::AttemptTimeout;
 use tower_backoff::events::{EndArgs, Ending, Event};
 use tower_backoff::http::{
     HttpRetry, HttpRetryBuilder, HttpRetryLayer, RetryInfo, IDEMPOTENCY_KEY,
@@ -543,11 +542,11 @@ impl Server {
 
 // --- the clients ------------------------------------------------------------------
 
-type Retried = HttpRetry<Client<HttpConnector, Full<Bytes>>, AttemptTimeout>;
+type Retried = HttpRetry<Client<HttpConnector, Full<Bytes>>>;
 
 /// The settings both runs share, all but the budget: short constant
 /// delays, no jitter, an attempt timeout, and the default 3 attempts.
-fn settings() -> HttpRetryBuilder<AttemptTimeout> {
+fn settings() -> HttpRetryBuilder {
     HttpRetryLayer::builder()
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
@@ -558,13 +557,13 @@ fn settings() -> HttpRetryBuilder<AttemptTimeout> {
 /// builds, and what the layer's observer heard of the last request to end.
 struct Retrying {
     protocol: Protocol,
-    layer: HttpRetryLayer<AttemptTimeout>,
+    layer: HttpRetryLayer,
     service: Retried,
     ended: Arc<Mutex<Option<EndArgs>>>,
 }
 
 impl Retrying {
-    fn new(protocol: Protocol, builder: HttpRetryBuilder<AttemptTimeout>) -> Self {
+    fn new(protocol: Protocol, builder: HttpRetryBuilder) -> Self {
         let ended: Arc<Mutex<Option<EndArgs>>> = Arc::default();
         let heard = ended.clone();
         let layer = builder
@@ -695,12 +694,11 @@ impl Outcome {
 
 /// What a failed request's error is: a timeout, or from the client's
 /// error's source chain.
-fn error_kind(error: &tower_backoff::Error<BoxError>) -> String {
-    match error.get_ref() {
-        Some(inner) => client_error_kind(&**inner),
-        None if error.is_timeout() => "attempt timed out".into(),
-        None => format!("other: {error}"),
+fn error_kind(error: &BoxError) -> String {
+    if error.is::<tower_backoff::error::TimedOut>() {
+        return "attempt timed out".into();
     }
+    client_error_kind(&**error)
 }
 
 fn client_error_kind(error: &(dyn StdError + 'static)) -> String {

@@ -255,7 +255,7 @@ async fn build_per_host_gives_each_host_its_own_breaker() {
         match svc.ready().await.unwrap().call(get(&down)).await {
             Ok(response) => assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE),
             Err(error) => {
-                assert!(error.is_breaker_open(), "{error:?}");
+                assert!(error.is::<tower_backoff::error::BreakerOpen>(), "{error:?}");
                 rejected += 1;
             }
         }

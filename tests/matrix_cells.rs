@@ -178,7 +178,7 @@ fn told_to_wait(
     breaker: &CircuitBreaker,
 ) -> BackoffLayer<
     impl tower_backoff::Policy<u32, u32, tower_backoff::Error<io::Error>> + Clone,
-    tower_backoff::deadline::WithBreaker,
+    tower_backoff::deadline::Guarded,
 > {
     BackoffLayer::builder()
         .policy(classify_fn(
@@ -892,7 +892,7 @@ mod http_bodies {
             .body(ReplayBody::new(body))
             .unwrap();
         let error = svc.oneshot(request).await.unwrap_err();
-        assert!(error.is_breaker_open(), "{error}");
+        assert!(error.is::<tower_backoff::error::BreakerOpen>(), "{error}");
         assert_eq!(server.requests(), 2, "the upload never reached the server");
         assert_eq!(read.load(Ordering::SeqCst), 0, "nor was its body read");
     }
@@ -919,11 +919,14 @@ mod http_bodies {
             .service(Client::builder(TokioExecutor::new()).build_http());
         for sent in 1..=2 {
             let error = svc.clone().oneshot(get(&server)).await.unwrap_err();
-            assert!(!error.is_breaker_open(), "the read's own error: {error}");
+            assert!(
+                !error.is::<tower_backoff::error::BreakerOpen>(),
+                "the read's own error: {error}"
+            );
             assert_eq!(breaker.window(), (sent, sent), "every attempt a failure");
         }
         let error = svc.oneshot(get(&server)).await.unwrap_err();
-        assert!(error.is_breaker_open(), "{error}");
+        assert!(error.is::<tower_backoff::error::BreakerOpen>(), "{error}");
         assert_eq!(server.requests(), 2);
     }
 
@@ -1037,7 +1040,7 @@ mod http_bodies {
             HttpRetryLayer::from(layer).layer(Client::builder(TokioExecutor::new()).build_http());
         let start = Instant::now();
         let error = svc.oneshot(get(&server)).await.unwrap_err();
-        assert!(error.is_timeout(), "{error}");
+        assert!(error.is::<tower_backoff::error::TimedOut>(), "{error}");
         assert_eq!(
             start.elapsed(),
             Duration::from_secs(1),

@@ -168,7 +168,7 @@ async fn on_retry_sees_exactly_the_retries_that_happened() {
     let told = heard.clone();
     let layer = BackoffLayer::builder()
         .policy(Prepared(record))
-        .on_retry(move |retry| {
+        .on_retry(move |retry, _| {
             told.lock()
                 .unwrap()
                 .push((retry.attempt(), retry.delay(), retry.replaced()));

@@ -205,7 +205,7 @@ async fn a_per_request_timeout_is_kept_on_every_attempt() {
 
 /// The HTTP policy with a constant short delay, no budget, and each attempt
 /// cut at one second.
-fn timed_layer() -> BackoffLayer<HttpPolicy, tower_backoff::deadline::AttemptTimeout> {
+fn timed_layer() -> BackoffLayer<HttpPolicy, tower_backoff::deadline::Guarded> {
     BackoffLayer::builder()
         .policy(HttpPolicy::new())
         .schedule(Constant::new(STEP))
@@ -531,7 +531,7 @@ async fn the_middleware_from_the_http_builder_takes_an_unannotated_on_retry() {
     let layer = HttpRetryLayer::builder()
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
-        .on_retry(move |retry| log.lock().unwrap().push((retry.attempt(), retry.delay())))
+        .on_retry(move |retry, _| log.lock().unwrap().push((retry.attempt(), retry.delay())))
         .build()
         .unwrap();
     let client = ClientBuilder::new(cases::client())

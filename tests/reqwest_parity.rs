@@ -126,7 +126,9 @@ async fn send(
         Way::Plain => client.execute(request).await.map_err(|e| kind(&e)),
         Way::Layer => {
             let svc = ServiceBuilder::new().layer(retries()).service(client);
-            svc.oneshot(request).await.map_err(|e| kind(&e))
+            svc.oneshot(request)
+                .await
+                .map_err(|e| kind(&e.into_inner().expect("no timeout or breaker")))
         }
         Way::Middleware => {
             let client = ClientBuilder::new(client)
@@ -465,7 +467,7 @@ impl Race {
 
 /// A layer that hedges every request still pending after `HEDGE_DELAY`,
 /// stamping the hedge `x-attempt: 2`.
-fn hedged() -> HttpRetryLayer<tower_backoff::deadline::Hedged> {
+fn hedged() -> HttpRetryLayer {
     HttpRetryLayer::builder()
         .policy(HttpPolicy::new().attempt_header(HeaderName::from_static("x-attempt")))
         .schedule(Constant::new(STEP))
@@ -512,6 +514,31 @@ impl Middleware for Inner {
 }
 
 type Boxed = tower::util::BoxCloneService<reqwest::Request, reqwest::Response, reqwest::Error>;
+
+/// The layer's service with the client's own errors: none of these layers
+/// has an attempt timeout or a breaker, so every error is the client's.
+fn inner_errors<S>(
+    svc: S,
+) -> impl tower::Service<
+    reqwest::Request,
+    Response = reqwest::Response,
+    Error = reqwest::Error,
+    Future = impl Send,
+> + Clone
+       + Send
+where
+    S: tower::Service<
+            reqwest::Request,
+            Response = reqwest::Response,
+            Error = tower_backoff::Error<reqwest::Error>,
+        > + Clone
+        + Send,
+    S::Future: Send,
+{
+    tower::ServiceExt::map_err(svc, |e: tower_backoff::Error<reqwest::Error>| {
+        e.into_inner().expect("no timeout or breaker")
+    })
+}
 
 /// The tower service of [`Inner`]: reqwest 0.13 shows a request's
 /// extensions only through `http::Request`.
@@ -651,11 +678,17 @@ async fn extensions_go_through_as_on_plain_reqwest(race: Race) {
     let copies = if race == Race::None { 1 } else { 2 };
     let (backoff, layered) = if race == Race::None {
         let backoff = through_chain(race, Some(BackoffMiddleware::from(retries()))).await;
-        let layered = through_tower(race, |inner| Boxed::new(retries().layer(inner))).await;
+        let layered = through_tower(race, |inner| {
+            Boxed::new(inner_errors(retries().layer(inner)))
+        })
+        .await;
         (backoff, layered)
     } else {
         let backoff = through_chain(race, Some(BackoffMiddleware::from(hedged()))).await;
-        let layered = through_tower(race, |inner| Boxed::new(hedged().layer(inner))).await;
+        let layered = through_tower(race, |inner| {
+            Boxed::new(inner_errors(hedged().layer(inner)))
+        })
+        .await;
         (backoff, layered)
     };
     assert_eq!(

@@ -64,7 +64,7 @@ async fn sleeps_the_schedule_and_notifies_each_retry() {
         .jitter(Jitter::None)
         .max_attempts(4)
         .no_budget()
-        .on_retry(|_: &(), delay| seen.push(delay))
+        .on_retry(|retry, _| seen.push(retry.delay()))
         .await;
     assert!(result.is_err());
     assert_eq!(seen, [100, 200, 400].map(Duration::from_millis));
@@ -189,9 +189,13 @@ async fn when_and_notify_infer_their_argument_types() {
     let result = retry(|| async { Err::<(), _>(std::io::Error::other("busy")) })
         .schedule(Constant::new(Duration::ZERO))
         .retry_if(|e| e.kind() == std::io::ErrorKind::Other)
-        .on_retry(|e, delay| {
-            assert_eq!(e.to_string(), "busy");
-            assert_eq!(delay, Duration::ZERO);
+        .on_retry(|retry, outcome| {
+            let error = outcome
+                .error::<std::io::Error>()
+                .expect("the error retried");
+            assert_eq!(error.to_string(), "busy");
+            assert_eq!(retry.delay(), Duration::ZERO);
+            assert_eq!(retry.attempt(), notified.get() + 1);
             notified.set(notified.get() + 1);
         })
         .no_budget()

@@ -113,9 +113,7 @@ const OURS_90: &str = "tower-backoff, 90th percentile";
 /// hedges) and hedging at `percentile` of recent attempts, the default
 /// window (a second, 100 attempts) and the default cap of 10 % extra load
 /// in every second.
-fn ours(
-    percentile: f64,
-) -> BackoffLayer<tower_backoff::RetryOnError, tower_backoff::deadline::Hedged> {
+fn ours(percentile: f64) -> BackoffLayer<tower_backoff::RetryOnError> {
     BackoffLayer::builder()
         .hedge(Hedging::at_percentile(percentile))
         .build()

@@ -16,7 +16,7 @@ use crate::budget::{Budget, TokenBucket};
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::Cause;
 use crate::engine::Rules;
-use crate::events::{Event, Observer, Origin};
+use crate::events::{Event, Observer, Origin, Outcome, RetryArgs, RetryHook};
 use crate::hedge::Hedger;
 use crate::jitter::{Jitter, Rng};
 use crate::schedule::AnySchedule;
@@ -72,16 +72,22 @@ pub(crate) enum Observers {
 pub(crate) struct Many {
     stats: Option<Stats>,
     others: Box<[Box<dyn Observer>]>,
+    hooks: Box<[Box<RetryHook>]>,
 }
 
 impl Observers {
-    pub(crate) fn new(stats: Option<Stats>, others: Vec<Box<dyn Observer>>) -> Self {
-        match (stats, others.is_empty()) {
+    pub(crate) fn new(
+        stats: Option<Stats>,
+        others: Vec<Box<dyn Observer>>,
+        hooks: Vec<Box<RetryHook>>,
+    ) -> Self {
+        match (stats, others.is_empty() && hooks.is_empty()) {
             (None, true) => Observers::None,
             (Some(stats), true) => Observers::Stats(stats),
             (stats, false) => Observers::Many(Arc::new(Many {
                 stats,
                 others: others.into_boxed_slice(),
+                hooks: hooks.into_boxed_slice(),
             })),
         }
     }
@@ -96,6 +102,14 @@ impl Observers {
 }
 
 impl Many {
+    // Out of line: dynamic calls to hooks of the user's.
+    #[inline(never)]
+    fn hook(&self, args: &RetryArgs, replaced: Outcome<'_>) {
+        for hook in &*self.hooks {
+            hook(args, replaced);
+        }
+    }
+
     // Out of line: dynamic calls to observers of the user's.
     #[inline(never)]
     fn tell(&self, event: &Event, origin: &Origin) {
@@ -111,14 +125,27 @@ impl Many {
 impl<P, T> Config<P, T> {
     /// The same settings with the policy `change` makes of this one.
     pub(crate) fn map_policy<P2>(self, change: impl FnOnce(P) -> P2) -> Config<P2, T> {
+        self.map(change, |timing| timing)
+    }
+
+    /// The same settings with the timing `change` makes of this one.
+    pub(crate) fn map_timing<T2>(self, change: impl FnOnce(T) -> T2) -> Config<P, T2> {
+        self.map(|policy| policy, change)
+    }
+
+    fn map<P2, T2>(
+        self,
+        policy: impl FnOnce(P) -> P2,
+        timing: impl FnOnce(T) -> T2,
+    ) -> Config<P2, T2> {
         Config {
-            policy: change(self.policy),
+            policy: policy(self.policy),
             schedule: self.schedule,
             jitter: self.jitter,
             max_attempts: self.max_attempts,
             max_elapsed: self.max_elapsed,
             stop_at_cap: self.stop_at_cap,
-            timeouts: self.timeouts,
+            timeouts: timing(self.timeouts),
             budget: self.budget,
             pacing: self.pacing,
             observers: self.observers,
@@ -182,6 +209,21 @@ impl<P, T> Config<P, T> {
             Observers::None => {}
             Observers::Stats(stats) => stats.on_event(&event()),
             Observers::Many(many) => many.tell(&event(), &self.origin),
+        }
+    }
+
+    /// Tells the observers of a retry going out, and the
+    /// [`on_retry`](crate::BackoffBuilder::on_retry) hooks with the outcome
+    /// it replaces.
+    #[inline(always)]
+    pub(crate) fn tell_retry<R: 'static, E: 'static>(
+        &self,
+        args: RetryArgs,
+        replaced: &Result<R, E>,
+    ) {
+        self.emit(|| Event::Retry(args));
+        if let Observers::Many(many) = &self.observers {
+            many.hook(&args, Outcome::of(replaced));
         }
     }
 

@@ -65,6 +65,22 @@ impl<E> Error<E> {
     }
 }
 
+impl<E: Into<Box<dyn StdError + Send + Sync>>> Error<E> {
+    /// The error boxed as tower's middleware box theirs: the inner error as
+    /// it converts, or the layer's own. For an inner service whose error is
+    /// already a `BoxError` (behind `tower::timeout` or `tower::buffer`),
+    /// for which `Error<BoxError>` cannot implement
+    /// [`std::error::Error`] and so cannot be `?`-converted:
+    /// `.map_err(Error::into_box_error)`.
+    pub fn into_box_error(self) -> Box<dyn StdError + Send + Sync> {
+        match self {
+            Error::Inner(error) => error.into(),
+            Error::TimedOut(timed_out) => Box::new(timed_out),
+            Error::Open(open) => Box::new(open),
+        }
+    }
+}
+
 /// The inner service's error, as is: what a service in front of the layer
 /// (a request converter that fails before calling it) returns for its own
 /// errors of the inner type.

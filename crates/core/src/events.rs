@@ -19,6 +19,8 @@
 //! is stopped in between (the future is dropped, the budget refuses, the time
 //! limit passes) is no [`Event::Retry`].
 
+use std::any::Any;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,6 +181,74 @@ impl RetryArgs {
         self.replaced
     }
 }
+
+/// The outcome a retry replaces, as an
+/// [`on_retry`](crate::BackoffBuilder::on_retry) hook sees it: a reference
+/// to the response or the error of the attempt before, read as the
+/// service's own types. The hook's type does not depend on the service's,
+/// so the same closure works on every front-end; it names the type it
+/// expects where it reads the outcome.
+///
+/// ```
+/// use tower_backoff_core::events::Outcome;
+///
+/// let failed: Result<u16, std::io::Error> = Err(std::io::ErrorKind::TimedOut.into());
+/// let outcome = Outcome::of(&failed);
+/// assert!(outcome.is_error());
+/// assert_eq!(outcome.error::<std::io::Error>().map(|e| e.kind()), Some(std::io::ErrorKind::TimedOut));
+/// assert_eq!(outcome.response::<u16>(), None);
+/// ```
+#[derive(Clone, Copy)]
+pub struct Outcome<'a> {
+    outcome: Result<&'a dyn Any, &'a dyn Any>,
+}
+
+impl<'a> Outcome<'a> {
+    /// A view of `outcome`.
+    pub fn of<R: 'static, E: 'static>(outcome: &'a Result<R, E>) -> Self {
+        Self {
+            outcome: match outcome {
+                Ok(response) => Ok(response),
+                Err(error) => Err(error),
+            },
+        }
+    }
+
+    /// Whether the attempt ended with an error rather than a response.
+    pub fn is_error(&self) -> bool {
+        self.outcome.is_err()
+    }
+
+    /// The response, if the attempt ended with one of type `R`.
+    pub fn response<R: 'static>(&self) -> Option<&'a R> {
+        self.outcome.ok()?.downcast_ref()
+    }
+
+    /// The error, if the attempt ended with one of type `E`: the layer's
+    /// error, [`Error`](crate::Error)`<E>` for a layer with an attempt
+    /// timeout or a breaker, and for every HTTP layer.
+    pub fn error<E: 'static>(&self) -> Option<&'a E> {
+        self.outcome.err()?.downcast_ref()
+    }
+
+    /// Whether it was a response or an error.
+    pub fn kind(&self) -> OutcomeKind {
+        match self.outcome {
+            Ok(_) => OutcomeKind::Response,
+            Err(_) => OutcomeKind::Error,
+        }
+    }
+}
+
+impl fmt::Debug for Outcome<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Outcome").field(&self.kind()).finish()
+    }
+}
+
+/// A hook told of each retry as it goes out: what
+/// [`on_retry`](crate::BackoffBuilder::on_retry) keeps.
+pub(crate) type RetryHook = dyn Fn(&RetryArgs, Outcome<'_>) + Send + Sync;
 
 /// A request that ended: [`Event::Ended`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

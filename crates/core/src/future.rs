@@ -26,7 +26,7 @@ use crate::adaptive::Gate;
 use crate::breaker::{Admission, BreakerState};
 use crate::budget::Budget;
 use crate::config::Config;
-use crate::deadline::{AttemptTimer, HedgeSlot, NoTimeout};
+use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::{Cause, Decision};
 use crate::engine::{Ending, HedgeAdmission, HedgeGates, Retry, Session};
 use crate::events::{EndArgs, Event, HedgeArgs, HedgeEvent, OutcomeKind, RejectArgs, RetryArgs};
@@ -88,10 +88,6 @@ pin_project! {
         // the caller drops the finished future.
         inner: Option<S>,
         config: Arc<Config<P, T>>,
-        // A hedged layer's request whose first attempt, still pinned in
-        // `state`, began hedging at its first poll: its tracked state, until
-        // that attempt is over. No bytes in a layer that cannot hedge.
-        hedging: <T as AttemptTimer<S::Error>>::Hedging<TrackedOf<S, Req, T>>,
     }
 }
 
@@ -132,12 +128,10 @@ pin_project! {
         // its error, returned at the first poll.
         Rejected,
         // An attempt in flight with its hedges, all racing the attempt's
-        // timer, with the delay to the next hedge. The timer is `None` for a
-        // first attempt hedged from its first poll: it is beside its first
-        // copy, pinned in the response future.
+        // timer, with the delay to the next hedge.
         Hedged {
             #[pin] copies: Copies<F>,
-            #[pin] timer: Option<Tm>,
+            #[pin] timer: Tm,
             #[pin] next: Option<Sleep>,
             hedge: NextHedge,
             failed: Failed,
@@ -303,7 +297,6 @@ where
             request,
             inner: Some(inner),
             config,
-            hedging: Default::default(),
         }
     }
 
@@ -343,7 +336,6 @@ where
             request,
             inner: Some(inner),
             config,
-            hedging: Default::default(),
         }
     }
 }
@@ -366,7 +358,6 @@ where
             request: None,
             inner: Some(inner),
             config,
-            hedging: Default::default(),
         }
     }
 
@@ -386,7 +377,7 @@ where
 
     fn progress(&self) -> Option<&Progress> {
         match &self.state {
-            State::First { .. } => self.hedging.get().map(|t| &t.progress),
+            State::First { .. } => None,
             State::Tracked { tracked } => Some(&tracked.progress),
         }
     }
@@ -397,6 +388,8 @@ where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
+    S::Response: 'static,
+    T::Error: 'static,
 {
     type Output = Result<S::Response, T::Error>;
 
@@ -412,24 +405,9 @@ where
         };
         let mut state = this.state;
         loop {
-            if this.hedging.get().is_some() {
-                return machine.drive_from_first(state, this.hedging, cx);
-            }
             match state.as_mut().project() {
                 StateProj::First { future, timer } => {
-                    let Poll::Ready(outcome) = poll_attempt::<_, _, T>(future, timer, cx) else {
-                        // A layer that hedges starts now, with the attempt
-                        // left where it is pinned: one that answers at its
-                        // first poll costs the hedging nothing.
-                        if let (true, Some(hedger)) =
-                            (this.hedging.has_room(), machine.config.hedger())
-                        {
-                            this.hedging
-                                .put(hedged_from_first_poll(hedger, machine.config.max_attempts));
-                            continue;
-                        }
-                        return Poll::Pending;
-                    };
+                    let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
                     let (after, cause) = match machine.judge(&outcome, 0, None) {
                         // A success apart, its ending a constant where it is
                         // told: no ending kept in a register across the
@@ -472,7 +450,7 @@ where
                         }
                     }
                 }
-                StateProj::Tracked { tracked } => return machine.drive(tracked.as_mut(), cx, None),
+                StateProj::Tracked { tracked } => return machine.drive(tracked.as_mut(), cx),
             }
         }
     }
@@ -537,16 +515,16 @@ where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
+    S::Response: 'static,
+    T::Error: 'static,
 {
-    /// Runs a tracked request until it ends or has to wait; `lent` is its
-    /// first attempt while that is pinned in the response future.
+    /// Runs a tracked request until it ends or has to wait.
     // Out of line: the happy path's `poll` stays small.
     #[inline(never)]
     fn drive(
         &mut self,
         mut tracked: Pin<&mut TrackedOf<S, Req, T>>,
         cx: &mut Context<'_>,
-        mut lent: Option<LentFirst<'_, S::Future, T::Timer>>,
     ) -> Poll<Outcome<S, Req, T>> {
         loop {
             let this = tracked.as_mut().project();
@@ -602,14 +580,9 @@ where
                     hedge,
                     failed,
                 } => {
-                    let first = lent.as_mut().map(|l| l.future.as_mut());
-                    let answered = copies.as_mut().poll_any(first, cx, |future, outcome| {
+                    let answered = copies.as_mut().poll_any(cx, |future, outcome| {
                         span::outcome(future, OutcomeKind::of(outcome));
                     });
-                    let timer = match timer.as_pin_mut() {
-                        Some(timer) => Some(timer),
-                        None => lent.as_mut().map(|l| l.timer.as_mut()),
-                    };
                     if let Poll::Ready((outcome, sent)) = answered {
                         let outcome = outcome.map_err(T::inner);
                         let copy = Answered {
@@ -623,7 +596,7 @@ where
                                 self.after_failure(progress, kept, phase, outcome, after, cause)
                             }
                         }
-                    } else if let Some(Poll::Ready(error)) = timer.map(|t| t.poll(cx)) {
+                    } else if let Poll::Ready(error) = timer.poll(cx) {
                         // The attempt's time is up, for every copy of it.
                         self.cancel(copies.as_mut());
                         let failed = *failed;
@@ -674,32 +647,6 @@ where
                 return Poll::Ready(outcome);
             }
         }
-    }
-
-    /// Runs a request whose first attempt, pinned in `state`, began hedging
-    /// at its first poll: `slot` holds its tracked state. Once that attempt
-    /// is over (or the request), the first copy and its timer are dropped
-    /// and the tracked state moves into `state`, as any tracked request's.
-    // Out of line: the happy path's `poll` stays small.
-    #[inline(never)]
-    fn drive_from_first(
-        &mut self,
-        mut state: Pin<&mut StateOf<S, Req, T>>,
-        slot: &mut <T as AttemptTimer<S::Error>>::Hedging<TrackedOf<S, Req, T>>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Outcome<S, Req, T>> {
-        let StateProj::First { future, timer } = state.as_mut().project() else {
-            unreachable!("a request hedged from its first poll keeps its first attempt in place");
-        };
-        let Some(mut tracked) = slot.get_mut() else {
-            unreachable!("a request hedged from its first poll has its tracked state");
-        };
-        let polled = self.drive(tracked.as_mut(), cx, Some(LentFirst { future, timer }));
-        if polled.is_ready() || !tracked.lends_first() {
-            let tracked = slot.take().expect("taken once");
-            state.set(State::Tracked { tracked });
-        }
-        polled
     }
 
     /// An attempt's outcome arrived: return it, or keep it and wait for the
@@ -895,7 +842,7 @@ where
             transparent: retry.transparent,
             replaced,
         };
-        config.emit(|| Event::Retry(args));
+        config.tell_retry(args, kept.as_ref().expect(KEPT));
         let replaced = take(kept);
         config
             .policy
@@ -1230,7 +1177,7 @@ fn hedged<F: Future, Tm>(
     };
     Phase::Hedged {
         copies: Copies::new(future, sent),
-        timer: Some(timer),
+        timer,
         next: None,
         hedge: NextHedge::Unpolled,
         failed: Failed::default(),
@@ -1250,55 +1197,6 @@ fn start_hedging(hedger: &Hedger, attempt: u32, now: Instant) -> NextHedge {
         Some(delay) => NextHedge::Arm(delay),
         // No percentile yet to go by.
         None => NextHedge::Stopped,
-    }
-}
-
-/// The tracked state of a hedged layer's request whose first attempt is
-/// found pending at its first poll: its hedging starts now, the attempt
-/// staying where it is pinned. Such a request counts towards the hedges'
-/// share of the load, and its latency towards a percentile delay, from
-/// here: one that answers at its first poll is never hedged, and costs
-/// neither. Tracked from its first poll, it has no deadline and no pacing
-/// (either would have tracked it from its call).
-#[cold]
-#[inline(never)]
-fn hedged_from_first_poll<F: Future, Tm, O>(
-    hedger: &Hedger,
-    max_attempts: u32,
-) -> Pin<Box<Tracked<F, Tm, O>>> {
-    let at = Instant::now();
-    let sent = CopySent {
-        at,
-        attempt: 1,
-        paid: None,
-        stamp: 0,
-    };
-    Box::pin(Tracked {
-        phase: Phase::Hedged {
-            copies: Copies::outside(sent),
-            timer: None,
-            next: None,
-            hedge: start_hedging(hedger, 1, at),
-            failed: Failed::default(),
-        },
-        kept: None,
-        progress: Progress::after_call(max_attempts),
-    })
-}
-
-/// The first attempt of a request hedged from its first poll, with the
-/// timer it races: pinned in the response future, lent to each poll of the
-/// tracked request while that attempt is in flight.
-struct LentFirst<'a, F1, Tm> {
-    future: Pin<&'a mut F1>,
-    timer: Pin<&'a mut Tm>,
-}
-
-impl<F, Tm, O> Tracked<F, Tm, O> {
-    /// Whether the attempt in flight is a first attempt hedged from its
-    /// first poll, whose first copy and timer are lent from outside.
-    fn lends_first(&self) -> bool {
-        matches!(&self.phase, Phase::Hedged { timer: None, .. })
     }
 }
 

@@ -13,9 +13,9 @@ use crate::breaker::CircuitBreaker;
 use crate::budget::{self, Budget, TokenBucket};
 use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
-use crate::deadline::{NoTimeout, WithHedging, WithRejection, WithTimeout};
+use crate::deadline::{Guarded, IntoGuarded, NoTimeout};
 use crate::error::{check_duration, ConfigError};
-use crate::events::{Event, Observer, Origin, RetryArgs};
+use crate::events::{Observer, Origin, Outcome, RetryArgs, RetryHook};
 use crate::hedge::{Hedger, Hedging};
 use crate::jitter::Jitter;
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
@@ -154,6 +154,20 @@ impl<P, T> BackoffLayer<P, T> {
         }
     }
 
+    /// The same layer, its error made [`Error`](crate::Error) as
+    /// [`BackoffBuilder::guarded`] makes it: what an HTTP layer is made
+    /// from.
+    pub fn guarded(self) -> BackoffLayer<P, Guarded>
+    where
+        P: Clone,
+        T: IntoGuarded + Clone,
+    {
+        let config = Arc::unwrap_or_clone(self.config).map_timing(IntoGuarded::guarded);
+        BackoffLayer {
+            config: Arc::new(config),
+        }
+    }
+
     /// A [fresh](Self::fresh) copy for the host `authority` (`host:port`):
     /// what a per-host stack gives each host. Its events are told with
     /// that host as their [`Origin`](crate::events::Origin), so its
@@ -245,6 +259,7 @@ struct Settings {
     pacing: Option<AdaptivePacing>,
     stats: Option<Stats>,
     observers: Vec<Box<dyn Observer>>,
+    hooks: Vec<Box<RetryHook>>,
     name: Option<Arc<str>>,
     breaker: Option<CircuitBreaker>,
     hedging: Option<Hedging>,
@@ -324,13 +339,26 @@ impl<P, T> BackoffBuilder<P, T> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn attempt_timeout(self, limit: Duration) -> BackoffBuilder<P, T::Timed>
+    pub fn attempt_timeout(self, limit: Duration) -> BackoffBuilder<P, Guarded>
     where
-        T: WithTimeout,
+        T: IntoGuarded,
     {
-        let mut builder = self.map_timing(|timing| timing.timed(limit));
+        let mut builder = self.map_timing(|_| Guarded::timed(limit));
         builder.settings.attempt_timeout = Some(limit);
         builder
+    }
+
+    /// Makes the layer's error [`Error`](crate::Error) now, as an
+    /// [attempt timeout](Self::attempt_timeout) or a
+    /// [circuit breaker](Self::circuit_breaker) would: for a service type
+    /// that stays `BackoffRetry<S, P, Guarded>` whichever of them are set
+    /// later, or for a layer that must share one type with layers that have
+    /// them.
+    pub fn guarded(self) -> BackoffBuilder<P, Guarded>
+    where
+        T: IntoGuarded,
+    {
+        self.map_timing(IntoGuarded::guarded)
     }
 
     /// Checks `breaker` before every attempt goes out and tells it every
@@ -340,8 +368,8 @@ impl<P, T> BackoffBuilder<P, T> {
     /// [`Error::Open`](crate::Error::Open), without calling the inner
     /// service or charging the budget; a retry it stops returns the outcome
     /// before. So the layer's error becomes [`Error`](crate::Error) (the
-    /// timing type [`WithBreaker`](crate::deadline::WithBreaker), unless an
-    /// attempt timeout already made it so). Keep a clone of the handle to
+    /// timing type [`Guarded`](crate::deadline::Guarded), as an attempt
+    /// timeout makes it). Keep a clone of the handle to
     /// read its [`state`](CircuitBreaker::state); give the same handle to
     /// the layers of one host only.
     ///
@@ -355,11 +383,11 @@ impl<P, T> BackoffBuilder<P, T> {
     /// # drop(layer);
     /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
-    pub fn circuit_breaker(self, breaker: CircuitBreaker) -> BackoffBuilder<P, T::Rejecting>
+    pub fn circuit_breaker(self, breaker: CircuitBreaker) -> BackoffBuilder<P, Guarded>
     where
-        T: WithRejection,
+        T: IntoGuarded,
     {
-        let mut builder = self.map_timing(WithRejection::rejecting);
+        let mut builder = self.map_timing(IntoGuarded::guarded);
         builder.settings.breaker = Some(breaker);
         builder
     }
@@ -475,10 +503,9 @@ impl<P, T> BackoffBuilder<P, T> {
     /// Hedges slow attempts: a copy of an attempt still pending after the
     /// delay `hedging` sets, paid from the retry budget and capped in extra
     /// load every second. The first acceptable outcome wins and the other
-    /// copies are cancelled; see [`hedge`](crate::hedge). The timing type
-    /// becomes [`Hedged`](crate::deadline::Hedged): each response future is
-    /// 8 bytes larger, so that an attempt answered at its first poll costs
-    /// the hedging nothing.
+    /// copies are cancelled; see [`hedge`](crate::hedge). The layer's type
+    /// stays the same; each request is tracked (one allocation) from its
+    /// call.
     ///
     /// ```
     /// use tower_backoff_core::{BackoffLayer, Hedging};
@@ -488,24 +515,9 @@ impl<P, T> BackoffBuilder<P, T> {
     ///     .build()?;
     /// # Ok::<(), tower_backoff_core::ConfigError>(())
     /// ```
-    pub fn hedge(self, hedging: Hedging) -> BackoffBuilder<P, T::Hedging>
-    where
-        T: WithHedging,
-    {
-        let mut builder = self.hedgeable();
-        builder.settings.hedging = Some(hedging);
-        builder
-    }
-
-    /// The timing type of a layer that hedges
-    /// ([`Hedged`](crate::deadline::Hedged)), with hedging still off: for
-    /// layers that must share one type, some of which hedge (as gRPC's
-    /// methods do, by their service config).
-    pub fn hedgeable(self) -> BackoffBuilder<P, T::Hedging>
-    where
-        T: WithHedging,
-    {
-        self.map_timing(WithHedging::hedging)
+    pub fn hedge(mut self, hedging: Hedging) -> Self {
+        self.settings.hedging = Some(hedging);
+        self
     }
 
     /// The same settings with the timing type `change` makes of this one.
@@ -563,36 +575,34 @@ impl<P, T> BackoffBuilder<P, T> {
         self
     }
 
-    /// Calls `hook` with each retry's [`RetryArgs`] as it goes out (never
-    /// for a retry that was stopped): the number of the attempt that failed,
-    /// the delay slept before the retry, its cause, and whether the outcome
-    /// it replaces was a response or an error. An [`observer`](Self::observer)
-    /// of [`Event::Retry`](crate::events::Event::Retry) alone: it changes no
-    /// type, and its closure needs no annotation.
-    ///
-    /// To see the request or the replaced outcome themselves, implement
-    /// [`Policy::prepare_retry`](crate::Policy::prepare_retry).
+    /// Calls `hook(&retry, outcome)` as each retry goes out (never for a
+    /// retry that was stopped): [`RetryArgs`] say the number of the attempt
+    /// that failed, the delay slept before the retry and its cause, and
+    /// [`Outcome`] is a reference to the response or error it replaces.
+    /// The same closure shape as on every other front-end (the HTTP
+    /// builder, [`retry`](crate::retry())); it changes no type, and needs no
+    /// annotation.
     ///
     /// ```
     /// use tower_backoff_core::BackoffLayer;
     ///
     /// let layer = BackoffLayer::builder()
-    ///     .on_retry(|retry| {
-    ///         eprintln!("attempt {} failed, retrying in {:?}", retry.attempt(), retry.delay());
+    ///     .on_retry(|retry, outcome| {
+    ///         if let Some(error) = outcome.error::<std::io::Error>() {
+    ///             eprintln!("attempt {} failed: {error}", retry.attempt());
+    ///         }
+    ///         eprintln!("retrying in {:?} ({:?})", retry.delay(), retry.cause());
     ///     })
     ///     .build()?;
     /// # drop(layer);
     /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
-    pub fn on_retry<F>(self, hook: F) -> Self
+    pub fn on_retry<F>(mut self, hook: F) -> Self
     where
-        F: Fn(&RetryArgs) + Send + Sync + 'static,
+        F: Fn(&RetryArgs, Outcome<'_>) + Send + Sync + 'static,
     {
-        self.observer(move |event: &Event| {
-            if let Event::Retry(retry) = event {
-                hook(retry)
-            }
-        })
+        self.settings.hooks.push(Box::new(hook));
+        self
     }
 
     /// Checks every setting and builds the layer.
@@ -611,6 +621,7 @@ impl<P, T> BackoffBuilder<P, T> {
             stats,
             #[allow(unused_mut)] // pushed to under the `tracing` feature only
             mut observers,
+            hooks,
             name,
             breaker,
             hedging,
@@ -654,7 +665,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 timeouts: self.timeouts,
                 budget: budget.map(Arc::new),
                 pacing,
-                observers: Observers::new(stats, observers),
+                observers: Observers::new(stats, observers, hooks),
                 origin: Origin {
                     host: None,
                     layer_name: name,
@@ -662,9 +673,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 streams: limits.seed.map(|seed| Arc::new(Streams::new(seed))),
                 breaker,
                 hedging: hedging.as_ref().map(|h| Arc::new(Hedger::new(h))),
-                // Hedging alone does not: a first attempt starts hedging at
-                // the first poll that finds it pending.
-                track_from_call: limits.max_elapsed.is_some() || pacing_set,
+                track_from_call: limits.max_elapsed.is_some() || pacing_set || hedging.is_some(),
                 budget_counts_calls,
             }),
         })

@@ -15,8 +15,8 @@ pub mod adaptive;
 pub mod breaker;
 pub mod budget;
 mod config;
-// The attempt timer's type state, read by the sibling crates: not part of
-// the documented API (issue 42 removes it).
+// The attempt timer, read by the sibling crates: not part of the documented
+// API but for `Guarded`, re-exported below.
 #[doc(hidden)]
 pub mod deadline;
 mod decision;
@@ -48,6 +48,7 @@ pub mod timer;
 
 pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
 pub use budget::{Budget, RatioBudget, TokenBucket};
+pub use deadline::Guarded;
 pub use delays::Delays;
 pub use error::{ConfigError, Error};
 pub use future::ResponseFuture;

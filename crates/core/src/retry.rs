@@ -15,6 +15,7 @@ use crate::budget::{self, Budget};
 use crate::decision::Cause;
 use crate::engine::{self, Rules, Session};
 use crate::error::{ConfigError, MAX_DURATION};
+use crate::events::{Outcome, OutcomeKind, RetryArgs};
 use crate::jitter::{Jitter, Rng};
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::schedule::{AnySchedule, Schedule};
@@ -41,7 +42,10 @@ use crate::timer::{self, Sleep};
 /// .max_attempts(5)
 /// .schedule(Exponential::new(Duration::from_millis(10)))
 /// .retry_if(|e| e.contains("failed"))
-/// .on_retry(|e, delay| println!("{e}; retrying in {delay:?}"))
+/// .on_retry(|retry, outcome| {
+///     let error = outcome.error::<String>().unwrap();
+///     println!("{error}; retrying in {:?}", retry.delay());
+/// })
 /// .await;
 /// assert_eq!(value, Ok(2));
 /// # }
@@ -167,15 +171,18 @@ impl<F, W, N> RetryCall<F, W, N> {
         }
     }
 
-    /// Calls `hook(&error, delay)` as each retry starts, after its sleep
-    /// (`delay`) and once the budget paid for it, to log or count retries: a
-    /// retry that was stopped is never notified. The layer's
-    /// [`on_retry`](crate::BackoffBuilder::on_retry) fires at the same moment.
+    /// Calls `hook(&retry, outcome)` as each retry starts, after its sleep
+    /// and once the budget paid for it, to log or count retries: a retry
+    /// that was stopped is never notified. The same closure shape, told at
+    /// the same moment, as the layer's
+    /// [`on_retry`](crate::BackoffBuilder::on_retry): [`RetryArgs`] say the
+    /// attempt that failed, the delay slept and the cause, and
+    /// [`Outcome`] holds the error being retried.
     pub fn on_retry<N2, Fut, T, E>(self, hook: N2) -> RetryCall<F, W, N2>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        N2: FnMut(&E, Duration),
+        N2: FnMut(&RetryArgs, Outcome<'_>),
     {
         RetryCall {
             operation: self.operation,
@@ -210,7 +217,7 @@ impl<F, W, N> RetryCall<F, W, N> {
         F: FnMut() -> Fut + Clone,
         Fut: Future<Output = Result<T, E>>,
         W: Predicate<E> + Clone,
-        N: OnRetry<E> + Clone,
+        N: OnRetry<T, E> + Clone,
     {
         self.clone().into_future()
     }
@@ -262,9 +269,9 @@ impl<E, F: Fn(&E) -> bool> Predicate<E> for F {
 
 /// Told of each retry as it starts, after its sleep.
 #[doc(hidden)]
-pub trait OnRetry<E> {
-    /// `error` is being retried, after `delay` asleep.
-    fn on_retry(&mut self, error: &E, delay: Duration);
+pub trait OnRetry<T, E> {
+    /// `replaced` is being retried as `retry` says.
+    fn on_retry(&mut self, retry: &RetryArgs, replaced: &Result<T, E>);
 }
 
 /// Tells no one: [`retry`](fn@crate::retry)'s default.
@@ -272,13 +279,13 @@ pub trait OnRetry<E> {
 #[doc(hidden)]
 pub struct NoHook;
 
-impl<E> OnRetry<E> for NoHook {
-    fn on_retry(&mut self, _error: &E, _delay: Duration) {}
+impl<T, E> OnRetry<T, E> for NoHook {
+    fn on_retry(&mut self, _: &RetryArgs, _: &Result<T, E>) {}
 }
 
-impl<E, F: FnMut(&E, Duration)> OnRetry<E> for F {
-    fn on_retry(&mut self, error: &E, delay: Duration) {
-        self(error, delay)
+impl<T: 'static, E: 'static, F: FnMut(&RetryArgs, Outcome<'_>)> OnRetry<T, E> for F {
+    fn on_retry(&mut self, retry: &RetryArgs, replaced: &Result<T, E>) {
+        self(retry, Outcome::of(replaced))
     }
 }
 
@@ -287,7 +294,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
     W: Predicate<E>,
-    N: OnRetry<E>,
+    N: OnRetry<T, E>,
 {
     type Output = Result<T, E>;
     type IntoFuture = RetryFuture<F, Fut, W, N>;
@@ -360,7 +367,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
     W: Predicate<E>,
-    N: OnRetry<E>,
+    N: OnRetry<T, E>,
 {
     type Output = Result<T, E>;
 
@@ -442,9 +449,13 @@ where
                     if sent.is_err() {
                         return Poll::Ready(kept);
                     }
-                    if let Err(error) = &kept {
-                        this.settings.on_retry.on_retry(error, retry.delay);
-                    }
+                    let args = RetryArgs::new(
+                        this.session.attempts() - 1,
+                        retry.delay,
+                        retry.cause,
+                        OutcomeKind::of(&kept),
+                    );
+                    this.settings.on_retry.on_retry(&args, &kept);
                     drop(kept);
                     let attempt = (this.settings.operation)();
                     this.state.set(RetryState::Running { attempt });

@@ -178,6 +178,8 @@ where
     S: Service<Req> + Clone,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
+    S::Response: 'static,
+    T::Error: 'static,
 {
     type Response = S::Response;
     type Error = T::Error;
@@ -209,6 +211,8 @@ impl<S, P, T> BackoffRetry<S, P, T> {
         S: Service<Req> + Clone,
         T: AttemptTimer<S::Error>,
         P: Policy<Req, S::Response, T::Error>,
+        S::Response: 'static,
+        T::Error: 'static,
     {
         self.call_with(request, Some(limits))
     }
@@ -223,6 +227,8 @@ impl<S, P, T> BackoffRetry<S, P, T> {
         S: Service<Req> + Clone,
         T: AttemptTimer<S::Error>,
         P: Policy<Req, S::Response, T::Error>,
+        S::Response: 'static,
+        T::Error: 'static,
     {
         let config = &*self.config;
         if let Some(breaker) = config.breaker() {

@@ -5,7 +5,6 @@ use std::time::Duration;
 use super::code::CodeSet;
 use super::policy::GrpcPolicy;
 use super::retry_config::MAX_ATTEMPTS_LIMIT;
-use tower_backoff_core::deadline::Hedged;
 use tower_backoff_core::error::{check_duration, ConfigError};
 use tower_backoff_core::{BackoffBuilder, BackoffLayer, Constant, Hedging, Jitter};
 
@@ -107,7 +106,7 @@ impl HedgingConfig {
     /// goes out at once (after a pushback if the last one had one). Add a
     /// budget and build; [`GrpcRetryLayer`](super::GrpcRetryLayer) does it
     /// with the config's `retryThrottling`.
-    pub fn layer(&self) -> BackoffBuilder<GrpcPolicy, Hedged> {
+    pub fn layer(&self) -> BackoffBuilder<GrpcPolicy> {
         BackoffLayer::builder()
             .policy(self.policy())
             .schedule(Constant::new(Duration::ZERO))

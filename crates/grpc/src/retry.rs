@@ -19,7 +19,7 @@ use super::retry_config::RetryConfig;
 use super::service_config::{MethodPolicy, ServiceConfig};
 use super::throttle::{RetryThrottle, ThrottleGate};
 use tower_backoff_core::budget::{Budget, TokenBucket};
-use tower_backoff_core::deadline::Hedged;
+use tower_backoff_core::deadline::NoTimeout;
 use tower_backoff_core::error::ConfigError;
 use tower_backoff_core::BackoffLayer;
 use tower_backoff_core::BackoffRetry;
@@ -77,10 +77,10 @@ pub struct GrpcRetryLayer {
 struct Routes {
     config: ServiceConfig,
     /// One per `methodConfig`, in document order.
-    methods: Vec<BackoffLayer<GrpcPolicy, Hedged>>,
+    methods: Vec<BackoffLayer<GrpcPolicy>>,
     /// For methods no `methodConfig` matches, or matches without a retry
     /// policy: the transparent retry only.
-    unconfigured: BackoffLayer<GrpcPolicy, Hedged>,
+    unconfigured: BackoffLayer<GrpcPolicy>,
     throttle: Option<Arc<RetryThrottle>>,
 }
 
@@ -115,12 +115,12 @@ impl GrpcRetryLayer {
     }
 
     /// The layer calls to `path` get.
-    fn route(&self, path: &str) -> &BackoffLayer<GrpcPolicy, Hedged> {
+    fn route(&self, path: &str) -> &BackoffLayer<GrpcPolicy> {
         route(&self.routes, path)
     }
 }
 
-fn route<'a>(routes: &'a Routes, path: &str) -> &'a BackoffLayer<GrpcPolicy, Hedged> {
+fn route<'a>(routes: &'a Routes, path: &str) -> &'a BackoffLayer<GrpcPolicy> {
     match routes.config.entry(path) {
         Some(index) if routes.config.policies()[index].is_some() => &routes.methods[index],
         _ => &routes.unconfigured,
@@ -258,11 +258,9 @@ impl GrpcRetryBuilder {
                 }
                 // One type for every method's layer: hedging ones have room
                 // to hedge, so all have (8 bytes a response future).
-                Some(MethodPolicy::Retry(retry)) => {
-                    (retry.layer().hedgeable(), retry.policy(), budget.clone())
-                }
+                Some(MethodPolicy::Retry(retry)) => (retry.layer(), retry.policy(), budget.clone()),
                 None => (
-                    transparent_only.layer().hedgeable(),
+                    transparent_only.layer(),
                     transparent_only.policy(),
                     budget.clone(),
                 ),
@@ -333,7 +331,7 @@ pub struct GrpcRetry<S> {
 /// The response future of [`GrpcRetry`]: its method's [`BackoffRetry`] future,
 /// whose response gets a [`RetryInfo`](tower_backoff_http::RetryInfo).
 pub type GrpcResponseFuture<S, B> =
-    HttpResponseFuture<TonicBody<S>, Request<ReplayBody<B>>, Hedged, GrpcPolicy>;
+    HttpResponseFuture<TonicBody<S>, Request<ReplayBody<B>>, NoTimeout, GrpcPolicy>;
 
 impl<S> GrpcRetry<S> {
     /// The wrapped service.
@@ -359,9 +357,10 @@ impl<S: fmt::Debug> fmt::Debug for GrpcRetry<S> {
 impl<S, B, ResBody> Service<Request<B>> for GrpcRetry<S>
 where
     S: Service<Request<tonic::body::Body>, Response = Response<ResBody>> + Clone,
-    S::Error: AsStdError,
+    S::Error: AsStdError + 'static,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
+    ResBody: 'static,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;

@@ -21,7 +21,7 @@ use super::policy::HttpPolicy;
 use super::recorded::RecordedRequest;
 use super::replay::DEFAULT_REPLAY_LIMIT;
 use super::retry_layer::{HttpResponseFuture, HttpRetryLayer, DEFAULT_RESPONSE_BUFFER_LIMIT};
-use tower_backoff_core::deadline::{AttemptTimer, NoTimeout};
+use tower_backoff_core::deadline::{AttemptTimer, Guarded, NoTimeout};
 use tower_backoff_core::policy::{Policy, RetryLimits};
 use tower_backoff_core::BackoffLayer;
 
@@ -61,7 +61,7 @@ use tower_backoff_core::BackoffLayer;
 /// let layer = HttpRetryLayer::builder()
 ///     .schedule(Exponential::new(Duration::from_millis(100)))
 ///     .max_attempts(4)
-///     .on_retry(|retry| eprintln!("retrying after attempt {}", retry.attempt()))
+///     .on_retry(|retry, _| eprintln!("retrying after attempt {}", retry.attempt()))
 ///     .build()
 ///     .unwrap();
 /// let client = ClientBuilder::new(reqwest::Client::new())
@@ -132,8 +132,8 @@ impl<P, T> From<BackoffLayer<P, T>> for BackoffMiddleware<P, T> {
 
 /// The same retries, limits and settings as the layer, as a middleware; its
 /// breaker, if kept per host, kept in the layer's own table of hosts.
-impl<T> From<HttpRetryLayer<T>> for BackoffMiddleware<HttpPolicy, T> {
-    fn from(layer: HttpRetryLayer<T>) -> Self {
+impl From<HttpRetryLayer> for BackoffMiddleware<HttpPolicy, Guarded> {
+    fn from(layer: HttpRetryLayer) -> Self {
         Self {
             layer: layer.layer,
             hosts: layer.hosts,
@@ -163,9 +163,8 @@ where
     T: AttemptTimer<reqwest_middleware::Error> + Send + Sync + 'static,
     T::Timer: Send,
     T::Error: IntoMiddlewareError + Send,
-    // What a hedged layer's future keeps of a request hedged from its first
-    // poll is `Send` when the request's attempts are: the compiler cannot
-    // see that through `T`, so it is asked of each timing where it is used.
+    // The compiler cannot see through `T` that the future is `Send` when
+    // the request's attempts are, so it is asked of each timing where used.
     for<'a> HttpResponseFuture<BufferBody<NextService<'a>>, RecordedRequest, T, P>: Send,
 {
     async fn handle(

@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -22,22 +23,21 @@ use ::http::{Extensions, Request, Response};
 use pin_project_lite::pin_project;
 use tower_backoff_core::breaker::CircuitBreaker;
 use tower_backoff_core::budget::Budget;
-use tower_backoff_core::deadline::{
-    AttemptTimer, NoTimeout, WithHedging, WithRejection, WithTimeout,
-};
-use tower_backoff_core::events::{Observer, RetryArgs};
+use tower_backoff_core::deadline::{AttemptTimer, Guarded};
+use tower_backoff_core::events::{Observer, Outcome, RetryArgs};
 use tower_backoff_core::future::ResponseFuture;
 use tower_backoff_core::policy::{Policy, RetryLimits};
 use tower_backoff_core::{
-    AdaptivePacing, BackoffBuilder, BackoffLayer, BackoffRetry, ConfigError, Hedging, Jitter,
-    Schedule, Stats,
+    AdaptivePacing, BackoffBuilder, BackoffLayer, BackoffRetry, ConfigError, Error, Hedging,
+    Jitter, Schedule, Stats,
 };
 use tower_layer::Layer;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 use tower_service::Service;
 
 use super::buffer::BufferBody;
 use super::info::RetryInfo;
-use super::per_host::{HostLayers, MakeHostLayer, PerHostLayer, RequestAuthority};
+use super::per_host::{HostLayers, MakeHostLayer, RequestAuthority};
 use super::policy::HttpPolicy;
 use super::replay::DEFAULT_REPLAY_LIMIT;
 
@@ -95,11 +95,11 @@ pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 /// # #[cfg(not(feature = "reqwest"))]
 /// # fn main() {}
 /// ```
-pub struct HttpRetryLayer<T = NoTimeout> {
+pub struct HttpRetryLayer {
     // Read by the middleware made from this layer, too.
-    pub(crate) layer: BackoffLayer<HttpPolicy, T>,
+    pub(crate) layer: BackoffLayer<HttpPolicy, Guarded>,
     /// Each host's layer, when the breaker is kept per host.
-    pub(crate) hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, T>>>>,
+    pub(crate) hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, Guarded>>>>,
     pub(crate) record_info: bool,
     pub(crate) replay_limit: usize,
     pub(crate) buffer_limit: usize,
@@ -118,7 +118,7 @@ impl HttpRetryLayer {
     /// A builder, starting from [`new`](Self::new)'s defaults.
     pub fn builder() -> HttpRetryBuilder {
         HttpRetryBuilder {
-            backoff: BackoffLayer::builder().policy(HttpPolicy::new()),
+            backoff: BackoffLayer::builder().policy(HttpPolicy::new()).guarded(),
             breaker_for_all_hosts: false,
             record_info: true,
             replay_limit: DEFAULT_REPLAY_LIMIT,
@@ -133,10 +133,10 @@ impl Default for HttpRetryLayer {
     }
 }
 
-impl<T> HttpRetryLayer<T> {
+impl HttpRetryLayer {
     /// `layer` with the default replay and buffer limits; its breaker, if it
     /// has one, kept per host unless `for_all_hosts`.
-    fn assemble(layer: BackoffLayer<HttpPolicy, T>, for_all_hosts: bool) -> Self {
+    fn assemble(layer: BackoffLayer<HttpPolicy, Guarded>, for_all_hosts: bool) -> Self {
         let per_host = layer.breaker().is_some() && !for_all_hosts;
         Self {
             hosts: per_host.then(|| Arc::new(HostLayers::new(layer.clone()))),
@@ -151,6 +151,13 @@ impl<T> HttpRetryLayer<T> {
     /// breaker, unless it was built with
     /// [`circuit_breaker_for_all_hosts`](HttpRetryBuilder::circuit_breaker_for_all_hosts).
     pub fn breaker_per_host(&self) -> bool {
+        self.hosts.is_some() && self.layer.breaker().is_some()
+    }
+
+    /// Whether each host gets the layer's state of its own (budget, breaker,
+    /// pacing, hedging latencies): [`per_host`](Self::per_host), or a
+    /// breaker kept per host.
+    pub fn is_per_host(&self) -> bool {
         self.hosts.is_some()
     }
 
@@ -178,16 +185,13 @@ impl<T> HttpRetryLayer<T> {
     /// The retry layer it wraps. With the breaker kept per host, that of
     /// the first host called; every other host has a
     /// [fresh](BackoffLayer::fresh) copy.
-    pub fn backoff(&self) -> &BackoffLayer<HttpPolicy, T> {
+    pub fn backoff(&self) -> &BackoffLayer<HttpPolicy, Guarded> {
         &self.layer
     }
 
     /// The same layer with a budget, circuit breaker and pacing of its own
     /// (see [`BackoffLayer::fresh`]), and no host called yet.
-    pub fn fresh(&self) -> Self
-    where
-        T: Clone,
-    {
+    pub fn fresh(&self) -> Self {
         let layer = self.layer.fresh();
         Self {
             hosts: self
@@ -202,16 +206,20 @@ impl<T> HttpRetryLayer<T> {
     /// This layer per host: each authority (scheme, host and port) gets a
     /// [fresh](Self::fresh) copy on its first request, so one host's outage
     /// spends only its own retries and opens only its own breaker, while
-    /// stats and observers add every host up (see [`PerHostLayer`] for the
-    /// bound on hosts kept). Without a breaker, or one
-    /// [for all hosts](HttpRetryBuilder::circuit_breaker_for_all_hosts), the
-    /// layer itself keeps one budget and pacing for every host.
-    pub fn per_host(self) -> PerHostLayer<Self> {
-        PerHostLayer::new(self)
+    /// stats and observers add every host up. At most
+    /// [`DEFAULT_MAX_HOSTS`](crate::DEFAULT_MAX_HOSTS) hosts are kept; the
+    /// one idle longest makes room for a new one. The service's type stays
+    /// [`HttpRetry<S>`]; it is always ready, and each request waits for the
+    /// client's readiness in its own future.
+    pub fn per_host(mut self) -> Self {
+        if self.hosts.is_none() {
+            self.hosts = Some(Arc::new(HostLayers::new(self.layer.clone())));
+        }
+        self
     }
 }
 
-impl<T: Clone> MakeHostLayer for HttpRetryLayer<T> {
+impl MakeHostLayer for HttpRetryLayer {
     type Layer = Self;
 
     /// A fresh copy for one host: it keeps no table of hosts of its own.
@@ -236,13 +244,22 @@ impl<T: Clone> MakeHostLayer for HttpRetryLayer<T> {
 /// The layer's retries with the default replay and buffer limits; its
 /// circuit breaker, if it has one, kept per host as
 /// [`HttpRetryBuilder::circuit_breaker`] keeps it.
-impl<T> From<BackoffLayer<HttpPolicy, T>> for HttpRetryLayer<T> {
-    fn from(layer: BackoffLayer<HttpPolicy, T>) -> Self {
+impl From<BackoffLayer<HttpPolicy>> for HttpRetryLayer {
+    fn from(layer: BackoffLayer<HttpPolicy>) -> Self {
+        Self::assemble(layer.guarded(), false)
+    }
+}
+
+/// The layer's retries with the default replay and buffer limits; its
+/// circuit breaker, if it has one, kept per host as
+/// [`HttpRetryBuilder::circuit_breaker`] keeps it.
+impl From<BackoffLayer<HttpPolicy, Guarded>> for HttpRetryLayer {
+    fn from(layer: BackoffLayer<HttpPolicy, Guarded>) -> Self {
         Self::assemble(layer, false)
     }
 }
 
-impl<T> Clone for HttpRetryLayer<T> {
+impl Clone for HttpRetryLayer {
     fn clone(&self) -> Self {
         Self {
             layer: self.layer.clone(),
@@ -254,7 +271,7 @@ impl<T> Clone for HttpRetryLayer<T> {
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for HttpRetryLayer<T> {
+impl fmt::Debug for HttpRetryLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpRetryLayer")
             .field("layer", &self.layer)
@@ -266,8 +283,8 @@ impl<T: fmt::Debug> fmt::Debug for HttpRetryLayer<T> {
     }
 }
 
-impl<S, T> Layer<S> for HttpRetryLayer<T> {
-    type Service = HttpRetry<S, T>;
+impl<S> Layer<S> for HttpRetryLayer {
+    type Service = HttpRetry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let buffered = BufferBody::with_limit(inner, self.buffer_limit).known_length_only();
@@ -283,15 +300,15 @@ impl<S, T> Layer<S> for HttpRetryLayer<T> {
 /// Builds an [`HttpRetryLayer`]: the HTTP settings, and the retry layer's
 /// own (each as on [`BackoffBuilder`]).
 #[must_use]
-pub struct HttpRetryBuilder<T = NoTimeout> {
-    backoff: BackoffBuilder<HttpPolicy, T>,
+pub struct HttpRetryBuilder {
+    backoff: BackoffBuilder<HttpPolicy, Guarded>,
     breaker_for_all_hosts: bool,
     record_info: bool,
     replay_limit: usize,
     buffer_limit: usize,
 }
 
-impl<T> HttpRetryBuilder<T> {
+impl HttpRetryBuilder {
     /// Classifies with `policy` instead of `HttpPolicy::new()`.
     pub fn policy(self, policy: HttpPolicy) -> Self {
         self.map(|backoff| backoff.policy(policy))
@@ -367,12 +384,8 @@ impl<T> HttpRetryBuilder<T> {
     /// See [`BackoffBuilder::hedge`]: a copy of a request still pending
     /// after a delay, for idempotent requests (and those with an
     /// `Idempotency-Key`) only; the losing copies are cancelled, which
-    /// resets their HTTP/2 stream or closes their HTTP/1 connection. The
-    /// timing type becomes [`Hedged`](tower_backoff_core::deadline::Hedged).
-    pub fn hedge(self, hedging: Hedging) -> HttpRetryBuilder<T::Hedging>
-    where
-        T: WithHedging,
-    {
+    /// resets their HTTP/2 stream or closes their HTTP/1 connection.
+    pub fn hedge(self, hedging: Hedging) -> Self {
         self.map(|backoff| backoff.hedge(hedging))
     }
 
@@ -391,20 +404,20 @@ impl<T> HttpRetryBuilder<T> {
         self.map(|backoff| backoff.observer(observer))
     }
 
-    /// See [`BackoffBuilder::on_retry`]: `hook(&retry)` as each retry goes
-    /// out, no annotation needed.
+    /// See [`BackoffBuilder::on_retry`]: `hook(&retry, outcome)` as each
+    /// retry goes out, no annotation needed. The outcome's error is
+    /// [`Error`]`<E>` of the client's error `E` (over hyper-util, `E` is a
+    /// `BoxError`); its response is the client's (over hyper-util, an
+    /// `http::Response<BufferedBody<B>>`).
     pub fn on_retry<F>(self, hook: F) -> Self
     where
-        F: Fn(&RetryArgs) + Send + Sync + 'static,
+        F: Fn(&RetryArgs, Outcome<'_>) + Send + Sync + 'static,
     {
         self.map(|backoff| backoff.on_retry(hook))
     }
 
     /// See [`BackoffBuilder::attempt_timeout`].
-    pub fn attempt_timeout(self, limit: Duration) -> HttpRetryBuilder<T::Timed>
-    where
-        T: WithTimeout,
-    {
+    pub fn attempt_timeout(self, limit: Duration) -> Self {
         self.map(|backoff| backoff.attempt_timeout(limit))
     }
 
@@ -425,20 +438,18 @@ impl<T> HttpRetryBuilder<T> {
     /// hosts are kept; the one idle longest makes room for a new one.
     ///
     /// With a breaker the service is always ready: each request waits for
-    /// the client's readiness in its own future, as [`PerHostLayer`]'s do.
-    /// The layer's error becomes [`tower_backoff_core::Error`] (an attempt
-    /// timeout makes it so already).
+    /// the client's readiness in its own future, as a
+    /// [per-host](HttpRetryLayer::per_host) layer's do.
     ///
     /// ```
     /// # #[cfg(feature = "reqwest")]
     /// # fn main() -> Result<(), tower_backoff_core::ConfigError> {
     /// use tower::ServiceBuilder;
     /// use tower_backoff_core::breaker::CircuitBreaker;
-    /// use tower_backoff_core::deadline::WithBreaker;
     /// use tower_backoff_http::{HttpRetry, HttpRetryLayer};
     ///
     /// // One client for every host it calls, one breaker per host.
-    /// let client: HttpRetry<reqwest::Client, WithBreaker> = ServiceBuilder::new()
+    /// let client: HttpRetry<reqwest::Client> = ServiceBuilder::new()
     ///     .layer(HttpRetryLayer::builder().circuit_breaker(CircuitBreaker::new()).build()?)
     ///     .service(reqwest::Client::new());
     /// # drop(client);
@@ -449,10 +460,7 @@ impl<T> HttpRetryBuilder<T> {
     /// ```
     ///
     /// [`DEFAULT_MAX_HOSTS`]: crate::DEFAULT_MAX_HOSTS
-    pub fn circuit_breaker(self, breaker: CircuitBreaker) -> HttpRetryBuilder<T::Rejecting>
-    where
-        T: WithRejection,
-    {
+    pub fn circuit_breaker(self, breaker: CircuitBreaker) -> Self {
         let mut builder = self.map(|backoff| backoff.circuit_breaker(breaker));
         builder.breaker_for_all_hosts = false;
         builder
@@ -478,13 +486,7 @@ impl<T> HttpRetryBuilder<T> {
     /// assert!(!layer.breaker_per_host());
     /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
-    pub fn circuit_breaker_for_all_hosts(
-        self,
-        breaker: CircuitBreaker,
-    ) -> HttpRetryBuilder<T::Rejecting>
-    where
-        T: WithRejection,
-    {
+    pub fn circuit_breaker_for_all_hosts(self, breaker: CircuitBreaker) -> Self {
         let mut builder = self.map(|backoff| backoff.circuit_breaker(breaker));
         builder.breaker_for_all_hosts = true;
         builder
@@ -504,7 +506,7 @@ impl<T> HttpRetryBuilder<T> {
     ///
     /// # Errors
     /// As [`build`](Self::build).
-    pub fn build_per_host(self) -> Result<PerHostLayer<HttpRetryLayer<T>>, ConfigError> {
+    pub fn build_per_host(self) -> Result<HttpRetryLayer, ConfigError> {
         self.build().map(HttpRetryLayer::per_host)
     }
 
@@ -513,7 +515,7 @@ impl<T> HttpRetryBuilder<T> {
     /// # Errors
     /// A [`ConfigError`] naming the first retry setting that cannot work
     /// (see [`BackoffBuilder::build`]).
-    pub fn build(self) -> Result<HttpRetryLayer<T>, ConfigError> {
+    pub fn build(self) -> Result<HttpRetryLayer, ConfigError> {
         Ok(HttpRetryLayer {
             record_info: self.record_info,
             replay_limit: self.replay_limit,
@@ -523,11 +525,11 @@ impl<T> HttpRetryBuilder<T> {
     }
 
     /// The same HTTP settings around what `change` makes of the layer's
-    /// builder, whose timing type it may change.
-    fn map<U>(
+    /// builder.
+    fn map(
         self,
-        change: impl FnOnce(BackoffBuilder<HttpPolicy, T>) -> BackoffBuilder<HttpPolicy, U>,
-    ) -> HttpRetryBuilder<U> {
+        change: impl FnOnce(BackoffBuilder<HttpPolicy, Guarded>) -> BackoffBuilder<HttpPolicy, Guarded>,
+    ) -> HttpRetryBuilder {
         HttpRetryBuilder {
             backoff: change(self.backoff),
             breaker_for_all_hosts: self.breaker_for_all_hosts,
@@ -538,7 +540,7 @@ impl<T> HttpRetryBuilder<T> {
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for HttpRetryBuilder<T> {
+impl fmt::Debug for HttpRetryBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpRetryBuilder")
             .field("backoff", &self.backoff)
@@ -558,17 +560,23 @@ impl<T: fmt::Debug> fmt::Debug for HttpRetryBuilder<T> {
 /// [default](HttpRetryBuilder::circuit_breaker) for a layer with one), each
 /// request goes through its host's retry layer, and the service is always
 /// ready: the request waits for the client's readiness in its future.
-pub struct HttpRetry<S, T = NoTimeout> {
-    inner: BackoffRetry<BufferBody<S>, HttpPolicy, T>,
-    hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, T>>>>,
+pub struct HttpRetry<S> {
+    inner: BackoffRetry<BufferBody<S>, HttpPolicy, Guarded>,
+    hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, Guarded>>>>,
     record_info: bool,
     replay_limit: usize,
 }
 
-impl<S, T> HttpRetry<S, T> {
+impl<S> HttpRetry<S> {
     /// The client it retries.
     pub fn get_ref(&self) -> &S {
         self.inner.get_ref().get_ref()
+    }
+
+    /// How many hosts have a layer of their own so far: 0 for a layer that
+    /// is not [per host](HttpRetryLayer::per_host).
+    pub fn hosts(&self) -> usize {
+        self.hosts.as_ref().map_or(0, |hosts| hosts.len())
     }
 
     /// Unwraps the client it retries.
@@ -580,12 +588,11 @@ impl<S, T> HttpRetry<S, T> {
     /// the client, from the host's own layer.
     fn for_host(
         &self,
-        hosts: &HostLayers<BackoffLayer<HttpPolicy, T>>,
+        hosts: &HostLayers<BackoffLayer<HttpPolicy, Guarded>>,
         request: &impl RequestAuthority,
-    ) -> BackoffRetry<BufferBody<S>, HttpPolicy, T>
+    ) -> BackoffRetry<BufferBody<S>, HttpPolicy, Guarded>
     where
         S: Clone,
-        T: Clone,
     {
         let layer = hosts.get(
             request.authority(),
@@ -596,7 +603,7 @@ impl<S, T> HttpRetry<S, T> {
     }
 }
 
-impl<S: Clone, T> Clone for HttpRetry<S, T> {
+impl<S: Clone> Clone for HttpRetry<S> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -607,7 +614,7 @@ impl<S: Clone, T> Clone for HttpRetry<S, T> {
     }
 }
 
-impl<S: fmt::Debug, T: fmt::Debug> fmt::Debug for HttpRetry<S, T> {
+impl<S: fmt::Debug> fmt::Debug for HttpRetry<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpRetry")
             .field("inner", &self.inner)
@@ -619,23 +626,26 @@ impl<S: fmt::Debug, T: fmt::Debug> fmt::Debug for HttpRetry<S, T> {
 }
 
 /// hyper-util's client, or any `Service<http::Request<B>>`.
-impl<S, T, B> Service<Request<B>> for HttpRetry<S, T>
+impl<S, B> Service<Request<B>> for HttpRetry<S>
 where
     S: Clone,
-    BufferBody<S>: Service<Request<B>>,
-    <BufferBody<S> as Service<Request<B>>>::Response: ResponseExtensions,
-    T: AttemptTimer<<BufferBody<S> as Service<Request<B>>>::Error>,
-    HttpPolicy: Policy<Request<B>, <BufferBody<S> as Service<Request<B>>>::Response, T::Error>,
+    BufferBody<S>: Service<Request<B>, Error = BoxError>,
+    <BufferBody<S> as Service<Request<B>>>::Response: ResponseExtensions + 'static,
+    HttpPolicy:
+        Policy<Request<B>, <BufferBody<S> as Service<Request<B>>>::Response, Error<BoxError>>,
 {
     type Response = <BufferBody<S> as Service<Request<B>>>::Response;
-    type Error = T::Error;
-    type Future = HttpResponseFuture<BufferBody<S>, Request<B>, T>;
+    // Boxed, as tower's own middleware box theirs: `BufferBody`'s error is
+    // a `BoxError`, for which `Error<BoxError>` cannot implement
+    // `std::error::Error`, and so could not be `?`-converted.
+    type Error = BoxError;
+    type Future = HttpResponseFuture<BufferBody<S>, Request<B>, Guarded, HttpPolicy, BoxError>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         if self.hosts.is_some() {
             return Poll::Ready(Ok(()));
         }
-        Service::<Request<B>>::poll_ready(&mut self.inner, cx)
+        Service::<Request<B>>::poll_ready(&mut self.inner, cx).map_err(Error::into_box_error)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
@@ -654,16 +664,15 @@ where
 
 /// `reqwest::Client`: each request's body is recorded for replay.
 #[cfg(feature = "reqwest")]
-impl<S, T> Service<reqwest::Request> for HttpRetry<S, T>
+impl<S> Service<reqwest::Request> for HttpRetry<S>
 where
     S: Service<reqwest::Request, Response = reqwest::Response> + Clone,
-    S::Error: From<reqwest::Error>,
-    T: AttemptTimer<S::Error>,
-    HttpPolicy: Policy<super::recorded::RecordedRequest, reqwest::Response, T::Error>,
+    S::Error: From<reqwest::Error> + 'static,
+    HttpPolicy: Policy<super::recorded::RecordedRequest, reqwest::Response, Error<S::Error>>,
 {
     type Response = reqwest::Response;
-    type Error = T::Error;
-    type Future = HttpResponseFuture<BufferBody<S>, super::recorded::RecordedRequest, T>;
+    type Error = Error<S::Error>;
+    type Future = HttpResponseFuture<BufferBody<S>, super::recorded::RecordedRequest>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         if self.hosts.is_some() {
@@ -679,7 +688,7 @@ where
             .map(|hosts| self.for_host(hosts, &request));
         let recorded = match super::recorded::RecordedRequest::record(request, self.replay_limit) {
             Ok(recorded) => recorded,
-            Err(error) => return HttpResponseFuture::failed(T::inner(S::Error::from(error))),
+            Err(error) => return HttpResponseFuture::failed(Error::Inner(S::Error::from(error))),
         };
         match host {
             Some(host) => HttpResponseFuture::readying(host, recorded, None, self.record_info),
@@ -691,7 +700,10 @@ where
 pin_project! {
     /// The response future of an [`HttpRetry`] (and of the gRPC layer): the
     /// retry engine's future, whose response gets a [`RetryInfo`].
-    pub struct HttpResponseFuture<S, Req, T = NoTimeout, P = HttpPolicy>
+    ///
+    /// It resolves to the layer's error as `O` (see [`OutcomeError`]): as it
+    /// is, or boxed over hyper-util.
+    pub struct HttpResponseFuture<S, Req, T = Guarded, P = HttpPolicy, O = <T as AttemptTimer<<S as Service<Req>>::Error>>::Error>
     where
         S: Service<Req>,
         T: AttemptTimer<S::Error>,
@@ -699,6 +711,7 @@ pin_project! {
         #[pin]
         state: State<ResponseFuture<S, P, Req, T>, BackoffRetry<S, P, T>, Req, T::Error>,
         record_info: bool,
+        error: PhantomData<fn() -> O>,
     }
 }
 
@@ -713,7 +726,7 @@ pin_project! {
     }
 }
 
-impl<S, Req, T, P> HttpResponseFuture<S, Req, T, P>
+impl<S, Req, T, P, O> HttpResponseFuture<S, Req, T, P, O>
 where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
@@ -723,6 +736,7 @@ where
         Self {
             state: State::Called { inner },
             record_info,
+            error: PhantomData,
         }
     }
 
@@ -731,6 +745,7 @@ where
         Self {
             state: State::Failed { error: Some(error) },
             record_info: false,
+            error: PhantomData,
         }
     }
 
@@ -749,18 +764,22 @@ where
                 limits,
             },
             record_info,
+            error: PhantomData,
         }
     }
 }
 
-impl<S, Req, T, P> Future for HttpResponseFuture<S, Req, T, P>
+impl<S, Req, T, P, O> Future for HttpResponseFuture<S, Req, T, P, O>
 where
     S: Service<Req> + Clone,
     S::Response: ResponseExtensions,
     T: AttemptTimer<S::Error>,
+    T::Error: OutcomeError<O>,
     P: Policy<Req, S::Response, T::Error>,
+    S::Response: 'static,
+    T::Error: 'static,
 {
-    type Output = Result<S::Response, T::Error>;
+    type Output = Result<S::Response, O>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -774,7 +793,7 @@ where
                 } => {
                     if let Err(error) = ready!(Service::<Req>::poll_ready(service, cx)) {
                         state.set(State::Failed { error: None });
-                        return Poll::Ready(Err(error));
+                        return Poll::Ready(Err(error.into_outcome_error()));
                     }
                     let request = request.take().expect("sent once");
                     let inner = match *limits {
@@ -786,7 +805,9 @@ where
                 StateProj::Called { inner } => break inner,
                 StateProj::Failed { error } => {
                     // Polled again after it returned: pending, as a fused future.
-                    return error.take().map_or(Poll::Pending, |e| Poll::Ready(Err(e)));
+                    return error
+                        .take()
+                        .map_or(Poll::Pending, |e| Poll::Ready(Err(e.into_outcome_error())));
                 }
             }
         };
@@ -795,11 +816,11 @@ where
             let info = RetryInfo::new(inner.attempts(), inner.slept());
             response.extensions_mut().insert(info);
         }
-        Poll::Ready(outcome)
+        Poll::Ready(outcome.map_err(OutcomeError::into_outcome_error))
     }
 }
 
-impl<S, Req, T, P> fmt::Debug for HttpResponseFuture<S, Req, T, P>
+impl<S, Req, T, P, O> fmt::Debug for HttpResponseFuture<S, Req, T, P, O>
 where
     S: Service<Req>,
     T: AttemptTimer<S::Error>,
@@ -812,6 +833,26 @@ where
             State::Failed { .. } => debug.field("failed", &true),
         };
         debug.finish_non_exhaustive()
+    }
+}
+
+/// The error an [`HttpResponseFuture`] resolves to for the layer's error:
+/// the same (reqwest, gRPC), or boxed (`Error<BoxError>` over hyper-util).
+#[doc(hidden)]
+pub trait OutcomeError<O> {
+    /// The error as the future returns it.
+    fn into_outcome_error(self) -> O;
+}
+
+impl<E> OutcomeError<E> for E {
+    fn into_outcome_error(self) -> E {
+        self
+    }
+}
+
+impl OutcomeError<BoxError> for Error<BoxError> {
+    fn into_outcome_error(self) -> BoxError {
+        self.into_box_error()
     }
 }
 

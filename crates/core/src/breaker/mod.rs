@@ -289,7 +289,7 @@ impl CircuitBreaker {
     /// attempt (no retries, no budget), counted as `policy` classifies it and
     /// rejected with [`Error::Open`](crate::Error::Open) while open. Put it
     /// under a retry layer of your own, or use it alone.
-    pub fn layer<P>(&self, policy: P) -> crate::BackoffLayer<P, crate::deadline::WithBreaker> {
+    pub fn layer<P>(&self, policy: P) -> crate::BackoffLayer<P, crate::deadline::Guarded> {
         crate::BackoffLayer::builder()
             .policy(policy)
             .max_attempts(1)

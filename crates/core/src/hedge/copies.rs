@@ -15,16 +15,9 @@ pin_project! {
     /// attempt was pinned, so an attempt that needs no hedge allocates
     /// nothing for it; each hedge is boxed, so that a copy can leave while
     /// the others stay where they are pinned.
-    ///
-    /// A request's first attempt may be pinned outside, in the response
-    /// future, when its hedging began only once it was found pending: then
-    /// `first` is empty and the caller lends the first copy to each
-    /// [`poll_any`](Self::poll_any).
     pub(crate) struct Copies<F> {
         #[pin]
         first: Option<F>,
-        // Whether the first copy is pinned outside, and still pending.
-        outside: Outside,
         first_sent: CopySent,
         hedges: Vec<(Pin<Box<F>>, CopySent)>,
     }
@@ -51,45 +44,12 @@ impl CopySent {
     }
 }
 
-#[cfg(test)]
-impl<F> Copies<F> {
-    /// Whether the first copy is pinned outside and still pending.
-    fn first_outside(&self) -> bool {
-        self.outside != Outside::No
-    }
-}
-
-/// A first copy pinned outside [`Copies`], in the response future.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Outside {
-    /// None: the first copy, if any, is in `first`.
-    No,
-    /// Found pending by the poll that made these copies: not polled again
-    /// by that poll.
-    JustPolled,
-    /// Pending, polled when lent.
-    Pending,
-}
-
 impl<F: Future> Copies<F> {
     /// An attempt whose first copy is `future`.
     #[inline(always)]
     pub(crate) fn new(future: F, sent: CopySent) -> Self {
         Self {
             first: Some(future),
-            outside: Outside::No,
-            first_sent: sent,
-            hedges: Vec::new(),
-        }
-    }
-
-    /// An attempt whose first copy is pinned outside, just found pending:
-    /// lent to each [`poll_any`](Self::poll_any) until it answers or is
-    /// cancelled, and polled from the second on.
-    pub(crate) fn outside(sent: CopySent) -> Self {
-        Self {
-            first: None,
-            outside: Outside::JustPolled,
             first_sent: sent,
             hedges: Vec::new(),
         }
@@ -110,7 +70,7 @@ impl<F: Future> Copies<F> {
 
     /// Copies still pending.
     pub(crate) fn len(&self) -> usize {
-        usize::from(self.first.is_some() || self.outside != Outside::No) + self.hedges.len()
+        usize::from(self.first.is_some()) + self.hedges.len()
     }
 
     /// Adds a hedge.
@@ -119,27 +79,13 @@ impl<F: Future> Copies<F> {
     }
 
     /// The first copy that answered, shown to `answered` with its future
-    /// (for its span) before it leaves the pending ones. `outside` is the
-    /// first copy when it is pinned outside; it has no span of its own and
-    /// is not shown.
-    pub(crate) fn poll_any<G: Future<Output = F::Output>>(
+    /// (for its span) before it leaves the pending ones.
+    pub(crate) fn poll_any(
         self: Pin<&mut Self>,
-        outside: Option<Pin<&mut G>>,
         cx: &mut Context<'_>,
         answered: impl FnOnce(&F, &F::Output),
     ) -> Poll<(F::Output, CopySent)> {
         let mut this = self.project();
-        match (*this.outside, outside) {
-            // Polled a moment ago, in this poll, with this context.
-            (Outside::JustPolled, _) => *this.outside = Outside::Pending,
-            (Outside::Pending, Some(first)) => {
-                if let Poll::Ready(output) = first.poll(cx) {
-                    *this.outside = Outside::No;
-                    return Poll::Ready((output, *this.first_sent));
-                }
-            }
-            _ => {}
-        }
         if let Some(first) = this.first.as_mut().as_pin_mut() {
             if let Poll::Ready(output) = first.poll(cx) {
                 if let Some(first) = this.first.as_ref().as_pin_ref() {
@@ -167,11 +113,6 @@ impl<F: Future> Copies<F> {
             this.first.set(None);
             cancelled(*this.first_sent);
         }
-        if *this.outside != Outside::No {
-            // Its owner drops it once the attempt is over.
-            *this.outside = Outside::No;
-            cancelled(*this.first_sent);
-        }
         for (future, sent) in this.hedges.drain(..) {
             drop(future);
             cancelled(sent);
@@ -183,13 +124,7 @@ impl<F: Future> Copies<F> {
 mod tests {
     use super::*;
     use std::future::{pending, ready};
-    use std::pin::pin;
     use std::task::Waker;
-
-    /// No first copy pinned outside.
-    fn no_outside() -> Option<Pin<&'static mut std::future::Pending<u32>>> {
-        None
-    }
 
     fn sent(attempt: u32) -> CopySent {
         CopySent {
@@ -209,10 +144,9 @@ mod tests {
         copies.as_mut().push(Box::pin(pending()), sent(3));
         let mut cx = Context::from_waker(Waker::noop());
         let mut shown = None;
-        let Poll::Ready((output, from)) =
-            copies
-                .as_mut()
-                .poll_any(no_outside(), &mut cx, |_, out| shown = Some(*out))
+        let Poll::Ready((output, from)) = copies
+            .as_mut()
+            .poll_any(&mut cx, |_, out| shown = Some(*out))
         else {
             panic!("the second copy is ready");
         };
@@ -221,10 +155,7 @@ mod tests {
             (2, 2, true, Some(2))
         );
         assert_eq!(copies.len(), 2);
-        assert!(copies
-            .as_mut()
-            .poll_any(no_outside(), &mut cx, |_, _| ())
-            .is_pending());
+        assert!(copies.as_mut().poll_any(&mut cx, |_, _| ()).is_pending());
         let mut cancelled = Vec::new();
         copies.as_mut().cancel(|sent| cancelled.push(sent.attempt));
         assert_eq!((cancelled, copies.len()), (vec![1, 3], 0));
@@ -236,49 +167,13 @@ mod tests {
         let mut copies = Box::pin(Copies::new(ready(7), sent(1)));
         let mut cx = Context::from_waker(Waker::noop());
         let mut shown = None;
-        let Poll::Ready((output, from)) =
-            copies
-                .as_mut()
-                .poll_any(no_outside(), &mut cx, |_, out| shown = Some(*out))
+        let Poll::Ready((output, from)) = copies
+            .as_mut()
+            .poll_any(&mut cx, |_, out| shown = Some(*out))
         else {
             panic!("ready");
         };
         assert_eq!((output, from.attempt, shown), (7, 1, Some(7)));
         assert_eq!(copies.len(), 0);
-    }
-
-    #[tokio::test]
-    async fn a_first_copy_pinned_outside_is_polled_when_lent_and_counted_until_it_leaves() {
-        type Boxed = Pin<Box<dyn Future<Output = u32> + Send>>;
-        let mut copies: Pin<Box<Copies<Boxed>>> = Box::pin(Copies::outside(sent(1)));
-        assert_eq!((copies.len(), copies.first_outside()), (1, true));
-        copies.as_mut().push(Box::pin(pending()), sent(2));
-        let mut cx = Context::from_waker(Waker::noop());
-        // Not lent: not polled, still pending.
-        assert!(copies
-            .as_mut()
-            .poll_any(no_outside(), &mut cx, |_, _| ())
-            .is_pending());
-        let mut first = pin!(ready(1u32));
-        let Poll::Ready((output, from)) =
-            copies
-                .as_mut()
-                .poll_any(Some(first.as_mut()), &mut cx, |_, _| {
-                    panic!("the first copy has no span to show")
-                })
-        else {
-            panic!("the first copy is ready");
-        };
-        assert_eq!((output, from.attempt), (1, 1));
-        assert_eq!((copies.len(), copies.first_outside()), (1, false));
-    }
-
-    #[tokio::test]
-    async fn cancelling_tells_of_a_first_copy_pinned_outside_and_lets_it_go() {
-        let mut copies = Box::pin(Copies::<std::future::Pending<u32>>::outside(sent(1)));
-        let mut cancelled = Vec::new();
-        copies.as_mut().cancel(|sent| cancelled.push(sent.attempt));
-        assert_eq!(cancelled, vec![1]);
-        assert_eq!((copies.len(), copies.first_outside()), (0, false));
     }
 }

@@ -1,0 +1,186 @@
+//! One `on_retry` closure, the same function, on every front-end: the
+//! generic layer, the HTTP layer over reqwest and over hyper-util, the
+//! reqwest-middleware middleware and `retry(..)`. Each call sees the attempt
+//! that failed, the delay, the cause, and the outcome being retried.
+#![cfg(all(feature = "reqwest-middleware", feature = "hyper"))]
+
+mod http_server;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::{service_fn, Layer, ServiceExt};
+use tower_backoff::events::{Outcome, RetryArgs};
+use tower_backoff::http::{BackoffMiddleware, BufferedBody, HttpRetryLayer};
+use tower_backoff::{retry, BackoffLayer, Cause, Constant, Jitter};
+
+use http_server::{status, Server};
+
+/// What the hook saw of one retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    attempt: u32,
+    delay: Duration,
+    cause: Cause,
+    replaced: String,
+}
+
+type Log = Arc<Mutex<Vec<Seen>>>;
+
+/// The one hook: it reads the outcome as whichever front-end's types it is.
+fn hook(log: &Log) -> impl Fn(&RetryArgs, Outcome<'_>) + Clone + Send + Sync + 'static {
+    let log = log.clone();
+    move |retry, outcome| {
+        let replaced = if let Some(response) = outcome.response::<reqwest::Response>() {
+            format!("status {}", response.status().as_u16())
+        } else if let Some(response) =
+            outcome.response::<http::Response<BufferedBody<hyper::body::Incoming>>>()
+        {
+            format!("status {}", response.status().as_u16())
+        } else if let Some(error) = outcome.error::<std::io::Error>() {
+            format!("error {error}")
+        } else {
+            format!("unknown {:?}", outcome.kind())
+        };
+        log.lock().unwrap().push(Seen {
+            attempt: retry.attempt(),
+            delay: retry.delay(),
+            cause: retry.cause(),
+            replaced,
+        });
+    }
+}
+
+const STEP: Duration = Duration::from_millis(5);
+
+fn seen_one_503(log: &Log) {
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].attempt, 1);
+    assert_eq!(seen[0].delay, STEP);
+    assert_eq!(seen[0].replaced, "status 503");
+    assert_eq!(
+        seen[0].cause,
+        Cause::Throttled,
+        "the HTTP policy calls a 503 throttling"
+    );
+}
+
+async fn flaky_server() -> Server {
+    Server::start(|n, _| status(if n == 0 { 503 } else { 200 })).await
+}
+
+#[tokio::test]
+async fn the_generic_layer_s_hook_sees_the_error_being_retried() {
+    let log = Log::default();
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .on_retry(hook(&log))
+        .build()
+        .unwrap();
+    let calls = Arc::new(Mutex::new(0));
+    let svc = layer.layer(service_fn(move |()| {
+        let n = {
+            let mut calls = calls.lock().unwrap();
+            *calls += 1;
+            *calls
+        };
+        async move {
+            match n {
+                1 => Err(std::io::Error::other("busy")),
+                _ => Ok::<_, std::io::Error>(n),
+            }
+        }
+    }));
+    assert_eq!(svc.oneshot(()).await.unwrap(), 2);
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [Seen {
+            attempt: 1,
+            delay: STEP,
+            cause: Cause::Transient,
+            replaced: "error busy".into()
+        }]
+    );
+}
+
+fn http_layer(log: &Log) -> HttpRetryLayer {
+    HttpRetryLayer::builder()
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .on_retry(hook(log))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_http_layer_s_hook_sees_the_reqwest_response_being_retried() {
+    let server = flaky_server().await;
+    let log = Log::default();
+    let svc = http_layer(&log).layer(reqwest::Client::new());
+    let request = reqwest::Request::new(reqwest::Method::GET, server.url("/").parse().unwrap());
+    assert_eq!(svc.oneshot(request).await.unwrap().status(), 200);
+    seen_one_503(&log);
+}
+
+#[tokio::test]
+async fn the_http_layer_s_hook_sees_the_hyper_response_being_retried() {
+    let server = flaky_server().await;
+    let log = Log::default();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let svc = http_layer(&log).layer(client);
+    let request = http::Request::get(server.url("/"))
+        .body(Full::default())
+        .unwrap();
+    assert_eq!(svc.oneshot(request).await.unwrap().status(), 200);
+    seen_one_503(&log);
+}
+
+#[tokio::test]
+async fn the_middleware_s_hook_sees_the_response_being_retried() {
+    let server = flaky_server().await;
+    let log = Log::default();
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(BackoffMiddleware::from(http_layer(&log)))
+        .build();
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    seen_one_503(&log);
+}
+
+#[tokio::test]
+async fn retry_fn_s_hook_sees_the_error_being_retried() {
+    let log = Log::default();
+    let mut calls = 0;
+    let result = retry(|| {
+        calls += 1;
+        let n = calls;
+        async move {
+            match n {
+                1 => Err(std::io::Error::other("busy")),
+                _ => Ok(n),
+            }
+        }
+    })
+    .schedule(Constant::new(STEP))
+    .jitter(Jitter::None)
+    .on_retry(hook(&log))
+    .await;
+    assert_eq!(result.unwrap(), 2);
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [Seen {
+            attempt: 1,
+            delay: STEP,
+            cause: Cause::Transient,
+            replaced: "error busy".into()
+        }]
+    );
+}
