@@ -29,6 +29,7 @@ pub mod error;
 pub mod events;
 pub mod future;
 pub mod hedge;
+mod hedged;
 mod jitter;
 mod layer;
 mod limits;
@@ -45,6 +46,7 @@ mod stats;
 #[doc(hidden)]
 pub mod sync;
 pub mod timer;
+mod transitions;
 
 pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
 pub use budget::{Budget, RatioBudget, TokenBucket};

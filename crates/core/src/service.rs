@@ -16,9 +16,10 @@ use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::Decision;
 use crate::events::{Event, RejectArgs};
-use crate::future::{Attempt, RequestLimits, ResponseFuture};
+use crate::future::ResponseFuture;
 use crate::policy::{ClassifyFn, Policy, RetryIf, RetryLimits, RetryOnError};
 use crate::send::{pacing_stamp, poll_ready_to_send};
+use crate::transitions::{Attempt, RequestLimits};
 
 /// Retries requests to `S` that policy `P` classifies as transient failures,
 /// sleeping between attempts as the layer's schedule and jitter say.

@@ -67,6 +67,7 @@
 //!
 //! Each copy sent, won and cancelled is an [`Event::Hedge`](crate::events::Event::Hedge).
 
+mod attempt;
 mod cap;
 mod copies;
 mod latency;
@@ -78,6 +79,7 @@ use tokio::time::Instant;
 
 use crate::error::{check_duration, ConfigError};
 
+pub(crate) use attempt::{ask_again, longest, start_hedging, Answered, Failed, NextHedge};
 pub(crate) use cap::LoadCap;
 pub(crate) use copies::{Copies, CopySent};
 use latency::Latencies;
