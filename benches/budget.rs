@@ -71,8 +71,8 @@ fn budgets() -> Vec<(&'static str, Box<dyn Pair>)> {
         ("tower TpsBudget", Box::new(TpsBudget::default())),
         ("RatioBudget", Box::new(RatioBudget::new())),
         ("TokenBucket", Box::new(TokenBucket::new())),
-        // The bucket a layer built with no budget option gets: at its floor,
-        // too small to shard (a full shard could not pay a timeout retry)...
+        // The bucket a layer built with no budget option gets: at its
+        // floor...
         (
             "TokenBucket::fleet_safe (layer default)",
             Box::new(TokenBucket::fleet_safe(3)),
