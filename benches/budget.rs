@@ -1,9 +1,9 @@
 //! Cost of one deposit plus one withdrawal, from one thread and from two
 //! threads sharing the budget, for our budgets (and the token bucket a layer
 //! builds by default) and tower's `TpsBudget`, in the same run. Controls say
-//! what the machine gives: a clock read alone (tokio's, and the kernel's
-//! coarse clock), and work that shares no memory, on one thread and on two
-//! (on two free cores it takes as long on both).
+//! what the machine gives: a clock read alone (tokio's), and work that shares
+//! no memory, on one thread and on two (on two free cores it takes as long on
+//! both).
 //!
 //! `cargo bench --bench budget -- --warm-up-time 1 --measurement-time 3`
 
@@ -59,20 +59,14 @@ impl Pair for SharesNothing {
     }
 }
 
-/// `CLOCK_MONOTONIC_COARSE`, as `RatioBudget` reads it.
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn coarse_clock() -> rustix::time::Timespec {
-    rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse)
-}
-
 /// The same configuration for both ratio budgets: 20% over 10 s, 10/s floor.
 fn budgets() -> Vec<(&'static str, Box<dyn Pair>)> {
     vec![
         ("tower TpsBudget", Box::new(TpsBudget::default())),
         ("RatioBudget", Box::new(RatioBudget::new())),
         ("TokenBucket", Box::new(TokenBucket::new())),
-        // The bucket a layer built with no budget option gets: at its floor,
-        // too small to shard (a full shard could not pay a timeout retry)...
+        // The bucket a layer built with no budget option gets: at its
+        // floor...
         (
             "TokenBucket::fleet_safe (layer default)",
             Box::new(TokenBucket::fleet_safe(3)),
@@ -112,17 +106,10 @@ fn one_thread(c: &mut Criterion) {
             b.iter(|| black_box(budget.pair()))
         });
     }
-    // What TpsBudget pays twice a pair.
+    // What TpsBudget and RatioBudget each pay twice a pair.
     group.bench_function(BenchmarkId::from_parameter("control: clock read"), |b| {
         b.iter(tokio::time::Instant::now)
     });
-    // What RatioBudget pays twice a pair instead, for all but the last tick
-    // or two of each tenth of its window.
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    group.bench_function(
-        BenchmarkId::from_parameter("control: coarse clock read"),
-        |b| b.iter(coarse_clock),
-    );
     group.finish();
 }
 

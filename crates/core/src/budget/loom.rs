@@ -4,7 +4,6 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::budget::token_bucket::shards::Shards;
 use crate::budget::{Budget, Earn, RatioBudget, TokenBucket};
 use crate::decision::Cause;
 
@@ -78,142 +77,98 @@ fn token_bucket_refill_is_paid_once_per_millisecond() {
     });
 }
 
-/// Two threads gathering across the two shards (3 tokens each) for a
-/// withdrawal of 5 that neither shard can pay alone: at most one is paid;
-/// both may be refused when each gathered part (the documented spurious
-/// refusal), but then everything gathered is back. Never a token made or
-/// lost.
+/// A refund that finds the bucket full writes nothing, racing a
+/// withdrawal that makes room: whatever the order, the room that withdrawal
+/// made is not lost, and a later refund fills it.
 #[test]
-fn shards_gathering_at_once_never_overdraw_nor_lose_a_token() {
+fn token_bucket_room_made_while_a_refund_finds_it_full_is_not_lost() {
     loom::model(|| {
-        let shards = Arc::new(Shards::new(2, 6, 10));
-        let other = {
-            let shards = shards.clone();
-            thread::spawn(move || shards.take(5, 1))
-        };
-        let mine = shards.take(5, 0);
-        let granted = u64::from(mine) + u64::from(other.join().unwrap());
-        assert!(granted <= 1, "two withdrawals of 5 from 6 tokens");
-        assert_eq!(shards.total() + 5 * granted, 6, "{:?}", shards.each());
-    });
-}
-
-/// A deposit that spills into the shard a withdrawal gathers from: every
-/// token is either taken by the withdrawal or still in a shard.
-#[test]
-fn shards_spilling_into_a_shard_being_gathered_from_keep_every_token() {
-    loom::model(|| {
-        let shards = Arc::new(Shards::new(2, 5, 10)); // 3 and 2
-        let deposit = {
-            let shards = shards.clone();
-            thread::spawn(move || shards.put(4, || 1)) // 3 fit, 1 spills
-        };
-        let taken = shards.take(4, 0); // 3 here, the rest from shard 1
-        deposit.join().unwrap();
-        assert!(taken, "the bucket held 5 or more throughout");
-        assert_eq!(shards.total(), 5 + 4 - 4, "{:?}", shards.each());
-    });
-}
-
-/// A deposit that finds every shard full lowers the room flag, racing a
-/// withdrawal that empties a shard behind its walk: whatever the order,
-/// the room that withdrawal made is not lost, and a later deposit fills it.
-#[test]
-fn shards_room_made_while_a_deposit_finds_them_full_is_not_lost() {
-    loom::model(|| {
-        let shards = Arc::new(Shards::new(2, 10, 10)); // full
+        let bucket = Arc::new(bucket(10, 0)); // full
         let withdrawal = {
-            let shards = shards.clone();
-            thread::spawn(move || assert!(shards.take(5, 0)))
+            let bucket = bucket.clone();
+            thread::spawn(move || assert!(bucket.try_retry(Cause::Transient)))
         };
-        shards.put(1, || 1);
+        bucket.on_success(None);
         withdrawal.join().unwrap();
-        shards.put(5, || 1);
-        assert_eq!(shards.total(), 10, "{:?}", shards.each());
+        bucket.on_success(Some(Cause::Transient));
+        assert_eq!(bucket.available(), 10);
     });
 }
 
-/// A refund racing a deposit that finds every shard full: the withdrawal
-/// it refunds made room behind that deposit's walk, so the refund is not
-/// dropped while the deposit checks whether the bucket is full.
+/// A refund racing a retry and that retry's own refund, in a full bucket:
+/// the retry's cost comes back whichever order they run in.
 #[test]
-fn shards_refund_racing_a_deposit_that_finds_them_full_is_kept() {
+fn token_bucket_refund_racing_a_refund_into_a_full_bucket_is_kept() {
     loom::model(|| {
-        let shards = Arc::new(Shards::new(2, 10, 10)); // full
+        let bucket = Arc::new(bucket(10, 0)); // full
         let retry = {
-            let shards = shards.clone();
+            let bucket = bucket.clone();
             thread::spawn(move || {
-                assert!(shards.take(5, 0));
-                shards.put(5, || 0); // its success gives the cost back
+                assert!(bucket.try_retry(Cause::Transient));
+                bucket.on_success(Some(Cause::Transient)); // its cost back
             })
         };
-        shards.put(1, || 1);
+        bucket.on_success(None);
         retry.join().unwrap();
-        assert_eq!(shards.total(), 10, "{:?}", shards.each());
+        assert_eq!(bucket.available(), 10);
     });
 }
 
-/// The same race with a capacity that grows: a deposit that lowers the flag
-/// on the old capacity does not hide the room the new one makes.
+/// A capacity that grows, racing a refund that finds the bucket full at
+/// the old one: the room the new capacity makes is not lost.
 #[test]
-fn shards_room_made_by_a_larger_capacity_is_not_lost() {
+fn token_bucket_room_made_by_a_larger_capacity_is_not_lost() {
     loom::model(|| {
-        let shards = Arc::new(Shards::new(2, 10, 10)); // full
-        let resize = {
-            let shards = shards.clone();
-            thread::spawn(move || shards.resize(20, 2))
+        let bucket = Arc::new(bucket(10, 0)); // full
+        let grow = {
+            let bucket = bucket.clone();
+            thread::spawn(move || bucket.resize(20_000))
         };
-        shards.put(1, || 1);
-        resize.join().unwrap();
-        shards.put(10, || 0);
-        assert_eq!(shards.total(), 20, "{:?}", shards.each());
+        bucket.on_success(None);
+        grow.join().unwrap();
+        bucket.on_success(Some(Cause::Transient));
+        bucket.on_success(Some(Cause::Transient));
+        assert_eq!(bucket.available(), 20);
     });
 }
 
-/// A deposit that read the size before a resize took a second shard into
-/// use, racing that resize: wherever its write lands, before the resize cuts
-/// its shard to the new share or after, the bucket ends within its capacity,
-/// and no room is lost.
+/// A capacity falling (a grown capacity decaying), racing a refund that
+/// read the old capacity: wherever the refund's write lands, before the
+/// fall cuts the tokens or after, the bucket ends within the new capacity,
+/// and nothing above it comes back when the capacity grows again.
 #[test]
-fn shards_deposit_racing_a_resize_into_more_shards_keeps_the_bound() {
+fn token_bucket_refund_racing_a_smaller_capacity_keeps_the_bound() {
     loom::model(|| {
-        // One shard of two in use, 15 of 19 in it.
-        let shards = Arc::new(Shards::growing(2, 1, 15, 19));
-        let before = shards.size();
-        let resize = {
-            let shards = shards.clone();
-            thread::spawn(move || shards.resize(20, 2)) // shares of 10
-        };
-        shards.put_into(4, 0, before); // up to the share it read, 19
-        resize.join().unwrap();
-        assert!(shards.total() <= 20, "{:?}", shards.each());
-        shards.put(20, || 1);
-        assert_eq!(shards.total(), 20, "{:?}", shards.each());
-    });
-}
-
-/// A capacity falling back to its floor (a grown capacity decaying), racing
-/// a withdrawal on another shard: the withdrawal is paid from tokens that
-/// existed, the bucket ends within the smaller capacity, and no token is
-/// made on the way.
-#[test]
-fn shards_withdrawal_racing_a_smaller_capacity_never_overdraws() {
-    loom::model(|| {
-        // Two shards of 10, full.
-        let shards = Arc::new(Shards::growing(2, 2, 20, 20));
+        let bucket = Arc::new(bucket(20, 0));
+        assert!(bucket.try_retry(Cause::Transient)); // 15 of 20
         let shrink = {
-            let shards = shards.clone();
-            thread::spawn(move || shards.resize(6, 1))
+            let bucket = bucket.clone();
+            thread::spawn(move || bucket.resize(6_000))
         };
-        let taken = shards.take(5, 1);
+        bucket.deposit(4_000);
         shrink.join().unwrap();
-        let left = shards.total();
-        assert!(left <= 6, "{:?}", shards.each());
-        assert!(
-            left + if taken { 5 } else { 0 } <= 20,
-            "{:?}",
-            shards.each()
-        );
+        assert_eq!(bucket.available(), 6);
+        bucket.resize(20_000);
+        assert_eq!(bucket.available(), 6, "what was above 6 is gone");
+    });
+}
+
+/// A capacity falling, racing a withdrawal: the withdrawal is paid from
+/// tokens that existed, the bucket ends within the smaller capacity, and no
+/// token is made on the way.
+#[test]
+fn token_bucket_withdrawal_racing_a_smaller_capacity_never_overdraws() {
+    loom::model(|| {
+        let bucket = Arc::new(bucket(20, 0)); // full
+        let shrink = {
+            let bucket = bucket.clone();
+            thread::spawn(move || bucket.resize(6_000))
+        };
+        let taken = bucket.try_retry(Cause::Transient);
+        shrink.join().unwrap();
+        let left = bucket.available();
+        assert!(left <= 6, "{left}");
+        assert!(left + if taken { 5 } else { 0 } <= 20, "{left}");
     });
 }
 

@@ -48,9 +48,9 @@
 //!   through shared pacing store exactly what they store with no budget.
 //! - **Conflicts** cost nothing: 100 clients racing on one record make the
 //!   same write calls as with no budget.
-//! - **Happy path**: a success that finds the bucket full reads two
-//!   atomics (whether its traffic is being measured, and whether the bucket
-//!   is full) and writes none; no clock.
+//! - **Happy path**: a success that finds the bucket full reads three
+//!   atomics (whether its traffic is being measured, and the bucket's
+//!   tokens and capacity) and writes none; no clock.
 //!
 //! Pass [`TokenBucket::new`] (the AWS SDKs' standard mode) or a
 //! [`RatioBudget`] to cap the extra load at a fixed share instead; share one
@@ -159,9 +159,9 @@ impl<B: Budget + ?Sized> Budget for &'static B {
 
 /// The budget a layer of `max_attempts` gets when it is given none: a
 /// [`TokenBucket::fleet_safe`] (see [the module docs](self) for why). On the happy path it costs
-/// two relaxed loads: `on_first_attempt` is empty, a success is counted only
-/// while a measurement of the traffic is open, and its refund finds the
-/// bucket flagged full.
+/// three relaxed loads: `on_first_attempt` is empty, a success is counted
+/// only while a measurement of the traffic is open, and its refund finds the
+/// bucket full.
 pub(crate) fn default_budget(max_attempts: u32) -> TokenBucket {
     TokenBucket::fleet_safe(max_attempts)
 }

@@ -10,7 +10,6 @@ use crate::error::ConfigError;
 use crate::sync::{AtomicU64, Ordering};
 
 mod clock;
-mod coarse;
 
 use clock::SlotClock;
 
@@ -71,30 +70,17 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// so two retries can never both take the last place.
 ///
 /// # The clock
-/// Every operation needs the slot the clock is in. The clock is
-/// `tokio::time::Instant`, so a paused test clock drives the window. Reading
-/// it would cost more than the rest of an operation, so each thread
-/// remembers which slot it last found and, where tokio's clock is the real
-/// one and cannot be paused (outside any runtime, or on a multi-thread
-/// runtime), until when the kernel's coarse clock (`CLOCK_MONOTONIC_COARSE`
-/// on Linux and Android: 7 ns a read against 24, at most a timer tick of 1
-/// to 10 ms behind) proves the real clock is still in that slot. There, for
-/// all but the last tick or two of each slot, an operation reads only the
-/// coarse clock. Otherwise (the end of a slot, a current-thread runtime,
-/// whose clock may be paused, other systems) it reads tokio's clock.
+/// Every operation needs the slot the clock is in, and reads
+/// `tokio::time::Instant` for it, so a paused test clock drives the window.
 ///
 /// # Accuracy
 /// The bound is exact within each tenth of the window: an operation counts
 /// in the slot the clock was in when its thread read it. When the clock
-/// moves on between that read and the count (a thread preempted there, or a
-/// timer tick the kernel handles late, which holds the coarse clock back the
-/// same way), an earning counts in the slot before, and leaves the window a
-/// tenth early, which only refuses more; a retry is checked against the
-/// window its thread read, and leaves a tenth early too: at most one extra
-/// retry per such thread. And a thread that found its slot outside any
-/// runtime keeps counting in it until the real clock leaves it, a tenth of
-/// the window at most, even if it then runs a runtime with a paused clock
-/// advanced past that slot.
+/// moves on between that read and the count (a thread preempted there), an
+/// earning counts in the slot before, and leaves the window a tenth early,
+/// which only refuses more; a retry is checked against the window its thread
+/// read, and leaves a tenth early too: at most one extra retry per such
+/// thread.
 ///
 /// ```
 /// use tower_backoff_core::budget::{Budget, RatioBudget};

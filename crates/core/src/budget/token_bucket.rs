@@ -10,11 +10,6 @@ use crate::error::ConfigError;
 use crate::limits::{DEFAULT_MAX_ATTEMPTS, UNLIMITED_ATTEMPTS};
 use crate::sync::{AtomicU64, Ordering};
 
-mod home;
-pub(in crate::budget) mod shards;
-
-use shards::Shards;
-
 /// Tokens are kept in thousandths, so a refill of a few tokens per second
 /// accrues exactly, millisecond by millisecond, with integers only.
 const MILLI: u64 = 1000;
@@ -57,27 +52,17 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// with no lock; a refill reads the clock only when one is configured.
 ///
 /// # Under contention
-/// The tokens are spread over shards of a cache line each, one per CPU (up
-/// to 16), and each thread turns to its own shard first, so threads that
-/// retry at once mostly write different lines, not all the same one. The
-/// bound stays exact: every move of tokens is one atomic step on one shard,
-/// so no race creates a token, and each shard holds at most its share of the
-/// capacity. A withdrawal its own shard cannot pay gathers from the others;
-/// a refund its own shard cannot hold spills into them, so one thread alone
-/// can still fill the whole capacity, and sees exactly one counter. A race
-/// errs on the side of refusing: two withdrawals gathering at once can each
-/// hold part of what one needed, and both give it back and are refused. A
-/// full bucket is marked as such, so a refund into it is still one read.
-/// A bucket uses no more shards than can each pay its dearest retry from a
-/// full share of its [`capacity`](TokenBucketBuilder::capacity), so one with
-/// little (such as [`fleet_safe`](Self::fleet_safe)'s floor of a few
-/// retries) starts on as many shards as it has retries. One that
-/// [grows with traffic](TokenBucketBuilder::grow_with_traffic) makes room
-/// for a shard per CPU when it is built (128 bytes each) and takes them into
-/// use as its capacity comes to pay for them: the busy layer, whose retries
-/// contend, is the one whose capacity grew. It never goes back to fewer; a
-/// capacity that falls again splits over the same shards, and a retry one
-/// share cannot pay gathers.
+/// The tokens are one atomic word, and every move of them (a retry paid, a
+/// refund, a refill) is one compare-and-swap on it, so no race creates or
+/// loses a token, and threads racing for the last tokens never both get
+/// them. Threads that retry at once all write that one word, so they take
+/// turns on its cache line; a retry is a request over the network, which
+/// costs far more. A refund into a full bucket writes nothing.
+///
+/// The capacity is a second word, written only when it
+/// [grows with traffic](TokenBucketBuilder::grow_with_traffic) or falls
+/// back: a refund that raced a fall reads it again after it landed and
+/// gives up what it put above it, so the bucket ends within its capacity.
 ///
 /// ```
 /// use tower_backoff_core::budget::{Budget, TokenBucket};
@@ -92,9 +77,13 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 pub struct TokenBucket {
-    /// Thousandths of a token, and the capacity in thousandths, which moves
-    /// only when it [grows with traffic](TokenBucketBuilder::grow_with_traffic).
-    tokens: Shards,
+    /// Thousandths of a token: every move of them is one read-modify-write
+    /// of this word.
+    tokens: AtomicU64,
+    /// The most `tokens` holds, in thousandths. Moves only when it
+    /// [grows with traffic](TokenBucketBuilder::grow_with_traffic); a word of
+    /// its own, as two amounts of up to 2^50 thousandths do not fit in one.
+    capacity: AtomicU64,
     retry_cost: u64,
     timeout_cost: u64,
     throttled_cost: u64,
@@ -216,13 +205,13 @@ impl TokenBucket {
     /// Another bucket with the same settings, as this one was when it was
     /// built: what each host of a per-host stack gets.
     pub fn fresh(&self) -> Self {
-        let capacity = self
-            .growth
-            .as_ref()
-            .map_or_else(|| self.tokens.capacity(), |growth| growth.floor);
-        let in_use = Shards::count_for(capacity, self.dearest()).min(self.tokens.most());
+        let capacity = self.growth.as_ref().map_or_else(
+            || self.capacity.load(Ordering::Relaxed),
+            |growth| growth.floor,
+        );
         TokenBucket {
-            tokens: Shards::growing(self.tokens.most(), in_use, self.initial, capacity),
+            tokens: AtomicU64::new(self.initial),
+            capacity: AtomicU64::new(capacity),
             retry_cost: self.retry_cost,
             timeout_cost: self.timeout_cost,
             throttled_cost: self.throttled_cost,
@@ -237,19 +226,25 @@ impl TokenBucket {
         }
     }
 
-    /// Whole tokens in the bucket now: the sum of its shards, read one after
-    /// another, so a withdrawal moving tokens between them at that moment
-    /// can be missed halfway (see [Under contention](Self#under-contention)).
+    /// Whole tokens in the bucket now.
     pub fn available(&self) -> u64 {
         self.refill_now();
         self.decay();
-        self.tokens.total() / MILLI
+        self.held() / MILLI
+    }
+
+    /// Thousandths of a token held now, never above the capacity: a refund
+    /// that raced a fall of the capacity may hold more for a moment, until
+    /// it reads the capacity again (see `recheck`).
+    fn held(&self) -> u64 {
+        let tokens = self.tokens.load(Ordering::Relaxed);
+        tokens.min(self.capacity.load(Ordering::Relaxed))
     }
 
     /// The most tokens the bucket holds now.
     pub fn capacity(&self) -> u64 {
         self.decay();
-        self.tokens.capacity() / MILLI
+        self.capacity.load(Ordering::Relaxed) / MILLI
     }
 
     fn cost(&self, cause: Cause) -> u64 {
@@ -271,13 +266,20 @@ impl TokenBucket {
     /// starts from the same state every run.
     #[cfg(all(test, tower_backoff_loom))]
     pub(crate) fn empty(&self) {
-        self.tokens.empty();
+        self.tokens.store(0, Ordering::Relaxed);
     }
 
     /// Takes `amount` out if the bucket holds that much.
     fn withdraw(&self, amount: u64) -> bool {
         self.decay();
-        let taken = self.tokens.take(amount, home::index());
+        // One location, read-modify-write: the compare-and-swap alone makes
+        // it exact.
+        let taken = self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
+                tokens.checked_sub(amount)
+            })
+            .is_ok();
         if let (true, Some(growth)) = (taken, &self.growth) {
             growth.start_measuring();
         }
@@ -286,10 +288,42 @@ impl TokenBucket {
 
     /// Puts `amount` back, up to the capacity.
     #[inline]
-    fn deposit(&self, amount: u64) {
-        // A healthy service keeps the bucket full: then a refund is one read
-        // of a line no thread writes, and picks no shard.
-        self.tokens.put(amount, home::index);
+    pub(in crate::budget) fn deposit(&self, amount: u64) {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        if self.put(amount, capacity) {
+            self.recheck(capacity);
+        }
+    }
+
+    /// Puts `amount` back, up to `capacity`; whether anything was written.
+    /// A healthy service keeps the bucket full: then a refund is two reads
+    /// and no write.
+    #[inline]
+    fn put(&self, amount: u64, capacity: u64) -> bool {
+        // Acquire: see `recheck`.
+        self.tokens
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |tokens| {
+                // Saturating: a refill owed for a long idle spell can be any
+                // size.
+                (tokens < capacity).then(|| tokens.saturating_add(amount).min(capacity))
+            })
+            .is_ok()
+    }
+
+    /// A deposit filled the bucket up to `read`, the capacity it read
+    /// first: if the capacity fell since, its write may have landed after
+    /// the fall cut the tokens, so it cuts them again. Its write read from
+    /// that cut (acquire), or from a later write, which continues the cut's
+    /// release sequence as every write of the tokens is a read-modify-write;
+    /// so it reads the new capacity here. Or it came before the cut, which
+    /// then cut what it put. Without this, the tokens above a fallen
+    /// capacity would come back when it grows again.
+    #[inline]
+    fn recheck(&self, read: u64) {
+        let capacity = self.capacity.load(Ordering::Relaxed);
+        if capacity < read {
+            self.tokens.fetch_min(capacity, Ordering::Relaxed);
+        }
     }
 
     /// A first attempt succeeded: counted by an open measurement of a
@@ -309,7 +343,7 @@ impl TokenBucket {
     fn decay(&self) {
         if let Some(growth) = &self.growth {
             let capacity = growth.capacity_now();
-            if capacity < self.tokens.capacity() {
+            if capacity < self.capacity.load(Ordering::Relaxed) {
                 self.resize(capacity);
             }
         }
@@ -319,16 +353,12 @@ impl TokenBucket {
     /// holds beyond it: tokens banked while traffic was higher are not a
     /// share of the traffic now.
     #[cold]
-    fn resize(&self, capacity: u64) {
-        // A capacity that grew may pay for more shards.
-        let wanted = Shards::count_for(capacity, self.dearest());
-        self.tokens.resize(capacity, wanted);
-    }
-
-    /// What the dearest retry costs, in thousandths: what a shard's share
-    /// must pay alone.
-    fn dearest(&self) -> u64 {
-        dearest(self.retry_cost, self.timeout_cost, self.throttled_cost)
+    pub(in crate::budget) fn resize(&self, capacity: u64) {
+        self.capacity.store(capacity, Ordering::Relaxed);
+        // Release: a deposit that read the capacity before this store and
+        // lands after this cut reads the new one when it checks (see
+        // `recheck`).
+        self.tokens.fetch_min(capacity, Ordering::Release);
     }
 
     fn refill_now(&self) {
@@ -481,11 +511,6 @@ impl Growth {
     }
 }
 
-/// The dearest of a bucket's three costs, in whatever unit they are given.
-fn dearest(retry: u64, timeout: u64, throttled: u64) -> u64 {
-    retry.max(timeout).max(throttled)
-}
-
 impl Default for TokenBucket {
     fn default() -> Self {
         TokenBucketBuilder::default()
@@ -502,7 +527,7 @@ impl Budget for TokenBucket {
     fn would_allow(&self, cause: Cause) -> bool {
         self.refill_now();
         self.decay();
-        self.tokens.holds(self.cost(cause), home::index())
+        self.held() >= self.cost(cause)
     }
 
     fn try_retry(&self, cause: Cause) -> bool {
@@ -525,7 +550,7 @@ impl Budget for TokenBucket {
 impl fmt::Debug for TokenBucket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TokenBucket")
-            .field("available", &(self.tokens.total() / MILLI))
+            .field("available", &(self.held() / MILLI))
             .field("capacity", &self.capacity())
             .field("retry_cost", &(self.retry_cost / MILLI))
             .field("timeout_cost", &(self.timeout_cost / MILLI))
@@ -717,17 +742,9 @@ impl TokenBucketBuilder {
             )),
         };
         let refill = (self.refill_per_second > 0).then(|| Refill::starting(self.refill_per_second));
-        let dearest = dearest(self.retry_cost, self.timeout_cost, throttled_cost);
-        let in_use = Shards::count_for(self.capacity, dearest);
-        // A capacity that grows with traffic may come to pay for a shard per
-        // CPU: room for them is made now, and they are taken into use as it
-        // grows (a busy layer is the one whose retries contend).
-        let most = match growth {
-            Some(_) => Shards::count_for(MAX_TOKENS, dearest),
-            None => in_use,
-        };
         Ok(TokenBucket {
-            tokens: Shards::growing(most, in_use, initial * MILLI, self.capacity * MILLI),
+            tokens: AtomicU64::new(initial * MILLI),
+            capacity: AtomicU64::new(self.capacity * MILLI),
             retry_cost: self.retry_cost * MILLI,
             timeout_cost: self.timeout_cost * MILLI,
             throttled_cost: throttled_cost * MILLI,
@@ -794,32 +811,26 @@ mod tests {
         );
     }
 
-    /// A default bucket for two attempts starts on one shard (its floor of
-    /// one token pays one retry), takes a shard per CPU into use once the
-    /// traffic it measured grows its capacity, and keeps them when the
-    /// capacity falls back to its floor; alone, a thread still sees one
-    /// counter.
+    /// A default bucket for two attempts grows its capacity with the
+    /// traffic it measured, a fresh copy starts on its floor, and once the
+    /// capacity falls back to the floor the bucket holds exactly the floor.
     #[tokio::test(start_paused = true)]
-    async fn a_capacity_that_grows_takes_more_shards_into_use_and_keeps_them() {
-        let per_cpu = Shards::count_for(u64::MAX, 1);
+    async fn a_capacity_that_grows_then_falls_back_holds_exactly_its_floor() {
         let bucket = TokenBucket::fleet_safe(2);
-        assert_eq!((bucket.tokens.in_use(), bucket.tokens.most()), (1, per_cpu));
-        // 1,000 first-try successes a second: 1,000 retries, enough for a
-        // shard per CPU to pay one.
+        // 1,000 first-try successes a second: 1,000 retries.
         assert!(bucket.try_retry(Cause::Transient));
         for _ in 0..1024 {
             tokio::time::advance(std::time::Duration::from_millis(1)).await;
             bucket.on_success(None);
         }
         assert_eq!(bucket.capacity(), 1000);
-        assert_eq!(bucket.tokens.in_use(), per_cpu);
         assert_eq!(
-            bucket.fresh().tokens.in_use(),
+            bucket.fresh().capacity(),
             1,
-            "a fresh copy starts on its floor's"
+            "a fresh copy starts on its floor"
         );
-        // The traffic falls to 1 a second: back to the floor, on the same
-        // shards, holding exactly the floor in all.
+        // The traffic falls to 1 a second: back to the floor, holding exactly
+        // the floor.
         for _ in 0..1000 {
             bucket.on_success(None);
         }
@@ -829,9 +840,8 @@ mod tests {
             bucket.on_success(None);
         }
         assert_eq!(bucket.capacity(), 1);
-        assert_eq!(bucket.tokens.in_use(), per_cpu, "never fewer again");
         assert_eq!(bucket.available(), 1);
-        // The whole floor, wherever it lies, pays one retry.
+        // The whole floor pays one retry.
         assert!(bucket.try_retry(Cause::Timeout));
         assert_eq!(bucket.available(), 0);
         assert!(!bucket.try_retry(Cause::Transient));
@@ -846,20 +856,31 @@ mod tests {
         assert_eq!(bucket.available(), 7 + 10, "after a retry: its cost");
     }
 
-    /// Weighing a retry at a capacity that has not fallen resizes nothing:
-    /// a full bucket stays marked full, so the refund after it is still one
-    /// read and no shard is written.
+    /// Weighing a retry at a capacity that has not fallen leaves a full
+    /// bucket as it was.
     #[tokio::test(start_paused = true)]
-    async fn weighing_a_retry_at_an_unchanged_capacity_leaves_a_full_bucket_marked_full() {
+    async fn weighing_a_retry_at_an_unchanged_capacity_leaves_a_full_bucket_full() {
         let bucket = TokenBucket::fleet_safe(3);
         bucket.on_success(None);
-        assert!(
-            bucket.tokens.says_full(),
-            "a refund into a full bucket marks it"
-        );
         assert!(bucket.would_allow(Cause::Transient));
         assert_eq!((bucket.capacity(), bucket.available()), (2, 2));
-        assert!(bucket.tokens.says_full(), "still marked full");
+    }
+
+    /// A refund that read the capacity before it fell, landing after the
+    /// fall cut the tokens, gives up what it put above the new capacity: it
+    /// does not come back when the capacity grows again.
+    #[test]
+    fn a_refund_that_read_a_capacity_since_fallen_gives_up_what_is_above_it() {
+        let bucket = TokenBucket::builder().capacity(20).build().unwrap();
+        bucket.resize(6 * MILLI);
+        // `deposit`, when the fall comes between its read of the capacity
+        // and its write.
+        let read = 20 * MILLI;
+        assert!(bucket.put(4 * MILLI, read));
+        assert_eq!(bucket.available(), 6, "never above the capacity");
+        bucket.recheck(read);
+        bucket.resize(20 * MILLI);
+        assert_eq!(bucket.available(), 6);
     }
 
     /// A bucket built without a refill has none to pay, so weighing a retry
