@@ -20,9 +20,9 @@
 # MUTANTS_BUILD_TIMEOUT (seconds per build, default 900), MUTANTS_ARGS (extra
 # arguments for cargo mutants, e.g. "--re Rng"), MUTANTS_TEST_ARGS (arguments
 # for the test binaries, in the baseline too, e.g. "--skip budget::" to leave
-# out tests that cannot catch the file's mutants; on a loaded machine
-# `budget::ratio::coarse`'s clock test can fail on its own, and a failure the
-# mutant did not cause counts it as caught). PROPTEST_CASES (default 256)
+# out tests that cannot catch the file's mutants, or tests that can fail on a
+# loaded machine on their own: a failure the mutant did not cause counts it as
+# caught). PROPTEST_CASES (default 256)
 # trades the proptests' depth for the time a mutant takes.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -102,8 +102,6 @@ impl Observers {
 }
 
 impl Many {
-    // Out of line: dynamic calls to hooks of the user's.
-    #[inline(never)]
     fn hook(&self, args: &RetryArgs, replaced: Outcome<'_>) {
         for hook in &*self.hooks {
             hook(args, replaced);
@@ -111,7 +109,6 @@ impl Many {
     }
 
     // Out of line: dynamic calls to observers of the user's.
-    #[inline(never)]
     fn tell(&self, event: &Event, origin: &Origin) {
         if let Some(stats) = &self.stats {
             stats.on_event(event);
@@ -160,7 +157,6 @@ impl<P, T> Config<P, T> {
 
     /// The layer's circuit breaker: always `None`, at compile time, for a
     /// layer whose error could not say it rejected a request.
-    #[inline(always)]
     pub(crate) fn breaker<E>(&self) -> Option<&CircuitBreaker>
     where
         T: AttemptTimer<E>,
@@ -172,7 +168,6 @@ impl<P, T> Config<P, T> {
         }
     }
 
-    #[inline]
     pub(crate) fn budget(&self) -> Option<&LayerBudget> {
         self.budget.as_deref()
     }
@@ -189,12 +184,10 @@ impl<P, T> Config<P, T> {
     }
 
     /// The layer's hedging, if it hedges.
-    #[inline]
     pub(crate) fn hedger(&self) -> Option<&Hedger> {
         self.hedging.as_deref()
     }
 
-    #[inline]
     pub(crate) fn pacing(&self) -> Option<&AdaptivePacing> {
         self.pacing.as_ref()
     }
@@ -215,7 +208,6 @@ impl<P, T> Config<P, T> {
     /// Tells the observers of a retry going out, and the
     /// [`on_retry`](crate::BackoffBuilder::on_retry) hooks with the outcome
     /// it replaces.
-    #[inline(always)]
     pub(crate) fn tell_retry<R: 'static, E: 'static>(
         &self,
         args: RetryArgs,
@@ -312,7 +304,6 @@ impl Budget for LayerBudget {
         }
     }
 
-    #[inline]
     fn would_allow(&self, cause: Cause) -> bool {
         match self {
             LayerBudget::Bucket(bucket) => bucket.would_allow(cause),
@@ -320,7 +311,6 @@ impl Budget for LayerBudget {
         }
     }
 
-    #[inline]
     fn try_retry(&self, cause: Cause) -> bool {
         match self {
             LayerBudget::Bucket(bucket) => bucket.try_retry(cause),

@@ -97,12 +97,10 @@ impl<E> AttemptTimer<E> for NoTimeout {
     type Error = E;
     type Timer = std::future::Pending<E>;
 
-    #[inline(always)]
     fn inner(error: E) -> E {
         error
     }
 
-    #[inline(always)]
     fn timer(&self, _deadline: Option<Instant>) -> Self::Timer {
         std::future::pending()
     }
@@ -143,12 +141,10 @@ impl<E> AttemptTimer<E> for Guarded {
     type Error = Error<E>;
     type Timer = Expiry<E>;
 
-    #[inline]
     fn inner(error: E) -> Error<E> {
         Error::Inner(error)
     }
 
-    #[inline]
     fn timer(&self, deadline: Option<Instant>) -> Expiry<E> {
         let Some(limit) = self.limit else {
             return Expiry {

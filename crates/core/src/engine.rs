@@ -276,9 +276,6 @@ impl Session {
     /// ends instead. `replayable` says whether the front-end can still send
     /// the request again; `now` is read only when the request has a deadline.
     /// Charges nothing: the budget pays in [`send`](Self::send).
-    // Inline, as `send` and `next_delay`: each front-end calls it from one
-    // place, where its rules, closures and result fold into the caller.
-    #[inline]
     pub fn decide<S, B>(
         &mut self,
         rules: &Rules<'_, S, B>,
@@ -341,7 +338,6 @@ impl Session {
     /// The schedule's next delay, jittered, without deciding a retry: what a
     /// loop waits when the budget refused the retry it decided (the poller
     /// polls again later instead of giving up).
-    #[inline]
     pub fn next_delay<S: Schedule + ?Sized>(
         &mut self,
         schedule: &S,
@@ -374,7 +370,6 @@ impl Session {
     /// ready only after the deadline is late; a request that cannot be copied
     /// any more is not replayable; then the budget pays, and only then is the
     /// retry counted. `now` is read only when the request has a deadline.
-    #[inline]
     pub fn send<B, R>(
         &mut self,
         retry: &Retry,
@@ -395,7 +390,6 @@ impl Session {
     /// nothing. A probe the budget then refuses is given back to the breaker.
     /// Returns the copy and what the breaker said, so that the front-end can
     /// tell its observers of a breaker that went half-open.
-    #[inline]
     pub fn send_through<B, R>(
         &mut self,
         retry: &Retry,
@@ -522,7 +516,6 @@ impl Session {
     /// deadline, the copy, a breaker that is not closed (a hedge is never
     /// its probe), and the budget, which pays it as a retry for
     /// [`Cause::Hedge`]. `now` is read only when the request has a deadline.
-    #[inline]
     pub fn send_hedge<B, R>(
         &mut self,
         breaker: Option<&CircuitBreaker>,

@@ -156,8 +156,6 @@ impl<F1, F, Tm, O> State<F1, F, Tm, O> {
 impl<F, Tm, R, E> Tracked<F, Tm, Result<R, E>> {
     /// A request the breaker rejected: `error` is its outcome. Off the
     /// happy path, it allocates.
-    #[cold]
-    #[inline(never)]
     fn rejected(error: E, max_attempts: u32) -> Pin<Box<Self>> {
         Box::pin(Self {
             phase: Phase::Rejected,
@@ -192,7 +190,6 @@ where
 
     /// A request tracked from its call: its first outcome needs `limits`,
     /// a pacing stamp or hedges.
-    #[inline(always)]
     pub(crate) fn tracked_from_call(
         first: Attempt<S::Future, T::Timer>,
         request: Option<Req>,
@@ -237,9 +234,6 @@ where
 {
     /// A request whose first attempt the circuit breaker rejected: it
     /// resolves to `error` and sends nothing.
-    // Assembled here, inline, as the happy path's future is: made whole in a
-    // function of its own, it made LLVM copy every future of a layer with a
-    // breaker with one 416-byte `memcpy` (measured: 94 instructions a call).
     #[inline(always)]
     pub(crate) fn rejected(error: T::Error, inner: S, config: Arc<Config<P, T>>) -> Self {
         let tracked = Tracked::rejected(error, config.max_attempts);

@@ -119,7 +119,6 @@ fn labels(origin: &Origin) -> Vec<Label> {
 /// labelled. Its keys are made per event, unlike the static ones of an
 /// unlabelled layer: a per-host or named layer pays a small allocation (the
 /// labels' list; the strings are shared) per series recorded.
-#[inline(never)]
 fn labelled(event: &Event, origin: &Origin) {
     let end = match event {
         Event::Ended(end) => end,

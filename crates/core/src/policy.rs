@@ -152,7 +152,6 @@ where
     fn classify(&self, request: &Req, result: &Result<Res, E>) -> Decision {
         (**self).classify(request, result)
     }
-    #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         (**self).clone_request(request)
     }
@@ -237,9 +236,6 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
         }
     }
 
-    // Inline, so that it is compiled with its callers: compiled on its own,
-    // it can take the request's `clone` in, build the copy in its own frame
-    // and then move it whole into the caller's.
     #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
@@ -295,8 +291,6 @@ where
         }
     }
 
-    // Inline: as `RetryOnError`'s.
-    #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
     }
@@ -343,8 +337,6 @@ where
         (self.classify)(request, result)
     }
 
-    // Inline: as `RetryOnError`'s.
-    #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
     }

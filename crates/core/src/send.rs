@@ -11,7 +11,6 @@ use crate::config::Config;
 
 /// Readiness to send an attempt, first or retry, through `inner`: the turn of
 /// the clone owning `gate` under pacing, then the inner service's readiness.
-#[inline]
 pub(crate) fn poll_ready_to_send<S, Req, P, T>(
     inner: &mut S,
     gate: &mut Gate,
@@ -31,7 +30,6 @@ where
 
 /// An attempt goes out through the clone owning `gate`: the stamp its outcome
 /// is reported to the pacing with (0 without pacing).
-#[inline]
 pub(crate) fn pacing_stamp<P, T>(config: &Config<P, T>, gate: &mut Gate) -> u16 {
     config.pacing().map_or(0, |pacing| pacing.sent(gate))
 }

@@ -186,7 +186,6 @@ where
     type Error = T::Error;
     type Future = ResponseFuture<S, P, Req, T>;
 
-    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         poll_ready_to_send(&mut self.inner, &mut self.gate, &self.config, cx).map_err(T::inner)
     }
@@ -288,8 +287,6 @@ impl<S, P, T> BackoffRetry<S, P, T> {
 impl<S, P, T> BackoffRetry<S, P, T> {
     /// A request the open breaker rejected: nothing sent, no budget, no
     /// `Called`; its future returns the breaker's error.
-    // Inline, so the future is assembled where the happy path's is (see
-    // `ResponseFuture::rejected`); the work is in `rejection`, out of line.
     #[inline(always)]
     fn reject<Req>(&mut self) -> ResponseFuture<S, P, Req, T>
     where
@@ -301,8 +298,6 @@ impl<S, P, T> BackoffRetry<S, P, T> {
     }
 
     /// Tells the observers of a rejection and makes its error.
-    #[inline(never)]
-    #[cold]
     fn rejection<E>(&self) -> T::Error
     where
         T: AttemptTimer<E>,
@@ -316,7 +311,6 @@ impl<S, P, T> BackoffRetry<S, P, T> {
 /// When a request called now must end: `max_elapsed` from now, or the
 /// caller's own deadline, whichever is sooner. Reads the clock only when a
 /// time limit is configured.
-#[inline]
 fn deadline(max_elapsed: Option<Duration>, requested: Option<Instant>) -> Option<Instant> {
     let own = max_elapsed.and_then(|limit| Instant::now().checked_add(limit));
     match (own, requested) {

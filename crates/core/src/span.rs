@@ -21,7 +21,6 @@ pub(crate) type Traced<F> = F;
 
 /// Attempt number `attempt`'s future (2 for the first retry), sent as
 /// `retry` by the layer copy `origin` names, in its span.
-#[inline(always)]
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
 pub(crate) fn retry<F>(
     future: F,
@@ -51,7 +50,6 @@ pub(crate) fn retry<F>(
 
 /// Attempt number `attempt`'s future, sent as a hedge by the layer copy
 /// `origin` names, in its span.
-#[inline(always)]
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
 pub(crate) fn hedge<F>(future: F, attempt: u32, origin: &Origin) -> Traced<F> {
     #[cfg(feature = "tracing")]
@@ -74,7 +72,6 @@ pub(crate) fn hedge<F>(future: F, attempt: u32, origin: &Origin) -> Traced<F> {
 
 /// The first attempt's future where a retry's is kept: in no span of its
 /// own (a disabled one, which records nothing and allocates nothing).
-#[inline(always)]
 pub(crate) fn untraced<F>(future: F) -> Traced<F> {
     #[cfg(feature = "tracing")]
     {
@@ -87,7 +84,6 @@ pub(crate) fn untraced<F>(future: F) -> Traced<F> {
 
 /// Records on an attempt's span whether its outcome was a response or an
 /// error.
-#[inline(always)]
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
 pub(crate) fn outcome<F>(attempt: &Traced<F>, kind: OutcomeKind) {
     #[cfg(feature = "tracing")]

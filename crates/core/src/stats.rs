@@ -143,7 +143,6 @@ impl Stats {
         }
     }
 
-    #[inline(never)]
     fn record_sleep(&self, slept: Duration) {
         let nanos = u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX);
         // Saturating: a custom schedule's `Duration::MAX` sleeps would wrap
@@ -166,7 +165,6 @@ impl std::fmt::Debug for Stats {
 /// Stats is an observer of the layer's events, kept beside the others and
 /// called directly: counting is one relaxed atomic add an event.
 impl Observer for Stats {
-    #[inline(always)]
     fn on_event(&self, event: &Event) {
         let c = &*self.counters;
         let counter = match event {

@@ -110,7 +110,6 @@ impl Sleep {
 impl Future for Sleep {
     type Output = ();
 
-    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         match self.project() {
             SleepProj::Tokio { sleep } => sleep.poll(cx),

@@ -180,7 +180,6 @@ where
     /// An attempt's outcome arrived: return it, or keep it and wait for the
     /// retry it asks for, at least `held` (a delay a server named for a
     /// hedge of the attempt) if so.
-    // Inline: the outcome is moved once, into `kept` or out of the future.
     #[inline(always)]
     pub(crate) fn on_outcome(
         &mut self,
@@ -474,9 +473,6 @@ pub(crate) fn wait<F, Tm>(
 /// it races. Its hedging starts at the first poll that finds that copy
 /// pending. `paid` is what the budget was paid to send it, `stamp` what the
 /// pacing gave it.
-// Inline: out of line, the attempt's future is moved once more on its way
-// into `Copies`.
-#[inline(always)]
 pub(crate) fn hedged<F: Future, Tm>(
     future: F,
     timer: Tm,

@@ -300,7 +300,6 @@ impl CircuitBreaker {
     }
 
     /// Asks to send an attempt now. Reads no clock while closed.
-    #[inline]
     pub fn admit(&self) -> Admission {
         let word = self.shared.state.load(Ordering::Acquire);
         if word == CLOSED {
@@ -313,7 +312,6 @@ impl CircuitBreaker {
     /// the breaker knows now (without taking the probe of a half-open
     /// breaker): what a retry is decided on, so that a retry an open breaker
     /// would stop ends at once, and one due after the break may be the probe.
-    #[inline]
     pub fn would_admit(&self, after: Duration) -> bool {
         let word = self.shared.state.load(Ordering::Acquire);
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
@@ -321,7 +319,6 @@ impl CircuitBreaker {
     }
 
     /// [`admit`](Self::admit) at `now_ms` since the breaker was made.
-    #[inline(never)]
     fn admit_at(&self, now_ms: u64) -> Admission {
         let shared = &*self.shared;
         let mut current = shared.state.load(Ordering::Acquire);
@@ -370,7 +367,6 @@ impl CircuitBreaker {
     /// success to a closed breaker reads no clock, but for the one that
     /// completes a batch (see the window's placing of successes in time, in
     /// `window.rs`).
-    #[inline]
     pub fn record(&self, failed: bool) -> Option<BreakerState> {
         if !failed && self.shared.state.load(Ordering::Acquire) == CLOSED {
             if self.shared.window.success() {
@@ -381,7 +377,6 @@ impl CircuitBreaker {
         self.record_at(self.shared.now_ms(), failed)
     }
 
-    #[inline(never)]
     fn record_at(&self, now_ms: u64, failed: bool) -> Option<BreakerState> {
         let shared = &*self.shared;
         let current = shared.state.load(Ordering::Acquire);
@@ -446,9 +441,6 @@ impl Shared {
         u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX >> 2)
     }
 
-    // Out of line: the happy path keeps only the add and its test.
-    #[cold]
-    #[inline(never)]
     fn place_successes(&self) {
         self.window.place(self.now_ms());
     }

@@ -110,7 +110,6 @@ impl Window {
     /// Counts one success, without the time: see the module docs. True when
     /// its batch is full: the caller is then to read the clock and
     /// [`place`](Self::place) it.
-    #[inline]
     #[must_use = "a full batch is to be placed"]
     pub(super) fn success(&self) -> bool {
         let before = self.unplaced.fetch_add(SUCCESS, Ordering::Relaxed);

@@ -185,7 +185,6 @@ impl RatioBudget {
     /// and the snapshot of their slot is there to be read. A snapshot taken
     /// after a total was read is ahead of it: nothing of that window was in
     /// the total, and [`since`] counts nothing.
-    #[inline]
     fn window(&self, at: Position, retries: u64) -> (u64, u64) {
         let earned = self.totals.earned.load(Ordering::Acquire);
         let earned = since(earned, self.oldest_snapshot(at, |slot| &slot.earned));
@@ -197,7 +196,6 @@ impl RatioBudget {
     /// its oldest slot that had an operation of this kind, or `None` if none
     /// had, so that nothing of this kind happened in the window. With steady
     /// traffic, the oldest slot has it: one load.
-    #[inline]
     fn oldest_snapshot(&self, at: Position, pick: impl Fn(&Slot) -> &AtomicU64) -> Option<u64> {
         let oldest = at.index + 1;
         let (index, lap) = if oldest == SLOTS {
@@ -214,7 +212,6 @@ impl RatioBudget {
 
     /// [`oldest_snapshot`](Self::oldest_snapshot) past the oldest slot:
     /// the next slots in order, up to `at`'s own.
-    #[cold]
     fn later_snapshot(&self, at: Position, pick: impl Fn(&Slot) -> &AtomicU64) -> Option<u64> {
         (2..=SLOTS).find_map(|ahead| {
             let index = (at.index + ahead) % SLOTS;

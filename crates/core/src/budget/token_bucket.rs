@@ -318,7 +318,6 @@ impl TokenBucket {
     /// so it reads the new capacity here. Or it came before the cut, which
     /// then cut what it put. Without this, the tokens above a fallen
     /// capacity would come back when it grows again.
-    #[inline]
     fn recheck(&self, read: u64) {
         let capacity = self.capacity.load(Ordering::Relaxed);
         if capacity < read {
@@ -352,7 +351,6 @@ impl TokenBucket {
     /// Sets the capacity to `capacity` thousandths, giving up what the bucket
     /// holds beyond it: tokens banked while traffic was higher are not a
     /// share of the traffic now.
-    #[cold]
     pub(in crate::budget) fn resize(&self, capacity: u64) {
         self.capacity.store(capacity, Ordering::Relaxed);
         // Release: a deposit that read the capacity before this store and
@@ -455,7 +453,6 @@ impl Growth {
         self.close(since, count)
     }
 
-    #[cold]
     fn close(&self, since: u64, count: u64) -> Option<u64> {
         let now = self.now_ms();
         let elapsed = now.saturating_sub(since - 1);
@@ -530,6 +527,7 @@ impl Budget for TokenBucket {
         self.held() >= self.cost(cause)
     }
 
+    #[inline]
     fn try_retry(&self, cause: Cause) -> bool {
         self.refill_now();
         self.withdraw(self.cost(cause))

@@ -46,7 +46,6 @@ impl CopySent {
 
 impl<F: Future> Copies<F> {
     /// An attempt whose first copy is `future`.
-    #[inline(always)]
     pub(crate) fn new(future: F, sent: CopySent) -> Self {
         Self {
             first: Some(future),

@@ -85,7 +85,6 @@ impl Latencies {
 
     /// Closes the window if it is a period old: its percentile becomes the
     /// delay.
-    #[cold]
     fn close_window(&self, now: Instant) {
         // Whoever holds the lock is closing it already.
         let Ok(mut start) = self.window.try_lock() else {

@@ -73,7 +73,6 @@ impl AnySchedule {
 }
 
 impl Schedule for AnySchedule {
-    #[inline]
     fn delay(&self, retry: u32) -> Duration {
         match &self.kind {
             Kind::Exponential(s) => s.delay(retry),
@@ -84,7 +83,6 @@ impl Schedule for AnySchedule {
         }
     }
 
-    #[inline]
     fn cap(&self) -> Duration {
         match &self.kind {
             Kind::Custom(s) => s.cap(),

@@ -23,7 +23,6 @@ impl SlotClock {
     }
 
     /// The slot the clock is in: slots since `origin`.
-    #[inline]
     pub(super) fn epoch(&self) -> u64 {
         let elapsed = Instant::now().saturating_duration_since(self.origin);
         // u64 nanoseconds last 584 years, and dividing them is much cheaper
