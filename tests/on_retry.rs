@@ -70,6 +70,19 @@ fn seen_one_503(log: &Log) {
     );
 }
 
+fn seen_one_busy_error(log: &Log) {
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [Seen {
+            attempt: 1,
+            delay: STEP,
+            cause: Cause::Transient,
+            replaced: "error busy".into()
+        }]
+    );
+}
+
 async fn flaky_server() -> Server {
     Server::start(|n, _| status(if n == 0 { 503 } else { 200 })).await
 }
@@ -98,16 +111,7 @@ async fn the_generic_layer_s_hook_sees_the_error_being_retried() {
         }
     }));
     assert_eq!(svc.oneshot(()).await.unwrap(), 2);
-    let seen = log.lock().unwrap().clone();
-    assert_eq!(
-        seen,
-        [Seen {
-            attempt: 1,
-            delay: STEP,
-            cause: Cause::Transient,
-            replaced: "error busy".into()
-        }]
-    );
+    seen_one_busy_error(&log);
 }
 
 fn http_layer(log: &Log) -> HttpRetryLayer {
@@ -173,14 +177,5 @@ async fn retry_fn_s_hook_sees_the_error_being_retried() {
     .on_retry(hook(&log))
     .await;
     assert_eq!(result.unwrap(), 2);
-    let seen = log.lock().unwrap().clone();
-    assert_eq!(
-        seen,
-        [Seen {
-            attempt: 1,
-            delay: STEP,
-            cause: Cause::Transient,
-            replaced: "error busy".into()
-        }]
-    );
+    seen_one_busy_error(&log);
 }
