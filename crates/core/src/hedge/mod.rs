@@ -59,11 +59,10 @@
 //! - **Only once pending**: a request's hedging starts at the first poll
 //!   that finds its first attempt pending, as one over a network is. An
 //!   attempt answered at its first poll (a cache, an in-process service)
-//!   cannot need a hedge: it costs the hedging nothing (no allocation, no
-//!   clock, no timer), and neither the load cap nor a percentile delay
-//!   counts it. The layer's timing type becomes
-//!   [`Hedged`](crate::deadline::Hedged), whose futures have room for that
-//!   (8 bytes).
+//!   cannot need a hedge: it arms no timer, and neither the load cap nor a
+//!   percentile delay counts it. Its tracking is allocated at the call, as
+//!   a time limit's is; hedging changes neither the layer's type nor its
+//!   future's size.
 //!
 //! Each copy sent, won and cancelled is an [`Event::Hedge`](crate::events::Event::Hedge).
 
