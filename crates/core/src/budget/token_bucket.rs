@@ -759,6 +759,31 @@ impl TokenBucketBuilder {
 mod tests {
     use super::*;
 
+    #[test]
+    fn debug_shows_each_setting_in_whole_tokens() {
+        let bucket = TokenBucket::builder()
+            .capacity(20)
+            .retry_cost(3)
+            .timeout_cost(7)
+            .throttled_cost(9)
+            .success_refund(2)
+            .retried_success_refund(5)
+            .build()
+            .unwrap();
+        let shown = format!("{bucket:?}");
+        for field in [
+            "available: 20",
+            "capacity: 20",
+            "retry_cost: 3",
+            "timeout_cost: 7",
+            "throttled_cost: 9",
+            "success_refund: 2",
+            "retried_success_refund: 5",
+        ] {
+            assert!(shown.contains(field), "{field} in {shown}");
+        }
+    }
+
     /// A bucket of 100 whose retries cost 10, drained to empty.
     fn drained(builder: TokenBucketBuilder) -> TokenBucket {
         let bucket = builder.capacity(100).retry_cost(10).build().unwrap();
