@@ -1,9 +1,13 @@
-//! Every attempt goes out as a copy of the request, the last one too, so that
-//! every outcome is judged with its request at hand and a request that never
-//! left can be retried even after the last attempt; the last outcome is
-//! judged like the others: a success refunds the budget and counts as one, a
-//! failure ends the request as out of attempts. Real tower layers, paused
-//! clock. (How many copies are made is counted in tests/allocations.rs.)
+//! The last attempt allowed goes out without a copy when the policy judges
+//! outcomes without their request (`Policy::needs_request` is `false`, as for
+//! `RetryOnError`): the kept request itself is sent, and its outcome is
+//! judged by `classify_outcome`. Every other policy gets a copy for every
+//! attempt, the last one too, so that each outcome is judged with its
+//! request at hand and a request that never left can be retried even after
+//! the last attempt. Either way the last outcome is judged like the others:
+//! a success refunds the budget and counts as one, a failure ends the
+//! request as out of attempts. Real tower layers, paused clock. (How many
+//! allocations are made is counted in tests/allocations.rs.)
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -72,20 +76,31 @@ where
 }
 
 #[tokio::test(start_paused = true)]
-async fn every_attempt_goes_out_as_a_copy_and_the_last_is_judged() {
-    // A copy kept at the call, one sent as the second attempt and one as the
-    // third, the last.
+async fn the_last_attempt_goes_out_without_a_copy_and_is_judged() {
+    // A copy kept at the call and one sent as the second attempt; the third,
+    // the last, is the kept request itself.
     let (outcome, copies, stats) = send(RetryOnError, 2).await;
     assert_eq!(outcome, Ok("done"));
-    assert_eq!(copies, 3);
+    assert_eq!(copies, 2);
+    assert_eq!(stats.attempts, 3, "{stats:?}");
     assert_eq!(stats.successes, 1, "the last outcome was judged: {stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_earlier_success_makes_no_copy_it_does_not_need() {
+    // The second attempt succeeds: the copy kept at the call and the one it
+    // went out as.
+    let (outcome, copies, stats) = send(RetryOnError, 1).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.successes, 1, "{stats:?}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_last_attempt_that_fails_ends_out_of_attempts() {
     let (outcome, copies, stats) = send(RetryOnError, 5).await;
     assert_eq!(outcome, Err("attempt 3 failed".to_string()));
-    assert_eq!(copies, 3);
+    assert_eq!(copies, 2);
     assert_eq!(stats.gave_up_attempts, 1, "{stats:?}");
     assert_eq!(stats.gave_up_final, 0, "{stats:?}");
 }
@@ -94,8 +109,57 @@ async fn a_last_attempt_that_fails_ends_out_of_attempts() {
 async fn a_policy_behind_an_arc_copies_and_judges_as_the_policy_does() {
     let (outcome, copies, stats) = send(Arc::new(RetryOnError), 5).await;
     assert_eq!(outcome, Err("attempt 3 failed".to_string()));
-    assert_eq!(copies, 3);
+    assert_eq!(copies, 2);
     assert_eq!(stats.gave_up_attempts, 1, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_if_judges_the_last_outcome_with_its_predicate() {
+    // Retries errors; the third attempt's error is final by its predicate,
+    // which the last attempt, sent without a copy, is judged by too.
+    let policy = tower_backoff::retry_if(|r: &Result<&'static str, String>| {
+        r.as_ref().is_err_and(|e| !e.contains("attempt 3"))
+    });
+    let (outcome, copies, stats) = send(policy, 5).await;
+    assert_eq!(outcome, Err("attempt 3 failed".to_string()));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.gave_up_final, 1, "{stats:?}");
+    assert_eq!(stats.gave_up_attempts, 0, "{stats:?}");
+}
+
+/// Says it needs no request, then asks for the transparent retry of the
+/// last attempt anyway: a broken promise, which must cost only that retry.
+#[derive(Clone)]
+struct BrokenPromise;
+
+impl Policy<Counted, &'static str, String> for BrokenPromise {
+    fn classify(&self, _: &Counted, result: &Result<&'static str, String>) -> Decision {
+        self.classify_outcome(result)
+    }
+
+    fn clone_request(&self, request: &Counted) -> Option<Counted> {
+        Some(request.clone())
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+
+    fn classify_outcome(&self, result: &Result<&'static str, String>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(e) if e.contains("attempt 3") => Decision::retry().because(Cause::NotSent),
+            Err(_) => Decision::retry(),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transparent_retry_asked_without_the_request_returns_the_last_outcome() {
+    let (outcome, copies, stats) = send(BrokenPromise, 5).await;
+    assert_eq!(outcome, Err("attempt 3 failed".to_string()));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.attempts, 3, "{stats:?}");
 }
 
 /// Reads the request to decide.

@@ -437,6 +437,12 @@ impl Session {
         Ok((copy, admission))
     }
 
+    /// Whether `retry`, once sent, is the last attempt the limit allows.
+    pub fn is_last(&self, retry: &Retry) -> bool {
+        let counted = self.counted() + u32::from(!retry.transparent);
+        self.max_attempts != UNLIMITED_ATTEMPTS && counted >= self.max_attempts
+    }
+
     /// Whether the attempt limit leaves room for one more copy: what
     /// [`send_hedge`](Self::send_hedge) checks first (the transparent retry
     /// does not count, unlimited attempts always leave room).

@@ -292,7 +292,7 @@ where
             match state.as_mut().project() {
                 StateProj::First { future, timer } => {
                     let outcome = ready!(poll_attempt::<_, _, T>(future, timer, cx));
-                    let (after, cause) = match machine.judge(&outcome, 0, None) {
+                    let (after, cause) = match machine.judge(&outcome, 0, None, false) {
                         // A success apart, its ending a constant where it is
                         // told: no ending kept in a register across the
                         // budget's refund, none looked up when counted.

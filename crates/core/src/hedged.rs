@@ -160,7 +160,7 @@ where
             hedger(self.config).on_copy_end(&sent, Instant::now);
         }
         let pending = copies.len() > 0;
-        let (after, cause) = match self.judge(&outcome, sent.stamp, sent.paid) {
+        let (after, cause) = match self.judge(&outcome, sent.stamp, sent.paid, false) {
             Verdict::End(ending)
                 if ending == Ending::Success
                     || (failed.spent.is_none() && !(pending && self.spent())) =>

@@ -119,8 +119,33 @@ pub trait Policy<Req, Res, E> {
     ///
     /// Every attempt goes out as a copy, the last one too, so that the
     /// request is at hand to classify its outcome and for the one
-    /// transparent retry ([`Cause::NotSent`]) that may follow it.
+    /// transparent retry ([`Cause::NotSent`]) that may follow it; unless
+    /// [`needs_request`](Self::needs_request) says otherwise.
     fn clone_request(&self, request: &Req) -> Option<Req>;
+
+    /// Whether the layer must keep the request to classify every outcome:
+    /// because [`classify`](Self::classify) reads it, or because an outcome
+    /// may ask for the transparent retry ([`Cause::NotSent`]), which may
+    /// follow the last attempt. A policy that needs neither says `false` and
+    /// implements [`classify_outcome`](Self::classify_outcome): a layer
+    /// without hedging then sends the last attempt allowed without copying
+    /// the request first (one `clone_request` fewer per retried request).
+    /// The default, `true`, copies the request for every attempt.
+    fn needs_request(&self) -> bool {
+        true
+    }
+
+    /// What `result` means, decided without its request: called only for
+    /// the outcome of an attempt sent without a copy, when
+    /// [`needs_request`](Self::needs_request) is `false`, and must decide as
+    /// [`classify`](Self::classify) would. The default calls a response a
+    /// success and an error final.
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::Final,
+        }
+    }
 
     /// Called once for each retry as it goes out (after its sleep and the
     /// service's readiness, once the budget paid for it), never for a retry
@@ -154,6 +179,12 @@ where
     }
     fn clone_request(&self, request: &Req) -> Option<Req> {
         (**self).clone_request(request)
+    }
+    fn needs_request(&self) -> bool {
+        (**self).needs_request()
+    }
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
+        (**self).classify_outcome(result)
     }
     fn prepare_retry(&self, retry: PrepareRetry<'_, Req, Res, E>) {
         (**self).prepare_retry(retry)
@@ -230,15 +261,23 @@ pub struct RetryOnError;
 
 impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
     fn classify(&self, _request: &Req, result: &Result<Res, E>) -> Decision {
-        match result {
-            Ok(_) => Decision::Success,
-            Err(_) => Decision::retry(),
-        }
+        <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
     }
 
     #[inline]
     fn clone_request(&self, request: &Req) -> Option<Req> {
         Some(request.clone())
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }
     }
 }
 
@@ -284,15 +323,23 @@ where
     Req: Clone,
 {
     fn classify(&self, _request: &Req, result: &Result<Res, E>) -> Decision {
+        <Self as Policy<Req, Res, E>>::classify_outcome(self, result)
+    }
+
+    fn clone_request(&self, request: &Req) -> Option<Req> {
+        Some(request.clone())
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+
+    fn classify_outcome(&self, result: &Result<Res, E>) -> Decision {
         match ((self.predicate)(result), result) {
             (true, _) => Decision::retry(),
             (false, Ok(_)) => Decision::Success,
             (false, Err(_)) => Decision::Final,
         }
-    }
-
-    fn clone_request(&self, request: &Req) -> Option<Req> {
-        Some(request.clone())
     }
 }
 
