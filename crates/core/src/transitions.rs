@@ -360,7 +360,8 @@ where
                 return self.end(progress, take(kept), ending);
             }
         };
-        let Some(mut copy) = copy else {
+        // Stamped where it was made, and moved out only into the call.
+        let Some(stamped) = copy.as_mut() else {
             unreachable!("the engine sends only a request it could copy");
         };
         if let Admission::Probe(probe) = admission {
@@ -388,14 +389,14 @@ where
         let replaced = take(kept);
         config
             .policy
-            .prepare_retry(PrepareRetry::new(&mut copy, replaced, args));
+            .prepare_retry(PrepareRetry::new(stamped, replaced, args));
         let timer = config.timeouts.timer(progress.session.deadline());
         progress.stamp = pacing_stamp(config, &mut progress.gate);
         // The attempt's future is built where it will be polled: returned
         // first, it would be copied once more (measured: 36 instructions per
         // retry).
         let future = span::retry(
-            self.service().call(copy),
+            self.service().call(copy.expect("made above")),
             attempt + 1,
             &retry,
             &config.origin,
