@@ -139,6 +139,32 @@ async fn the_host_table_stays_bounded() {
     assert!(svc.hosts() <= 8, "{}", svc.hosts());
 }
 
+/// The same bound on `HttpRetryLayer`'s own table of hosts.
+#[tokio::test(start_paused = true)]
+async fn the_http_layers_table_of_hosts_stays_bounded() {
+    let servers: Vec<Server> =
+        futures::future::join_all((0..20).map(|_| Server::start(|_, _| status(200)))).await;
+    let layer = tower_backoff::http::HttpRetryLayer::new().max_hosts(8);
+    assert!(
+        layer.is_per_host(),
+        "a bound on hosts makes the layer per host"
+    );
+    let svc = ServiceBuilder::new().layer(layer).service(client());
+    for server in &servers {
+        let response = svc.clone().oneshot(get(server)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert!((1..=8).contains(&svc.hosts()), "{}", svc.hosts());
+    // Without the bound every host keeps its layer.
+    let svc = ServiceBuilder::new()
+        .layer(tower_backoff::http::HttpRetryLayer::new().per_host())
+        .service(client());
+    for server in &servers {
+        svc.clone().oneshot(get(server)).await.unwrap();
+    }
+    assert_eq!(svc.hosts(), 20);
+}
+
 #[cfg(feature = "reqwest")]
 #[tokio::test(start_paused = true)]
 async fn per_host_budgets_keep_the_other_hosts_retries_through_reqwest() {

@@ -301,15 +301,24 @@ pub(crate) struct HostLayers<L> {
     /// Whether `built` still waits for its host.
     built_free: AtomicBool,
     hosts: Hosts<L>,
+    max_hosts: usize,
 }
 
 impl<L: Clone> HostLayers<L> {
-    pub(crate) fn new(built: L) -> Self {
+    /// A table of at most `max_hosts` hosts (as
+    /// [`PerHostLayer::max_hosts`] bounds it).
+    pub(crate) fn new(built: L, max_hosts: usize) -> Self {
         Self {
             built,
             built_free: AtomicBool::new(true),
-            hosts: Hosts::new(DEFAULT_MAX_HOSTS),
+            hosts: Hosts::new(max_hosts),
+            max_hosts,
         }
+    }
+
+    /// The bound the table was made with.
+    pub(crate) fn max_hosts(&self) -> usize {
+        self.max_hosts
     }
 
     /// The layer of this authority's host, on its first request

@@ -37,7 +37,7 @@ use tower_service::Service;
 
 use super::buffer::BufferBody;
 use super::info::RetryInfo;
-use super::per_host::{HostLayers, MakeHostLayer, RequestAuthority};
+use super::per_host::{HostLayers, MakeHostLayer, RequestAuthority, DEFAULT_MAX_HOSTS};
 use super::policy::HttpPolicy;
 use super::replay::DEFAULT_REPLAY_LIMIT;
 
@@ -139,7 +139,7 @@ impl HttpRetryLayer {
     fn assemble(layer: BackoffLayer<HttpPolicy, Guarded>, for_all_hosts: bool) -> Self {
         let per_host = layer.breaker().is_some() && !for_all_hosts;
         Self {
-            hosts: per_host.then(|| Arc::new(HostLayers::new(layer.clone()))),
+            hosts: per_host.then(|| Arc::new(HostLayers::new(layer.clone(), DEFAULT_MAX_HOSTS))),
             layer,
             record_info: true,
             replay_limit: DEFAULT_REPLAY_LIMIT,
@@ -197,7 +197,7 @@ impl HttpRetryLayer {
             hosts: self
                 .hosts
                 .as_ref()
-                .map(|_| Arc::new(HostLayers::new(layer.clone()))),
+                .map(|hosts| Arc::new(HostLayers::new(layer.clone(), hosts.max_hosts()))),
             layer,
             ..self.clone()
         }
@@ -213,8 +213,20 @@ impl HttpRetryLayer {
     /// client's readiness in its own future.
     pub fn per_host(mut self) -> Self {
         if self.hosts.is_none() {
-            self.hosts = Some(Arc::new(HostLayers::new(self.layer.clone())));
+            let hosts = HostLayers::new(self.layer.clone(), DEFAULT_MAX_HOSTS);
+            self.hosts = Some(Arc::new(hosts));
         }
+        self
+    }
+
+    /// Keeps at most `hosts` hosts' layers, as
+    /// [`PerHostLayer::max_hosts`](crate::PerHostLayer::max_hosts) does
+    /// (default [`DEFAULT_MAX_HOSTS`](crate::DEFAULT_MAX_HOSTS)); the one
+    /// idle longest makes room for a new one. Makes the layer
+    /// [per host](Self::per_host) if it was not, and forgets the hosts
+    /// called so far.
+    pub fn max_hosts(mut self, hosts: usize) -> Self {
+        self.hosts = Some(Arc::new(HostLayers::new(self.layer.clone(), hosts)));
         self
     }
 }
