@@ -179,3 +179,50 @@ async fn retry_fn_s_hook_sees_the_error_being_retried() {
     assert_eq!(result.unwrap(), 2);
     seen_one_busy_error(&log);
 }
+
+/// A `Guarded` layer's outcomes carry its own `Error<E>`: the hook reads a
+/// failed attempt as the inner error wrapped, and an attempt that ran out
+/// of time as `Error::TimedOut`.
+#[tokio::test(start_paused = true)]
+async fn a_guarded_layer_s_hook_reads_its_error_type() {
+    type Wrapped = tower_backoff::Error<std::io::Error>;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .attempt_timeout(Duration::from_millis(50))
+        .on_retry(move |_: &RetryArgs, outcome: Outcome<'_>| {
+            let read = match outcome.error::<Wrapped>() {
+                Some(tower_backoff::Error::Inner(error)) => format!("inner {error}"),
+                Some(error) if error.is_timeout() => "timed out".to_string(),
+                Some(_) => "other".to_string(),
+                // Read as the inner type, it is not there: the layer's own is.
+                None => format!("not Error<E>: {:?}", outcome.kind()),
+            };
+            assert!(outcome.error::<std::io::Error>().is_none());
+            log.lock().unwrap().push(read);
+        })
+        .build()
+        .unwrap();
+    let calls = Arc::new(Mutex::new(0));
+    let svc = layer.layer(service_fn(move |()| {
+        let n = {
+            let mut calls = calls.lock().unwrap();
+            *calls += 1;
+            *calls
+        };
+        async move {
+            match n {
+                1 => Err(std::io::Error::other("busy")),
+                2 => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok(n)
+                }
+                _ => Ok::<_, std::io::Error>(n),
+            }
+        }
+    }));
+    assert_eq!(svc.oneshot(()).await.unwrap(), 3);
+    assert_eq!(*seen.lock().unwrap(), ["inner busy", "timed out"]);
+}
