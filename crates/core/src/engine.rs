@@ -390,6 +390,7 @@ impl Session {
     /// nothing. A probe the budget then refuses is given back to the breaker.
     /// Returns the copy and what the breaker said, so that the front-end can
     /// tell its observers of a breaker that went half-open.
+    #[inline(always)]
     pub fn send_through<B, R>(
         &mut self,
         retry: &Retry,

@@ -266,8 +266,6 @@ where
 
     /// Decides the retry an outcome asks for: its delay, or how the request
     /// ends instead. The caller keeps the outcome until the retry is sent.
-    // Out of line: the happy path's `poll` stays small.
-    #[inline(never)]
     pub(crate) fn retry(
         &mut self,
         session: &mut Session,
