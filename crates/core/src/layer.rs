@@ -10,11 +10,11 @@ use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
 use crate::breaker::CircuitBreaker;
-use crate::budget::{self, Budget, TokenBucket};
+use crate::budget::{Budget, TokenBucket};
 use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
 use crate::deadline::{Guarded, IntoGuarded, NoTimeout};
-use crate::error::{check_duration, ConfigError};
+use crate::error::{check_limit, ConfigError};
 use crate::events::{Observer, Origin, Outcome, RetryArgs, RetryHook};
 use crate::hedge::{Hedger, Hedging};
 use crate::jitter::Jitter;
@@ -270,10 +270,7 @@ struct Settings {
 enum BudgetChoice {
     #[default]
     Default,
-    // A token bucket is kept by value, like the default one: no dynamic call.
-    Bucket(TokenBucket),
-    Given(Box<dyn Budget>),
-    None,
+    Set(Option<LayerBudget>),
 }
 
 impl Default for BackoffBuilder {
@@ -481,8 +478,10 @@ impl<P, T> BackoffBuilder<P, T> {
             .downcast_mut::<Option<TokenBucket>>()
             .and_then(Option::take);
         self.settings.budget = match (bucket, slot) {
-            (Some(bucket), _) => BudgetChoice::Bucket(bucket),
-            (None, Some(given)) => BudgetChoice::Given(Box::new(given)),
+            // A token bucket is kept by value, like the default one: no
+            // dynamic call.
+            (Some(bucket), _) => BudgetChoice::Set(Some(LayerBudget::Bucket(bucket))),
+            (None, Some(given)) => BudgetChoice::Set(Some(LayerBudget::Given(Box::new(given)))),
             // Only a bucket is taken out of the slot.
             (None, None) => BudgetChoice::Default,
         };
@@ -496,7 +495,7 @@ impl<P, T> BackoffBuilder<P, T> {
     /// cannot hurt: a single client of a server nobody else uses, a test, or a
     /// service that is already budgeted further out.
     pub fn no_budget(mut self) -> Self {
-        self.settings.budget = BudgetChoice::None;
+        self.settings.budget = BudgetChoice::Set(None);
         self
     }
 
@@ -628,25 +627,17 @@ impl<P, T> BackoffBuilder<P, T> {
         } = self.settings;
         limits.validate(&self.schedule)?;
         if let Some(limit) = attempt_timeout {
-            if limit.is_zero() {
-                return Err(ConfigError::new(
-                    "attempt_timeout",
-                    "must be longer than zero",
-                ));
-            }
-            check_duration("attempt_timeout", limit)?;
+            check_limit("attempt_timeout", limit)?;
         }
-        limits.check_bounded(!matches!(budget, BudgetChoice::None))?;
+        limits.check_bounded(!matches!(budget, BudgetChoice::Set(None)))?;
         if let Some(hedging) = &hedging {
             hedging.validate()?;
         }
         let budget = match budget {
-            BudgetChoice::Default => Some(LayerBudget::Bucket(budget::default_budget(
+            BudgetChoice::Default => Some(LayerBudget::Bucket(TokenBucket::fleet_safe(
                 limits.max_attempts,
             ))),
-            BudgetChoice::Bucket(bucket) => Some(LayerBudget::Bucket(bucket)),
-            BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
-            BudgetChoice::None => None,
+            BudgetChoice::Set(budget) => budget,
         };
         let pacing_set = pacing.is_some();
         let budget_counts_calls = matches!(budget, Some(LayerBudget::Given(_)));
@@ -690,8 +681,8 @@ impl<P, T> fmt::Debug for BackoffBuilder<P, T> {
                 "budget",
                 &match self.settings.budget {
                     BudgetChoice::Default => "default",
-                    BudgetChoice::Given(_) | BudgetChoice::Bucket(_) => "given",
-                    BudgetChoice::None => "none",
+                    BudgetChoice::Set(Some(_)) => "given",
+                    BudgetChoice::Set(None) => "none",
                 },
             )
             .field("pacing", &self.settings.pacing)
