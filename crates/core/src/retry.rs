@@ -11,7 +11,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::budget::{self, Budget};
+use crate::budget::{Budget, TokenBucket};
 use crate::decision::Cause;
 use crate::engine::{self, Rules, Session};
 use crate::error::{ConfigError, MAX_DURATION};
@@ -391,7 +391,7 @@ where
                     }
                     if let (BudgetChoice::Default(made), None) = (&settings.budget, &this.budget) {
                         let budget = made.get_or_init(|| {
-                            Arc::new(budget::default_budget(settings.limits.max_attempts))
+                            Arc::new(TokenBucket::fleet_safe(settings.limits.max_attempts))
                         });
                         // This run's first attempt, told late: the budget did
                         // not exist yet when it went out.
