@@ -22,10 +22,8 @@ const MAX_TOKENS: u64 = 1 << 40;
 /// retries.
 const FLEET_SAFE_SHARE: f64 = 0.1;
 
-/// The span of traffic a growing capacity is sized to: the last 10 s.
-const GROWTH_WINDOW_SECS: f64 = 10.0;
-
-/// The same span, over which a measured capacity falls back to its floor.
+/// The span of traffic a growing capacity is sized to, and over which a
+/// measured capacity falls back to its floor.
 const GROWTH_WINDOW_MS: u64 = 10_000;
 
 /// A retry budget that charges each retry tokens and refunds some on success,
@@ -155,23 +153,11 @@ impl TokenBucket {
     /// The budget a layer built with no budget option gets, for requests of
     /// `max_attempts` attempts: safe when every process of a fleet builds its
     /// own layer, and never in the way of a quiet process's first failure.
-    ///
-    /// One token is one retry, whatever its cause. The bucket starts full,
-    /// holding one request's retries (`max_attempts - 1`; two when the
-    /// attempts are unlimited), so the first request that fails on a new or
-    /// quiet client makes every attempt it is allowed, a retry after a
-    /// timeout included. Every success earns one retry, and a retry that
-    /// succeeds also gives its own cost back: a request that got through
-    /// on its third attempt leaves the bucket as it found it. The capacity is that one
-    /// request's retries, growing with the layer's own traffic to a tenth of
-    /// its first-try successes of the last 10 s, and falling back with it:
-    /// a capacity measured in a busy spell returns to the floor over the 10 s
-    /// after it was measured, unless a newer measurement renews it.
-    ///
-    /// So in an outage a process's retries are bounded by one request's
-    /// retries or, if more, a tenth of what its own last 10 s of traffic
-    /// earned, however many processes there are. Measured in the simulation
-    /// (see [the module docs](super) for the table).
+    /// Each retry costs one token; the bucket starts full with one request's
+    /// retries (`max_attempts - 1`, two when unlimited); every success earns
+    /// one, a retried one its cost too; and the capacity grows to a tenth of
+    /// the first-try successes of the last 10 s, falling back over the next
+    /// 10 s. See [the module docs](super#the-default) for why and what it bounds.
     pub fn fleet_safe(max_attempts: u32) -> Self {
         Self::fleet_safe_builder(max_attempts)
             .build()
@@ -249,16 +235,12 @@ impl TokenBucket {
 
     fn cost(&self, cause: Cause) -> u64 {
         match cause {
-            Cause::Transient => self.retry_cost,
             Cause::Timeout => self.timeout_cost,
             Cause::Throttled => self.throttled_cost,
-            // The layer charges nothing for a transparent retry; a second one
-            // is an ordinary failure to connect.
-            Cause::NotSent => self.retry_cost,
-            // The layer charges nothing for a conflict either; a budget
-            // asked directly charges it as any retry.
-            Cause::Conflict => self.retry_cost,
-            Cause::Hedge => self.retry_cost,
+            // The layer charges nothing for a transparent retry (a second one
+            // is an ordinary failure to connect) nor for a conflict; a budget
+            // asked directly charges them as any retry.
+            Cause::Transient | Cause::NotSent | Cause::Conflict | Cause::Hedge => self.retry_cost,
         }
     }
 
@@ -736,7 +718,8 @@ impl TokenBucketBuilder {
                 self.capacity * MILLI,
                 // Tokens of capacity per success a second: the share of a
                 // window's successes, each worth a transient retry's cost.
-                (share * GROWTH_WINDOW_SECS * (self.retry_cost * MILLI) as f64) as u64,
+                (share * (GROWTH_WINDOW_MS / 1000) as f64 * (self.retry_cost * MILLI) as f64)
+                    as u64,
             )),
         };
         let refill = (self.refill_per_second > 0).then(|| Refill::starting(self.refill_per_second));
