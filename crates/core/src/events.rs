@@ -233,10 +233,7 @@ impl<'a> Outcome<'a> {
 
     /// Whether it was a response or an error.
     pub fn kind(&self) -> OutcomeKind {
-        match self.outcome {
-            Ok(_) => OutcomeKind::Response,
-            Err(_) => OutcomeKind::Error,
-        }
+        OutcomeKind::of(&self.outcome)
     }
 }
 
