@@ -369,17 +369,6 @@ impl<P, T> BackoffBuilder<P, T> {
     /// timeout makes it). Keep a clone of the handle to
     /// read its [`state`](CircuitBreaker::state); give the same handle to
     /// the layers of one host only.
-    ///
-    /// ```
-    /// use tower_backoff_core::breaker::CircuitBreaker;
-    /// use tower_backoff_core::BackoffLayer;
-    ///
-    /// let layer = BackoffLayer::builder()
-    ///     .circuit_breaker(CircuitBreaker::new())
-    ///     .build()?;
-    /// # drop(layer);
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
-    /// ```
     pub fn circuit_breaker(self, breaker: CircuitBreaker) -> BackoffBuilder<P, Guarded>
     where
         T: IntoGuarded,
@@ -425,12 +414,10 @@ impl<P, T> BackoffBuilder<P, T> {
         self
     }
 
-    /// Retries while the schedule's delay is below its cap, then stops: the
-    /// attempt after the last delay below the cap is the last one, and its
-    /// outcome is returned. The rule of "retry while the delay is below the
-    /// maximum, then try once more and let the error propagate": from 1 s
-    /// doubling to a 10 s cap, the sleeps are 1, 2, 4 and 8 s, and the fifth
-    /// attempt is the last. The attempt limit still applies; combine with
+    /// Retries while the schedule's delay is below its cap, then tries once
+    /// more and returns that outcome: from 1 s doubling to a 10 s cap, the
+    /// sleeps are 1, 2, 4 and 8 s, and the fifth attempt is the last. The
+    /// attempt limit still applies; combine with
     /// [`unlimited_attempts`](Self::unlimited_attempts) to let the cap alone
     /// decide. Delays a server asks for are not affected.
     ///
@@ -548,15 +535,8 @@ impl<P, T> BackoffBuilder<P, T> {
     /// Names the layer: its events are told with the name in their
     /// [`Origin`](crate::events::Origin), its metrics carry the label
     /// `layer`, and its `tracing` records the field `layer`, so two layers of
-    /// one process (a payments client, a search client) can be told apart.
-    ///
-    /// ```
-    /// use tower_backoff_core::BackoffLayer;
-    ///
-    /// let layer = BackoffLayer::builder().name("payments").build()?;
-    /// assert_eq!(layer.layer_name(), Some("payments"));
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
-    /// ```
+    /// one process (a payments client, a search client) can be told apart;
+    /// see [`BackoffLayer::for_host`] for an example.
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.settings.name = Some(name.into());
         self
