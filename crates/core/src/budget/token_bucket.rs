@@ -45,17 +45,14 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// `capacity + refunds + refill × seconds`: in a full outage, with no refill,
 /// at most `capacity / cost` retries go out in all, however long it lasts.
 ///
-/// Defaults: capacity 500, retry cost 5, timeout cost 10, throttling cost 5,
-/// success refund 1, no refill. Every operation is a few atomic instructions,
-/// with no lock; a refill reads the clock only when one is configured.
-///
 /// # Under contention
-/// The tokens are one atomic word, and every move of them (a retry paid, a
-/// refund, a refill) is one compare-and-swap on it, so no race creates or
-/// loses a token, and threads racing for the last tokens never both get
-/// them. Threads that retry at once all write that one word, so they take
-/// turns on its cache line; a retry is a request over the network, which
-/// costs far more. A refund into a full bucket writes nothing.
+/// No lock: the tokens are one atomic word, and every move of them (a retry
+/// paid, a refund, a refill) is one compare-and-swap on it, so no race
+/// creates or loses a token, and threads racing for the last tokens never
+/// both get them. Threads that retry at once take turns on its cache line;
+/// a retry is a request over the network, which costs far more. A refund
+/// into a full bucket writes nothing; only a configured refill reads the
+/// clock.
 ///
 /// The capacity is a second word, written only when it
 /// [grows with traffic](TokenBucketBuilder::grow_with_traffic) or falls
@@ -75,8 +72,7 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 pub struct TokenBucket {
-    /// Thousandths of a token: every move of them is one read-modify-write
-    /// of this word.
+    /// Thousandths of a token.
     tokens: AtomicU64,
     /// The most `tokens` holds, in thousandths. Moves only when it
     /// [grows with traffic](TokenBucketBuilder::grow_with_traffic); a word of
@@ -277,9 +273,8 @@ impl TokenBucket {
         }
     }
 
-    /// Puts `amount` back, up to `capacity`; whether anything was written.
-    /// A healthy service keeps the bucket full: then a refund is two reads
-    /// and no write.
+    /// Puts `amount` back, up to `capacity`; whether anything was written
+    /// (nothing into a full bucket, a healthy service's).
     #[inline]
     fn put(&self, amount: u64, capacity: u64) -> bool {
         // Acquire: see `recheck`.
