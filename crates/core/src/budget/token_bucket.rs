@@ -74,9 +74,8 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 pub struct TokenBucket {
     /// Thousandths of a token.
     tokens: AtomicU64,
-    /// The most `tokens` holds, in thousandths. Moves only when it
-    /// [grows with traffic](TokenBucketBuilder::grow_with_traffic); a word of
-    /// its own, as two amounts of up to 2^50 thousandths do not fit in one.
+    /// The most `tokens` holds, in thousandths: a word of its own, as two
+    /// amounts of up to 2^50 thousandths do not fit in one.
     capacity: AtomicU64,
     retry_cost: u64,
     timeout_cost: u64,
