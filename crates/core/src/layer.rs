@@ -359,16 +359,12 @@ impl<P, T> BackoffBuilder<P, T> {
     }
 
     /// Checks `breaker` before every attempt goes out and tells it every
-    /// attempt's outcome (see [`breaker`](crate::breaker)): a host that keeps
-    /// failing is not called for a while. A request whose first attempt the
-    /// open breaker rejects ends at once with
-    /// [`Error::Open`](crate::Error::Open), without calling the inner
-    /// service or charging the budget; a retry it stops returns the outcome
-    /// before. So the layer's error becomes [`Error`](crate::Error) (the
-    /// timing type [`Guarded`](crate::deadline::Guarded), as an attempt
-    /// timeout makes it). Keep a clone of the handle to
-    /// read its [`state`](CircuitBreaker::state); give the same handle to
-    /// the layers of one host only.
+    /// attempt's outcome, so a host that keeps failing is not called for a
+    /// while; [`breaker`](crate::breaker#with-retries) says what a rejected
+    /// request or retry returns. The layer's error becomes
+    /// [`Error`](crate::Error), as with an attempt timeout. Keep a clone of
+    /// the handle to read its [`state`](CircuitBreaker::state); give the same
+    /// handle to the layers of one host only.
     pub fn circuit_breaker(self, breaker: CircuitBreaker) -> BackoffBuilder<P, Guarded>
     where
         T: IntoGuarded,
