@@ -106,10 +106,7 @@ impl<E> fmt::Display for Error<E> {
 
 impl<E: StdError + 'static> StdError for Error<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        match self {
-            Error::Inner(error) => Some(error),
-            Error::TimedOut(_) | Error::Open(_) => None,
-        }
+        self.get_ref().map(|error| error as _)
     }
 }
 
@@ -168,12 +165,12 @@ impl std::error::Error for ConfigError {}
 /// almost certainly a unit mistake (milliseconds passed as seconds), and tokio's
 /// timer cannot represent much more than that anyway.
 #[doc(hidden)]
-pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 60 * 60);
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// Rejects durations no timer should be asked for: longer than
 /// [`MAX_DURATION`], as every builder of the crate checks them.
 #[doc(hidden)]
-pub fn check_duration(field: &'static str, value: std::time::Duration) -> Result<(), ConfigError> {
+pub fn check_duration(field: &'static str, value: Duration) -> Result<(), ConfigError> {
     if value > MAX_DURATION {
         return Err(ConfigError::new(
             field,
@@ -181,6 +178,15 @@ pub fn check_duration(field: &'static str, value: std::time::Duration) -> Result
         ));
     }
     Ok(())
+}
+
+/// A time limit that can work: longer than zero, and passing
+/// [`check_duration`].
+pub(crate) fn check_limit(field: &'static str, value: Duration) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        return Err(ConfigError::new(field, "must be longer than zero"));
+    }
+    check_duration(field, value)
 }
 
 /// The error of a request whose first attempt an open breaker rejected:

@@ -10,10 +10,9 @@
 //! outcome itself, so an observer's type does not depend on the service's
 //! and adding one changes no type.
 //!
-//! Where an event happened is told beside it, as its [`Origin`]: the host
-//! (authority) of a per-host layer's copy and the layer's
-//! [name](crate::BackoffBuilder::name), so the copies of one per-host stack
-//! can be told apart. It is not in the event, which stays a `Copy` value.
+//! Where an event happened (a per-host copy's host, the layer's name) is
+//! told beside it as its [`Origin`], not in it: the event stays a `Copy`
+//! value.
 //!
 //! A retry is told when it goes out, never when it is decided: a retry that
 //! is stopped in between (the future is dropped, the budget refuses, the time
@@ -233,10 +232,7 @@ impl<'a> Outcome<'a> {
 
     /// Whether it was a response or an error.
     pub fn kind(&self) -> OutcomeKind {
-        match self.outcome {
-            Ok(_) => OutcomeKind::Response,
-            Err(_) => OutcomeKind::Error,
-        }
+        OutcomeKind::of(&self.outcome)
     }
 }
 

@@ -10,11 +10,11 @@ use tower_layer::Layer;
 
 use crate::adaptive::AdaptivePacing;
 use crate::breaker::CircuitBreaker;
-use crate::budget::{self, Budget, TokenBucket};
+use crate::budget::{Budget, TokenBucket};
 use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
 use crate::deadline::{Guarded, IntoGuarded, NoTimeout};
-use crate::error::{check_duration, ConfigError};
+use crate::error::{check_limit, ConfigError};
 use crate::events::{Observer, Origin, Outcome, RetryArgs, RetryHook};
 use crate::hedge::{Hedger, Hedging};
 use crate::jitter::Jitter;
@@ -270,10 +270,7 @@ struct Settings {
 enum BudgetChoice {
     #[default]
     Default,
-    // A token bucket is kept by value, like the default one: no dynamic call.
-    Bucket(TokenBucket),
-    Given(Box<dyn Budget>),
-    None,
+    Set(Option<LayerBudget>),
 }
 
 impl Default for BackoffBuilder {
@@ -362,27 +359,12 @@ impl<P, T> BackoffBuilder<P, T> {
     }
 
     /// Checks `breaker` before every attempt goes out and tells it every
-    /// attempt's outcome (see [`breaker`](crate::breaker)): a host that keeps
-    /// failing is not called for a while. A request whose first attempt the
-    /// open breaker rejects ends at once with
-    /// [`Error::Open`](crate::Error::Open), without calling the inner
-    /// service or charging the budget; a retry it stops returns the outcome
-    /// before. So the layer's error becomes [`Error`](crate::Error) (the
-    /// timing type [`Guarded`](crate::deadline::Guarded), as an attempt
-    /// timeout makes it). Keep a clone of the handle to
-    /// read its [`state`](CircuitBreaker::state); give the same handle to
-    /// the layers of one host only.
-    ///
-    /// ```
-    /// use tower_backoff_core::breaker::CircuitBreaker;
-    /// use tower_backoff_core::BackoffLayer;
-    ///
-    /// let layer = BackoffLayer::builder()
-    ///     .circuit_breaker(CircuitBreaker::new())
-    ///     .build()?;
-    /// # drop(layer);
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
-    /// ```
+    /// attempt's outcome, so a host that keeps failing is not called for a
+    /// while; [`breaker`](crate::breaker#with-retries) says what a rejected
+    /// request or retry returns. The layer's error becomes
+    /// [`Error`](crate::Error), as with an attempt timeout. Keep a clone of
+    /// the handle to read its [`state`](CircuitBreaker::state); give the same
+    /// handle to the layers of one host only.
     pub fn circuit_breaker(self, breaker: CircuitBreaker) -> BackoffBuilder<P, Guarded>
     where
         T: IntoGuarded,
@@ -428,12 +410,10 @@ impl<P, T> BackoffBuilder<P, T> {
         self
     }
 
-    /// Retries while the schedule's delay is below its cap, then stops: the
-    /// attempt after the last delay below the cap is the last one, and its
-    /// outcome is returned. The rule of "retry while the delay is below the
-    /// maximum, then try once more and let the error propagate": from 1 s
-    /// doubling to a 10 s cap, the sleeps are 1, 2, 4 and 8 s, and the fifth
-    /// attempt is the last. The attempt limit still applies; combine with
+    /// Retries while the schedule's delay is below its cap, then tries once
+    /// more and returns that outcome: from 1 s doubling to a 10 s cap, the
+    /// sleeps are 1, 2, 4 and 8 s, and the fifth attempt is the last. The
+    /// attempt limit still applies; combine with
     /// [`unlimited_attempts`](Self::unlimited_attempts) to let the cap alone
     /// decide. Delays a server asks for are not affected.
     ///
@@ -481,8 +461,10 @@ impl<P, T> BackoffBuilder<P, T> {
             .downcast_mut::<Option<TokenBucket>>()
             .and_then(Option::take);
         self.settings.budget = match (bucket, slot) {
-            (Some(bucket), _) => BudgetChoice::Bucket(bucket),
-            (None, Some(given)) => BudgetChoice::Given(Box::new(given)),
+            // A token bucket is kept by value, like the default one: no
+            // dynamic call.
+            (Some(bucket), _) => BudgetChoice::Set(Some(LayerBudget::Bucket(bucket))),
+            (None, Some(given)) => BudgetChoice::Set(Some(LayerBudget::Given(Box::new(given)))),
             // Only a bucket is taken out of the slot.
             (None, None) => BudgetChoice::Default,
         };
@@ -496,7 +478,7 @@ impl<P, T> BackoffBuilder<P, T> {
     /// cannot hurt: a single client of a server nobody else uses, a test, or a
     /// service that is already budgeted further out.
     pub fn no_budget(mut self) -> Self {
-        self.settings.budget = BudgetChoice::None;
+        self.settings.budget = BudgetChoice::Set(None);
         self
     }
 
@@ -549,15 +531,8 @@ impl<P, T> BackoffBuilder<P, T> {
     /// Names the layer: its events are told with the name in their
     /// [`Origin`](crate::events::Origin), its metrics carry the label
     /// `layer`, and its `tracing` records the field `layer`, so two layers of
-    /// one process (a payments client, a search client) can be told apart.
-    ///
-    /// ```
-    /// use tower_backoff_core::BackoffLayer;
-    ///
-    /// let layer = BackoffLayer::builder().name("payments").build()?;
-    /// assert_eq!(layer.layer_name(), Some("payments"));
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
-    /// ```
+    /// one process (a payments client, a search client) can be told apart;
+    /// see [`BackoffLayer::for_host`] for an example.
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.settings.name = Some(name.into());
         self
@@ -628,25 +603,17 @@ impl<P, T> BackoffBuilder<P, T> {
         } = self.settings;
         limits.validate(&self.schedule)?;
         if let Some(limit) = attempt_timeout {
-            if limit.is_zero() {
-                return Err(ConfigError::new(
-                    "attempt_timeout",
-                    "must be longer than zero",
-                ));
-            }
-            check_duration("attempt_timeout", limit)?;
+            check_limit("attempt_timeout", limit)?;
         }
-        limits.check_bounded(!matches!(budget, BudgetChoice::None))?;
+        limits.check_bounded(!matches!(budget, BudgetChoice::Set(None)))?;
         if let Some(hedging) = &hedging {
             hedging.validate()?;
         }
         let budget = match budget {
-            BudgetChoice::Default => Some(LayerBudget::Bucket(budget::default_budget(
+            BudgetChoice::Default => Some(LayerBudget::Bucket(TokenBucket::fleet_safe(
                 limits.max_attempts,
             ))),
-            BudgetChoice::Bucket(bucket) => Some(LayerBudget::Bucket(bucket)),
-            BudgetChoice::Given(budget) => Some(LayerBudget::Given(budget)),
-            BudgetChoice::None => None,
+            BudgetChoice::Set(budget) => budget,
         };
         let pacing_set = pacing.is_some();
         let budget_counts_calls = matches!(budget, Some(LayerBudget::Given(_)));
@@ -690,8 +657,8 @@ impl<P, T> fmt::Debug for BackoffBuilder<P, T> {
                 "budget",
                 &match self.settings.budget {
                     BudgetChoice::Default => "default",
-                    BudgetChoice::Given(_) | BudgetChoice::Bucket(_) => "given",
-                    BudgetChoice::None => "none",
+                    BudgetChoice::Set(Some(_)) => "given",
+                    BudgetChoice::Set(None) => "none",
                 },
             )
             .field("pacing", &self.settings.pacing)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::error::{check_duration, ConfigError};
+use crate::error::{check_limit, ConfigError};
 use crate::jitter::Jitter;
 use crate::schedule::Schedule;
 
@@ -49,17 +49,12 @@ impl Limits {
             ));
         }
         if let Some(limit) = self.max_elapsed {
-            if limit.is_zero() {
-                return Err(ConfigError::new("max_elapsed", "must be longer than zero"));
-            }
-            check_duration("max_elapsed", limit)?;
+            check_limit("max_elapsed", limit)?;
         }
         self.jitter.validate()?;
         schedule.validate()
     }
-}
 
-impl Limits {
     /// Refuses unlimited attempts that nothing else would end: no time limit,
     /// no stop at the cap, and (`budgeted` false) no budget.
     pub(crate) fn check_bounded(&self, budgeted: bool) -> Result<(), ConfigError> {

@@ -44,50 +44,75 @@ const ENDED: &str = "tower_backoff.call.ended";
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Metrics;
 
-impl Observer for Metrics {
-    fn on_event_from(&self, event: &Event, origin: &Origin) {
-        if origin.is_unknown() {
-            self.on_event(event)
-        } else {
-            labelled(event, origin)
-        }
-    }
-
-    fn on_event(&self, event: &Event) {
-        let end = match event {
-            Event::Ended(end) => end,
+/// Records every series of `event` but the [`ENDED`] counter, whose label
+/// differs between the two paths, and evaluates to the ending, if any. Each
+/// key is the name alone, or with `$labels` when given: a macro, so that an
+/// unlabelled key stays a literal the facade keeps in a static.
+macro_rules! record {
+    ($event:expr $(, $labels:expr)?) => {{
+        match $event {
+            Event::Ended(end) => {
+                metrics::histogram!("tower_backoff.call.attempts" $(, $labels)?)
+                    .record(f64::from(end.attempts()));
+                if end.hedges() > 0 {
+                    metrics::histogram!("tower_backoff.call.hedges" $(, $labels)?)
+                        .record(f64::from(end.hedges()));
+                }
+                if end.retries() > 0 {
+                    metrics::histogram!("tower_backoff.call.retries" $(, $labels)?)
+                        .record(f64::from(end.retries()));
+                    metrics::histogram!("tower_backoff.call.retry_delay" $(, $labels)?)
+                        .record(end.slept().as_secs_f64());
+                }
+                if end.transparent_retries() > 0 {
+                    metrics::histogram!("tower_backoff.call.transparent_retries" $(, $labels)?)
+                        .record(f64::from(end.transparent_retries()));
+                }
+                if end.ending() == Ending::BudgetRefused {
+                    metrics::counter!("tower_backoff.budget.refusals" $(, $labels)?).increment(1);
+                }
+                Some(end.ending())
+            }
             Event::Breaker(state) => {
                 let value = match state {
                     BreakerState::Closed => 0.0,
                     BreakerState::Open => 1.0,
                     BreakerState::HalfOpen => 2.0,
                 };
-                metrics::gauge!("tower_backoff.breaker.state").set(value);
-                return;
+                metrics::gauge!("tower_backoff.breaker.state" $(, $labels)?).set(value);
+                None
             }
             Event::Rejected(_) => {
-                metrics::counter!("tower_backoff.breaker.rejections").increment(1);
-                return;
+                metrics::counter!("tower_backoff.breaker.rejections" $(, $labels)?).increment(1);
+                None
             }
-            _ => return,
+            _ => None,
+        }
+    }};
+}
+
+impl Observer for Metrics {
+    /// The same series, labelled with `origin` unless it names nothing. A
+    /// labelled key is made per event: a per-host or named layer pays a
+    /// small allocation (the labels' list; the strings are shared) per
+    /// series recorded.
+    fn on_event_from(&self, event: &Event, origin: &Origin) {
+        if origin.is_unknown() {
+            return self.on_event(event);
+        }
+        let Some(ending) = record!(event, labels(origin)) else {
+            return;
         };
-        let attempts = end.attempts();
-        metrics::histogram!("tower_backoff.call.attempts").record(f64::from(attempts));
-        let retries = end.retries();
-        if end.hedges() > 0 {
-            metrics::histogram!("tower_backoff.call.hedges").record(f64::from(end.hedges()));
-        }
-        if retries > 0 {
-            metrics::histogram!("tower_backoff.call.retries").record(f64::from(retries));
-            metrics::histogram!("tower_backoff.call.retry_delay").record(end.slept().as_secs_f64());
-        }
-        if end.transparent_retries() > 0 {
-            metrics::histogram!("tower_backoff.call.transparent_retries")
-                .record(f64::from(end.transparent_retries()));
-        }
+        let mut labels = labels(origin);
+        labels.push(Label::from_static_parts("ending", ending_label(ending)));
+        metrics::counter!(ENDED, labels).increment(1);
+    }
+
+    fn on_event(&self, event: &Event) {
+        let Some(ending) = record!(event) else { return };
         // A literal label per arm: the facade keeps such a key in a static,
         // where a label from a variable would allocate on every request.
-        let ended = match end.ending() {
+        let ended = match ending {
             Ending::Success => metrics::counter!(ENDED, "ending" => "success"),
             Ending::Final => metrics::counter!(ENDED, "ending" => "final"),
             Ending::OutOfAttempts => metrics::counter!(ENDED, "ending" => "out_of_attempts"),
@@ -97,9 +122,6 @@ impl Observer for Metrics {
             Ending::BreakerOpen => metrics::counter!(ENDED, "ending" => "breaker_open"),
         };
         ended.increment(1);
-        if end.ending() == Ending::BudgetRefused {
-            metrics::counter!("tower_backoff.budget.refusals").increment(1);
-        }
     }
 }
 
@@ -115,50 +137,9 @@ fn labels(origin: &Origin) -> Vec<Label> {
     labels
 }
 
-/// [`Metrics::on_event`] for a layer copy with an origin: the same series,
-/// labelled. Its keys are made per event, unlike the static ones of an
-/// unlabelled layer: a per-host or named layer pays a small allocation (the
-/// labels' list; the strings are shared) per series recorded.
-fn labelled(event: &Event, origin: &Origin) {
-    let end = match event {
-        Event::Ended(end) => end,
-        Event::Breaker(state) => {
-            let value = match state {
-                BreakerState::Closed => 0.0,
-                BreakerState::Open => 1.0,
-                BreakerState::HalfOpen => 2.0,
-            };
-            metrics::gauge!("tower_backoff.breaker.state", labels(origin)).set(value);
-            return;
-        }
-        Event::Rejected(_) => {
-            metrics::counter!("tower_backoff.breaker.rejections", labels(origin)).increment(1);
-            return;
-        }
-        _ => return,
-    };
-    let labels = labels(origin);
-    metrics::histogram!("tower_backoff.call.attempts", labels.clone())
-        .record(f64::from(end.attempts()));
-    let retries = end.retries();
-    if end.hedges() > 0 {
-        metrics::histogram!("tower_backoff.call.hedges", labels.clone())
-            .record(f64::from(end.hedges()));
-    }
-    if retries > 0 {
-        metrics::histogram!("tower_backoff.call.retries", labels.clone())
-            .record(f64::from(retries));
-        metrics::histogram!("tower_backoff.call.retry_delay", labels.clone())
-            .record(end.slept().as_secs_f64());
-    }
-    if end.transparent_retries() > 0 {
-        metrics::histogram!("tower_backoff.call.transparent_retries", labels.clone())
-            .record(f64::from(end.transparent_retries()));
-    }
-    if end.ending() == Ending::BudgetRefused {
-        metrics::counter!("tower_backoff.budget.refusals", labels.clone()).increment(1);
-    }
-    let ending = match end.ending() {
+/// The value of the `ending` label.
+fn ending_label(ending: Ending) -> &'static str {
+    match ending {
         Ending::Success => "success",
         Ending::Final => "final",
         Ending::OutOfAttempts => "out_of_attempts",
@@ -166,8 +147,5 @@ fn labelled(event: &Event, origin: &Origin) {
         Ending::BudgetRefused => "budget_refused",
         Ending::NotReplayable => "not_replayable",
         Ending::BreakerOpen => "breaker_open",
-    };
-    let mut labels = labels;
-    labels.push(Label::from_static_parts("ending", ending));
-    metrics::counter!(ENDED, labels).increment(1);
+    }
 }

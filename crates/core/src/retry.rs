@@ -11,7 +11,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::budget::{self, Budget};
+use crate::budget::{Budget, TokenBucket};
 use crate::decision::Cause;
 use crate::engine::{self, Rules, Session};
 use crate::error::{ConfigError, MAX_DURATION};
@@ -172,12 +172,9 @@ impl<F, W, N> RetryCall<F, W, N> {
     }
 
     /// Calls `hook(&retry, outcome)` as each retry starts, after its sleep
-    /// and once the budget paid for it, to log or count retries: a retry
-    /// that was stopped is never notified. The same closure shape, told at
-    /// the same moment, as the layer's
-    /// [`on_retry`](crate::BackoffBuilder::on_retry): [`RetryArgs`] say the
-    /// attempt that failed, the delay slept and the cause, and
-    /// [`Outcome`] holds the error being retried.
+    /// and once the budget paid for it (never for a retry that was
+    /// stopped), as the layer's [`on_retry`](crate::BackoffBuilder::on_retry)
+    /// does: [`Outcome`] holds the error being retried.
     pub fn on_retry<N2, Fut, T, E>(self, hook: N2) -> RetryCall<F, W, N2>
     where
         F: FnMut() -> Fut,
@@ -391,7 +388,7 @@ where
                     }
                     if let (BudgetChoice::Default(made), None) = (&settings.budget, &this.budget) {
                         let budget = made.get_or_init(|| {
-                            Arc::new(budget::default_budget(settings.limits.max_attempts))
+                            Arc::new(TokenBucket::fleet_safe(settings.limits.max_attempts))
                         });
                         // This run's first attempt, told late: the budget did
                         // not exist yet when it went out.

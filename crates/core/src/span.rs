@@ -8,7 +8,6 @@
 //! happy path's future stays the size of `tower::retry`'s. Without the
 //! feature a retry is its bare future.
 
-#[cfg(feature = "tracing")]
 use crate::engine::Retry;
 use crate::events::{Origin, OutcomeKind};
 
@@ -19,31 +18,31 @@ pub(crate) type Traced<F> = tracing::instrument::Instrumented<F>;
 #[cfg(not(feature = "tracing"))]
 pub(crate) type Traced<F> = F;
 
-/// Attempt number `attempt`'s future (2 for the first retry), sent as
-/// `retry` by the layer copy `origin` names, in its span.
-#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
-pub(crate) fn retry<F>(
-    future: F,
-    attempt: u32,
-    retry: &crate::engine::Retry,
-    origin: &Origin,
-) -> Traced<F> {
-    #[cfg(feature = "tracing")]
-    {
+/// `$future`, attempt number `$attempt` of the layer copy `$origin` names,
+/// in its span, with the fields `$extra` between the origin and the outcome.
+#[cfg(feature = "tracing")]
+macro_rules! in_span {
+    ($future:expr, $attempt:expr, $origin:expr, $($extra:tt)*) => {{
         use tracing::Instrument;
-        let Retry { delay, cause, .. } = *retry;
-        let span = tracing::debug_span!(
+        let attempt: u32 = $attempt;
+        $future.instrument(tracing::debug_span!(
             "attempt",
             attempt,
             http.request.resend_count = attempt - 1,
-            host = origin.host(),
-            layer = origin.layer_name(),
-            delay = ?delay,
-            cause = ?cause,
+            host = $origin.host(),
+            layer = $origin.layer_name(),
+            $($extra)*
             outcome = tracing::field::Empty,
-        );
-        future.instrument(span)
-    }
+        ))
+    }};
+}
+
+/// Attempt number `attempt`'s future (2 for the first retry), sent as
+/// `retry` by the layer copy `origin` names, in its span.
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn retry<F>(future: F, attempt: u32, retry: &Retry, origin: &Origin) -> Traced<F> {
+    #[cfg(feature = "tracing")]
+    return in_span!(future, attempt, origin, delay = ?retry.delay, cause = ?retry.cause,);
     #[cfg(not(feature = "tracing"))]
     future
 }
@@ -53,19 +52,7 @@ pub(crate) fn retry<F>(
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
 pub(crate) fn hedge<F>(future: F, attempt: u32, origin: &Origin) -> Traced<F> {
     #[cfg(feature = "tracing")]
-    {
-        use tracing::Instrument;
-        let span = tracing::debug_span!(
-            "attempt",
-            attempt,
-            http.request.resend_count = attempt - 1,
-            host = origin.host(),
-            layer = origin.layer_name(),
-            hedge = true,
-            outcome = tracing::field::Empty,
-        );
-        future.instrument(span)
-    }
+    return in_span!(future, attempt, origin, hedge = true,);
     #[cfg(not(feature = "tracing"))]
     future
 }

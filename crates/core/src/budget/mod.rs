@@ -29,28 +29,17 @@
 //! its pace; a budget would only refuse what the server invited back).
 //! Timeouts always pay: the server may still be working on them.
 //!
-//! Measured in the simulation (`crates/sim`, asserted in `tests/sim.rs` and
-//! `tests/sim_pacing.rs`, tables in `docs/RESULTS.md`):
-//!
-//! - **Full outage, 1,000 independent processes** at 1 request/s each, 60 s:
-//!   1.033 attempts per request, 2 retries in all after the first 10 s; the
-//!   same 1.033 after 30 s of healthy traffic, and 1.032 after a busy spell
-//!   (1,000 requests/s for 2 s) and ten quiet minutes. The AWS standard
-//!   bucket ([`TokenBucket::new`], 500 tokens each) makes 2.65: every
-//!   process spends its own reserve.
-//! - **Full outage, clones of one layer** (1,000 requests/s in all, 30 s):
-//!   two retries in all, at 10, 100 or 1,000 clones.
-//! - **Partial failure** (each attempt fails with p = 0.1, 3 attempts): one
-//!   shared layer fails 0.0025 percentage points more requests than no
-//!   budget; 1,000 independent layers 0.027 (0.024 over ten seeds): the
-//!   retries a bucket cannot pay right after one request spent them all.
-//! - **Throttling**: 8 workers writing to a store of 20 writes a second
-//!   through shared pacing store exactly what they store with no budget.
-//! - **Conflicts** cost nothing: 100 clients racing on one record make the
-//!   same write calls as with no budget.
-//! - **Happy path**: a success that finds the bucket full reads three
-//!   atomics (whether its traffic is being measured, and the bucket's
-//!   tokens and capacity) and writes none; no clock.
+//! In the simulation (`crates/sim`, asserted in `tests/sim.rs` and
+//! `tests/sim_pacing.rs`, tables in `docs/RESULTS.md`), a full outage of
+//! 1,000 independent processes makes 1.033 attempts per request, where the
+//! AWS standard bucket ([`TokenBucket::new`], 500 tokens each) makes 2.65
+//! because every process spends its own reserve; clones of one layer make
+//! two retries in all. A partial failure (p = 0.1 per attempt) fails 0.027
+//! percentage points more requests than no budget across 1,000 independent
+//! layers, and throttled or conflicting clients make the same calls as with
+//! no budget. A success that finds the bucket full reads three atomics
+//! (whether its traffic is being measured, the tokens, the capacity), writes
+//! none and reads no clock.
 //!
 //! Pass [`TokenBucket::new`] (the AWS SDKs' standard mode) or a
 //! [`RatioBudget`] to cap the extra load at a fixed share instead; share one
@@ -121,47 +110,27 @@ pub trait Budget: Send + Sync {
     }
 }
 
-impl<B: Budget + ?Sized> Budget for Arc<B> {
-    fn on_first_attempt(&self) {
-        (**self).on_first_attempt()
-    }
-    fn would_allow(&self, cause: Cause) -> bool {
-        (**self).would_allow(cause)
-    }
-    fn try_retry(&self, cause: Cause) -> bool {
-        (**self).try_retry(cause)
-    }
-    fn on_success(&self, last_retry: Option<Cause>) {
-        (**self).on_success(last_retry)
-    }
-    fn balance(&self) -> Option<u64> {
-        (**self).balance()
-    }
+/// A shared or borrowed budget is the budget itself: every call forwards.
+macro_rules! forward_budget {
+    ($($by:ty),*) => {$(
+        impl<B: Budget + ?Sized> Budget for $by {
+            fn on_first_attempt(&self) {
+                (**self).on_first_attempt()
+            }
+            fn would_allow(&self, cause: Cause) -> bool {
+                (**self).would_allow(cause)
+            }
+            fn try_retry(&self, cause: Cause) -> bool {
+                (**self).try_retry(cause)
+            }
+            fn on_success(&self, last_retry: Option<Cause>) {
+                (**self).on_success(last_retry)
+            }
+            fn balance(&self) -> Option<u64> {
+                (**self).balance()
+            }
+        }
+    )*};
 }
 
-impl<B: Budget + ?Sized> Budget for &'static B {
-    fn on_first_attempt(&self) {
-        (**self).on_first_attempt()
-    }
-    fn would_allow(&self, cause: Cause) -> bool {
-        (**self).would_allow(cause)
-    }
-    fn try_retry(&self, cause: Cause) -> bool {
-        (**self).try_retry(cause)
-    }
-    fn on_success(&self, last_retry: Option<Cause>) {
-        (**self).on_success(last_retry)
-    }
-    fn balance(&self) -> Option<u64> {
-        (**self).balance()
-    }
-}
-
-/// The budget a layer of `max_attempts` gets when it is given none: a
-/// [`TokenBucket::fleet_safe`] (see [the module docs](self) for why). On the happy path it costs
-/// three relaxed loads: `on_first_attempt` is empty, a success is counted
-/// only while a measurement of the traffic is open, and its refund finds the
-/// bucket full.
-pub(crate) fn default_budget(max_attempts: u32) -> TokenBucket {
-    TokenBucket::fleet_safe(max_attempts)
-}
+forward_budget!(Arc<B>, &'static B);

@@ -69,13 +69,10 @@ const PARTS_PER_MILLION: u64 = 1_000_000;
 /// earning is one atomic add, a retry a compare-and-swap on the retry total,
 /// so two retries can never both take the last place.
 ///
-/// # The clock
-/// Every operation needs the slot the clock is in, and reads
-/// `tokio::time::Instant` for it, so a paused test clock drives the window.
-///
 /// # Accuracy
-/// The bound is exact within each tenth of the window: an operation counts
-/// in the slot the clock was in when its thread read it. When the clock
+/// Every operation reads `tokio::time::Instant` (so a paused test clock
+/// drives the window) and counts in the slot the clock was in when its
+/// thread read it: the bound is exact within each tenth of the window. When the clock
 /// moves on between that read and the count (a thread preempted there), an
 /// earning counts in the slot before, and leaves the window a tenth early,
 /// which only refuses more; a retry is checked against the window its thread

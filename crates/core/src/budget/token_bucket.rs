@@ -22,10 +22,8 @@ const MAX_TOKENS: u64 = 1 << 40;
 /// retries.
 const FLEET_SAFE_SHARE: f64 = 0.1;
 
-/// The span of traffic a growing capacity is sized to: the last 10 s.
-const GROWTH_WINDOW_SECS: f64 = 10.0;
-
-/// The same span, over which a measured capacity falls back to its floor.
+/// The span of traffic a growing capacity is sized to, and over which a
+/// measured capacity falls back to its floor.
 const GROWTH_WINDOW_MS: u64 = 10_000;
 
 /// A retry budget that charges each retry tokens and refunds some on success,
@@ -47,17 +45,14 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// `capacity + refunds + refill × seconds`: in a full outage, with no refill,
 /// at most `capacity / cost` retries go out in all, however long it lasts.
 ///
-/// Defaults: capacity 500, retry cost 5, timeout cost 10, throttling cost 5,
-/// success refund 1, no refill. Every operation is a few atomic instructions,
-/// with no lock; a refill reads the clock only when one is configured.
-///
 /// # Under contention
-/// The tokens are one atomic word, and every move of them (a retry paid, a
-/// refund, a refill) is one compare-and-swap on it, so no race creates or
-/// loses a token, and threads racing for the last tokens never both get
-/// them. Threads that retry at once all write that one word, so they take
-/// turns on its cache line; a retry is a request over the network, which
-/// costs far more. A refund into a full bucket writes nothing.
+/// No lock: the tokens are one atomic word, and every move of them (a retry
+/// paid, a refund, a refill) is one compare-and-swap on it, so no race
+/// creates or loses a token, and threads racing for the last tokens never
+/// both get them. Threads that retry at once take turns on its cache line;
+/// a retry is a request over the network, which costs far more. A refund
+/// into a full bucket writes nothing; only a configured refill reads the
+/// clock.
 ///
 /// The capacity is a second word, written only when it
 /// [grows with traffic](TokenBucketBuilder::grow_with_traffic) or falls
@@ -77,12 +72,10 @@ const GROWTH_WINDOW_MS: u64 = 10_000;
 /// # Ok::<_, tower_backoff_core::ConfigError>(())
 /// ```
 pub struct TokenBucket {
-    /// Thousandths of a token: every move of them is one read-modify-write
-    /// of this word.
+    /// Thousandths of a token.
     tokens: AtomicU64,
-    /// The most `tokens` holds, in thousandths. Moves only when it
-    /// [grows with traffic](TokenBucketBuilder::grow_with_traffic); a word of
-    /// its own, as two amounts of up to 2^50 thousandths do not fit in one.
+    /// The most `tokens` holds, in thousandths: a word of its own, as two
+    /// amounts of up to 2^50 thousandths do not fit in one.
     capacity: AtomicU64,
     retry_cost: u64,
     timeout_cost: u64,
@@ -155,23 +148,11 @@ impl TokenBucket {
     /// The budget a layer built with no budget option gets, for requests of
     /// `max_attempts` attempts: safe when every process of a fleet builds its
     /// own layer, and never in the way of a quiet process's first failure.
-    ///
-    /// One token is one retry, whatever its cause. The bucket starts full,
-    /// holding one request's retries (`max_attempts - 1`; two when the
-    /// attempts are unlimited), so the first request that fails on a new or
-    /// quiet client makes every attempt it is allowed, a retry after a
-    /// timeout included. Every success earns one retry, and a retry that
-    /// succeeds also gives its own cost back: a request that got through
-    /// on its third attempt leaves the bucket as it found it. The capacity is that one
-    /// request's retries, growing with the layer's own traffic to a tenth of
-    /// its first-try successes of the last 10 s, and falling back with it:
-    /// a capacity measured in a busy spell returns to the floor over the 10 s
-    /// after it was measured, unless a newer measurement renews it.
-    ///
-    /// So in an outage a process's retries are bounded by one request's
-    /// retries or, if more, a tenth of what its own last 10 s of traffic
-    /// earned, however many processes there are. Measured in the simulation
-    /// (see [the module docs](super) for the table).
+    /// Each retry costs one token; the bucket starts full with one request's
+    /// retries (`max_attempts - 1`, two when unlimited); every success earns
+    /// one, a retried one its cost too; and the capacity grows to a tenth of
+    /// the first-try successes of the last 10 s, falling back over the next
+    /// 10 s. See [the module docs](super#the-default) for why and what it bounds.
     pub fn fleet_safe(max_attempts: u32) -> Self {
         Self::fleet_safe_builder(max_attempts)
             .build()
@@ -249,16 +230,12 @@ impl TokenBucket {
 
     fn cost(&self, cause: Cause) -> u64 {
         match cause {
-            Cause::Transient => self.retry_cost,
             Cause::Timeout => self.timeout_cost,
             Cause::Throttled => self.throttled_cost,
-            // The layer charges nothing for a transparent retry; a second one
-            // is an ordinary failure to connect.
-            Cause::NotSent => self.retry_cost,
-            // The layer charges nothing for a conflict either; a budget
-            // asked directly charges it as any retry.
-            Cause::Conflict => self.retry_cost,
-            Cause::Hedge => self.retry_cost,
+            // The layer charges nothing for a transparent retry (a second one
+            // is an ordinary failure to connect) nor for a conflict; a budget
+            // asked directly charges them as any retry.
+            Cause::Transient | Cause::NotSent | Cause::Conflict | Cause::Hedge => self.retry_cost,
         }
     }
 
@@ -295,9 +272,8 @@ impl TokenBucket {
         }
     }
 
-    /// Puts `amount` back, up to `capacity`; whether anything was written.
-    /// A healthy service keeps the bucket full: then a refund is two reads
-    /// and no write.
+    /// Puts `amount` back, up to `capacity`; whether anything was written
+    /// (nothing into a full bucket, a healthy service's).
     #[inline]
     fn put(&self, amount: u64, capacity: u64) -> bool {
         // Acquire: see `recheck`.
@@ -736,7 +712,8 @@ impl TokenBucketBuilder {
                 self.capacity * MILLI,
                 // Tokens of capacity per success a second: the share of a
                 // window's successes, each worth a transient retry's cost.
-                (share * GROWTH_WINDOW_SECS * (self.retry_cost * MILLI) as f64) as u64,
+                (share * (GROWTH_WINDOW_MS / 1000) as f64 * (self.retry_cost * MILLI) as f64)
+                    as u64,
             )),
         };
         let refill = (self.refill_per_second > 0).then(|| Refill::starting(self.refill_per_second));
