@@ -147,13 +147,10 @@ impl Jitter {
 ///
 /// # Why not `rand`
 ///
-/// rand's `SmallRng` (0.10, Xoshiro256++) costs more where a retry pays for
-/// it: a stream from entropy takes 187 instructions against 27 here, a seeded
-/// stream 64 against 27, a full-jitter draw 81 against 72, and it is 32 bytes
-/// against 8 in every retrying request's session. A request that fails twice
-/// would pay about 184 more instructions, 3 % of its path through the layer
-/// (rustc 1.95, x86_64). `bash benches/callgrind_jitter.sh` counts
-/// them; the table is in `docs/RESULTS.md`.
+/// rand's `SmallRng` costs more where a retry pays for it: 187 instructions
+/// for a stream from entropy against 27 here, and 32 bytes against 8 in every
+/// retrying request's session (`bash benches/callgrind_jitter.sh`; the table
+/// is in `docs/RESULTS.md`).
 #[derive(Debug, Clone)]
 pub struct Rng {
     state: u64,
