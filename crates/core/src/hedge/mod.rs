@@ -146,42 +146,30 @@ impl Hedging {
 
     /// The error naming the first setting that cannot work.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |field, reason: String| Err(ConfigError::new(field, reason));
         match self.delay {
             Delay::Fixed(delay) => check_duration("hedge.delay", delay)?,
-            Delay::Percentile(p) => {
-                if !(p > 0.0 && p < 100.0) {
-                    return Err(ConfigError::new(
-                        "hedge.percentile",
-                        format!("must be in (0, 100), got {p}"),
-                    ));
-                }
+            Delay::Percentile(p) if !(p > 0.0 && p < 100.0) => {
+                return fail("hedge.percentile", format!("must be in (0, 100), got {p}"));
             }
+            Delay::Percentile(_) => {}
         }
-        if !(2..=5).contains(&self.max_copies) {
-            return Err(ConfigError::new(
-                "hedge.max_copies",
-                format!("must be 2 to 5, got {}", self.max_copies),
-            ));
+        let (copies, share) = (self.max_copies, self.max_extra_load);
+        if !(2..=5).contains(&copies) {
+            return fail("hedge.max_copies", format!("must be 2 to 5, got {copies}"));
         }
-        let share = self.max_extra_load;
         if !(share > 0.0 && share <= 1.0) {
-            return Err(ConfigError::new(
+            return fail(
                 "hedge.max_extra_load",
                 format!("must be in (0, 1], got {share}"),
-            ));
+            );
         }
         if self.period.is_zero() {
-            return Err(ConfigError::new(
-                "hedge.window",
-                "period must be longer than zero",
-            ));
+            return fail("hedge.window", "period must be longer than zero".into());
         }
         check_duration("hedge.window", self.period)?;
         if self.min_samples == 0 {
-            return Err(ConfigError::new(
-                "hedge.window",
-                "samples must be at least 1",
-            ));
+            return fail("hedge.window", "samples must be at least 1".into());
         }
         Ok(())
     }
