@@ -10,20 +10,10 @@ use crate::schedule::nanos_capped;
 
 /// How a schedule's delay is randomized before the request sleeps.
 ///
-/// Every variant keeps the result at or below the schedule's
-/// [`cap`](crate::Schedule::cap): a cap of 10 s means no sleep is
-/// ever longer than 10 s, jitter included.
-///
-/// | variant | delay for a schedule delay `d` |
-/// |---|---|
-/// | `None` | `d` |
-/// | `Full` | uniform in `[0, d]` |
-/// | `Equal` | `d/2` + uniform in `[0, d/2]` |
-/// | `Decorrelated` | uniform in `[base, 3 × previous]`, capped; `base` is the first delay |
-/// | `Proportional(r)` | `d` × uniform in `[1 − r, 1 + r]`, capped |
-///
-/// `Full` is the default: in AWS's measurements it spreads competing clients best
-/// and finishes contended work with the fewest calls.
+/// For a schedule delay `d`, each variant below gives a delay at or below
+/// the schedule's [`cap`](crate::Schedule::cap), jitter included. `Full` is
+/// the default: in AWS's measurements it spreads competing clients best and
+/// finishes contended work with the fewest calls.
 ///
 /// ```
 /// use std::time::Duration;

@@ -43,13 +43,10 @@
 //! [events](crate::events::Event) every observer sees;
 //! [`Stats`](crate::Stats) counts rejections.
 //!
-//! A layer without a breaker keeps its types and pays nothing for this
-//! module: the check is compiled out. With one, a closed breaker costs an
-//! attempt one atomic load before it goes out, and a success one load and
-//! one relaxed add when it comes back. No clock is read but for a failure
-//! and for the success that completes a batch: about twenty reads in each
-//! tenth of the window at a steady rate (see the window's placing of
-//! successes in time, in `window.rs`).
+//! A layer without a breaker keeps its types and pays nothing: the check is
+//! compiled out. With one, a closed breaker costs an attempt one atomic load,
+//! and a success one load and one relaxed add; see
+//! [`record`](CircuitBreaker::record) for when the clock is read.
 //!
 //! # Why a breaker, not client-side adaptive throttling
 //! Google's SRE book (chapter 21) rejects each request locally with
@@ -342,8 +339,8 @@ impl CircuitBreaker {
     /// An attempt's outcome: a failure (the policy asked for a retry) or
     /// not. Returns the state the breaker moved to, if this moved it. A
     /// success to a closed breaker reads no clock, but for the one that
-    /// completes a batch (see the window's placing of successes in time, in
-    /// `window.rs`).
+    /// completes a batch: about twenty in each tenth of the window at a
+    /// steady rate (see `window.rs`).
     pub fn record(&self, failed: bool) -> Option<BreakerState> {
         if !failed && self.shared.state.load(Ordering::Acquire) == CLOSED {
             if self.shared.window.success() {
