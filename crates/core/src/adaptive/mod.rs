@@ -44,9 +44,10 @@
 //!    unequal clients converge on fair shares.
 //!
 //! Pacing turns itself off when a clean round would set a rate above the peak
-//! and the rate in force let through at least twice what was sent (below the
-//! peak, clients queued behind it would all leave at once). The next
-//! throttled outcome turns it back on, with one round measuring at full speed.
+//! and the rate in force let through at least twice what was sent, and a
+//! send or so more (below the peak, clients queued behind it would all leave
+//! at once). The next throttled outcome turns it back on, with one round
+//! measuring at full speed.
 //!
 //! **Backpressure, not sleeps.** Sends take slots on one shared timeline,
 //! `1 / rate` apart, in `poll_ready`, as `tower::limit::RateLimit` does: the
