@@ -12,15 +12,12 @@
 //! like any other (the HTTP policy calls it [`Cause::Timeout`](crate::Cause)).
 //!
 //! Cutting an attempt short needs an error to end it with, and the inner
-//! service's own error type has none to offer (hyper's and reqwest's errors
+//! service's error type has none to offer (hyper's and reqwest's errors
 //! cannot be made from outside), so such a layer's error is [`Error<E>`]: the
-//! inner error as is, or the time-out, with the inner error as its
-//! [`source`](std::error::Error::source). A layer without attempt timeouts
+//! inner error as is, or the time-out. A layer without attempt timeouts
 //! keeps the inner service's error type and pays nothing for this module.
-//!
-//! Composing `tower::timeout` inside the layer still works, as before: each
-//! attempt then has a fixed timeout that does not shrink as the deadline
-//! nears.
+//! `tower::timeout` inside the layer still works, with a fixed timeout that
+//! does not shrink as the deadline nears.
 
 use std::fmt;
 use std::future::Future;
@@ -115,10 +112,9 @@ impl<E> AttemptTimer<E> for NoTimeout {
 /// The timing of a layer whose error is [`Error`]: what an
 /// [attempt timeout](crate::BackoffBuilder::attempt_timeout) or a
 /// [circuit breaker](crate::BackoffBuilder::circuit_breaker) makes of a
-/// layer, and what every HTTP layer has. With an attempt timeout, every
-/// attempt may take at most that long, and no longer than the time left
-/// before the request's deadline; without one, attempts run as long as the
-/// inner service takes. One type whatever else is set, so that the service's
+/// layer, and what every HTTP layer has. With an attempt timeout, an attempt
+/// takes at most that long, and no longer than the time left before the
+/// request's deadline. One type whatever else is set, so that the service's
 /// type stays the same as options are added.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Guarded {
@@ -179,8 +175,7 @@ impl<E> AttemptTimer<E> for Guarded {
 /// The timer of one attempt of a [`Guarded`] layer: resolves to the
 /// time-out error when the attempt's time is up; never without an attempt
 /// timeout. Boxed, so that a guarded layer without one (every HTTP layer by
-/// default, any layer with a breaker) keeps a future one pointer larger than
-/// the defaults', not a timer larger.
+/// default) keeps a future one pointer larger, not a timer larger.
 pub struct Expiry<E> {
     timer: Option<Pin<Box<Timer>>>,
     error: PhantomData<fn() -> E>,

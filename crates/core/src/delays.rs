@@ -1,10 +1,6 @@
 //! [`Delays`]: the delays of a schedule, one after another, for loops written
-//! by hand.
-//!
-//! A [`Schedule`] and a [`Jitter`] are stateless so that one value serves every
-//! request; the state of one sequence (which retry comes next, what was slept
-//! before, the random stream) is what `Delays` carries, so a reconnect loop
-//! does not have to.
+//! by hand. A [`Schedule`] and a [`Jitter`] are stateless so that one value
+//! serves every request; `Delays` carries the state of one sequence.
 
 use std::fmt;
 use std::time::Duration;
@@ -18,15 +14,10 @@ use crate::limits::UNLIMITED_ATTEMPTS;
 use crate::schedule::{AnySchedule, Schedule};
 
 /// The jittered delays of a [`Schedule`], one per call: an iterator that
-/// remembers the retry number and the previous delay, with
-/// [`reset`](Delays::reset) to start again from the first delay.
-///
-/// Built for loops that own their retries, such as a client that keeps a
-/// connection open: sleep `next()` after each failure, `reset()` once
-/// connected (or when told the server is back). No limit unless
-/// [`max_attempts`](Delays::max_attempts) sets one; it never allocates and
-/// never panics, however long it runs: the delays saturate at the schedule's
-/// [`cap`](Schedule::cap).
+/// remembers the retry number and the previous delay, for loops that own
+/// their retries: sleep `next()` after each failure, [`reset`](Delays::reset)
+/// once connected. No limit unless [`max_attempts`](Delays::max_attempts)
+/// sets one; it never allocates and never panics, however long it runs.
 ///
 /// ```
 /// use std::time::Duration;
@@ -40,30 +31,14 @@ use crate::schedule::{AnySchedule, Schedule};
 /// // Connected again: the next outage starts from the first delay.
 /// delays.reset();
 /// assert_eq!(delays.next(), Some(Duration::from_millis(100)));
+///
+/// // With a limit, as the layer's: one delay before each retry.
+/// assert_eq!(Delays::new(schedule).max_attempts(4).count(), 3);
 /// ```
 ///
-/// With a limit, the iterator ends when the attempts are spent, as
-/// [`BackoffBuilder::max_attempts`](crate::BackoffBuilder::max_attempts) does:
-/// `max_attempts(n)` yields `n − 1` delays, one before each retry.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_backoff_core::{Delays, Exponential, Jitter};
-///
-/// let delays = Delays::new(Exponential::new(Duration::from_secs(1)))
-///     .jitter(Jitter::Decorrelated)
-///     .seed(7)
-///     .max_attempts(4);
-/// for delay in delays.clone() {
-///     // Decorrelated jitter: between the first delay and three times the last.
-///     assert!(delay >= Duration::from_secs(1));
-/// }
-/// assert_eq!(delays.count(), 3);
-/// ```
-///
-/// The loop of a client that keeps a connection open: back off while the
-/// server is gone, start again from the first delay when told it is back, stop
-/// when done (`examples/reconnect.rs` runs it against a real server).
+/// A client that keeps a connection open backs off while the server is gone,
+/// starts again when told it is back, and stops when done
+/// (`examples/reconnect.rs` runs it against a real server):
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]

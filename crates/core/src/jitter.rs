@@ -10,20 +10,10 @@ use crate::schedule::nanos_capped;
 
 /// How a schedule's delay is randomized before the request sleeps.
 ///
-/// Every variant keeps the result at or below the schedule's
-/// [`cap`](crate::Schedule::cap): a cap of 10 s means no sleep is
-/// ever longer than 10 s, jitter included.
-///
-/// | variant | delay for a schedule delay `d` |
-/// |---|---|
-/// | `None` | `d` |
-/// | `Full` | uniform in `[0, d]` |
-/// | `Equal` | `d/2` + uniform in `[0, d/2]` |
-/// | `Decorrelated` | uniform in `[base, 3 × previous]`, capped; `base` is the first delay |
-/// | `Proportional(r)` | `d` × uniform in `[1 − r, 1 + r]`, capped |
-///
-/// `Full` is the default: in AWS's measurements it spreads competing clients best
-/// and finishes contended work with the fewest calls.
+/// For a schedule delay `d`, each variant below gives a delay at or below
+/// the schedule's [`cap`](crate::Schedule::cap), jitter included. `Full` is
+/// the default: in AWS's measurements it spreads competing clients best and
+/// finishes contended work with the fewest calls.
 ///
 /// ```
 /// use std::time::Duration;
@@ -147,13 +137,10 @@ impl Jitter {
 ///
 /// # Why not `rand`
 ///
-/// rand's `SmallRng` (0.10, Xoshiro256++) costs more where a retry pays for
-/// it: a stream from entropy takes 187 instructions against 27 here, a seeded
-/// stream 64 against 27, a full-jitter draw 81 against 72, and it is 32 bytes
-/// against 8 in every retrying request's session. A request that fails twice
-/// would pay about 184 more instructions, 3 % of its path through the layer
-/// (rustc 1.95, x86_64). `bash benches/callgrind_jitter.sh` counts
-/// them; the table is in `docs/RESULTS.md`.
+/// rand's `SmallRng` costs more where a retry pays for it: 187 instructions
+/// for a stream from entropy against 27 here, and 32 bytes against 8 in every
+/// retrying request's session (`bash benches/callgrind_jitter.sh`; the table
+/// is in `docs/RESULTS.md`).
 #[derive(Debug, Clone)]
 pub struct Rng {
     state: u64,

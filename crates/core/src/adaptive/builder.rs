@@ -131,38 +131,32 @@ impl AdaptivePacingBuilder {
                 return Err(ConfigError::new(field, "must be longer than zero"));
             }
         }
+        let (up, down, r) = (self.up_multiplier, self.down_multiplier, self.randomization);
+        let fail = |field, reason: String| Err(ConfigError::new(field, reason));
         if self.initial_interval > self.max_interval {
-            return Err(ConfigError::new(
+            let (initial, max) = (self.initial_interval, self.max_interval);
+            return fail(
                 "initial_interval",
-                format!(
-                    "{:?} is above the max_interval of {:?}",
-                    self.initial_interval, self.max_interval
-                ),
-            ));
+                format!("{initial:?} is above the max_interval of {max:?}"),
+            );
         }
-        if !(self.up_multiplier.is_finite() && self.up_multiplier > 1.0) {
-            return Err(ConfigError::new(
+        if !(up.is_finite() && up > 1.0) {
+            return fail(
                 "up_multiplier",
-                format!(
-                    "must be a finite number above 1, got {}",
-                    self.up_multiplier
-                ),
-            ));
+                format!("must be a finite number above 1, got {up}"),
+            );
         }
-        if !(self.down_multiplier > 0.0 && self.down_multiplier < 1.0) {
-            return Err(ConfigError::new(
+        if !(down > 0.0 && down < 1.0) {
+            return fail(
                 "down_multiplier",
-                format!("must be above 0 and below 1, got {}", self.down_multiplier),
-            ));
+                format!("must be above 0 and below 1, got {down}"),
+            );
         }
         if self.success_threshold == 0 {
-            return Err(ConfigError::new("success_threshold", "must be at least 1"));
+            return fail("success_threshold", "must be at least 1".into());
         }
-        if !(0.0..=1.0).contains(&self.randomization) {
-            return Err(ConfigError::new(
-                "randomization",
-                format!("must be within [0, 1], got {}", self.randomization),
-            ));
+        if !(0.0..=1.0).contains(&r) {
+            return fail("randomization", format!("must be within [0, 1], got {r}"));
         }
         if let Some(spread) = self.max_spread {
             check_duration("max_spread", spread)?;

@@ -87,9 +87,7 @@ impl Law {
         let length = round.length.max(f64::MIN_POSITIVE);
         if round.throttled > 0 {
             // The round after a cut still sees the server digest what was
-            // sent before it (a server counting over a rolling window keeps
-            // turning writes away until the window has moved past the
-            // burst): judging the cut needs a round that is all its own.
+            // sent before it: judging the cut needs a round of its own.
             let far_off = (round.accepted as f64 * self.down)
                 < course.rate.min(round.sent / length) / self.up;
             if course.settling && round.accepted > 0 && !far_off {
@@ -105,16 +103,11 @@ impl Law {
             return Change::Keep;
         }
         let next = self.climb(course);
-        // What was sent tells what clients want only if the rate did not hold
-        // it back. So it is judged against the rate in force, not the higher
-        // one about to be set, and with sends to spare: a round the rate held
-        // back can count fewer than its rate, as its first two slots may have
-        // been taken ahead at the rate before a raise (up to `up` times
-        // slower) and a count is whole; `up - 1` spare sends, one at least,
-        // cover that whatever the randomization. At a few sends a round,
-        // taking that shortfall for a lack of demand turned pacing off with
-        // clients queued behind it, and it re-engaged at full speed at the
-        // next throttle, over and over.
+        // Judged against the rate in force, not the one about to be set, and
+        // with `up - 1` sends to spare (one at least): a round the rate held back can count fewer
+        // than its rate (its first slots may have been taken at the slower
+        // rate before a raise, and a count is whole). Taken for a lack of
+        // demand, that shortfall would turn pacing off with clients queued.
         let spare = (self.up - 1.0).max(1.0);
         let idle = course.rate * length >= HEADROOM * (round.sent + spare);
         // Off only past the peak: below it, clients queued behind the pacing
@@ -126,11 +119,8 @@ impl Law {
         }
     }
 
-    /// A throttled round. The successes it saw are what the server accepts
-    /// (a throttling server admits up to its rate and turns away the rest),
-    /// so the rate is set just under that, not divided blindly: one round
-    /// finds the rate, where halving per throttle overshoots by orders of
-    /// magnitude when many workers are throttled together.
+    /// A throttled round: the rate is set just under what it got accepted
+    /// (see the [module docs](super), point 2).
     fn cut(&self, course: Course, round: Round, length: f64) -> Change {
         let sent = round.sent / length;
         // What was really going out: the rate in force, or less if demand was.
@@ -143,12 +133,8 @@ impl Law {
             return self.measured(course, round.accepted as f64 / length, going);
         }
         let (rate, peak) = if going > 0.0 {
-            // Too little got through to measure: an outage. One step below
-            // the fastest rate that was going, and no further: an outage says
-            // nothing about the rate the server accepts when it is back, and
-            // every step down is a step to climb back while the clients'
-            // queue grows (measured in the storm: backing off further
-            // delays recovery or prevents it).
+            // An outage: one step below the fastest rate that was going, and
+            // no further; every step down is one to climb back once it ends.
             let peak = course.peak.max(going);
             (peak / self.up, peak)
         } else {
@@ -163,16 +149,8 @@ impl Law {
     }
 
     /// A throttled round that counted `accepted` successes per round while
-    /// `going` went out.
-    ///
-    /// A server counting over a rolling window admits writes as fast as they
-    /// come until its window is full, then none until it moves on: sends
-    /// well above its rate are admitted in one burst a window. A round starts
-    /// at a throttle, just after such a burst, and counts whatever share of
-    /// the next one falls inside it, however few: only a lower bound on the
-    /// rate. Rounds paced within `up`² of what they got accepted (a slow
-    /// start crosses the rate by `up` at most) spread the admissions evenly
-    /// and count the rate itself.
+    /// `going` went out: the rate itself if paced within `up`² of it, else
+    /// only a lower bound (see the [module docs](super), point 3).
     fn measured(&self, course: Course, accepted: f64, going: f64) -> Change {
         let unpaced = !course.rate.is_finite();
         // Right after a cut from a lower bound, the server's window still
@@ -203,18 +181,13 @@ impl Law {
         }
     }
 
-    /// The rate after a clean round: CUBIC's curve through the peak, concave
-    /// below it (back quickly to where the server throttled), flat around it
-    /// (probe carefully), convex beyond (find new capacity fast). Bounded by
-    /// [`MAX_PROBE`] per round above the peak, so a rise never bursts past a
-    /// rate that was not known to work.
+    /// The rate after a clean round: CUBIC's curve through the peak, at most
+    /// [`MAX_PROBE`] a round above it (see the [module docs](super), point 4).
     fn climb(&self, course: Course) -> f64 {
         let rate = course.rate;
         if course.at_least {
-            // The server accepts the peak or more, how much more unknown:
-            // CUBIC's curve would creep around the peak and then leave it at
-            // 15 % a round. A slow start of `up` a round finds the rate in a
-            // few rounds, and the paced round that crosses it measures it.
+            // The peak or more, how much more unknown: slow start, where
+            // CUBIC's curve would creep around the peak.
             return rate * self.up;
         }
         let target = if course.peak > 0.0 {
@@ -224,9 +197,7 @@ impl Law {
             let reach = (drop / course.peak / CUBIC_SCALE).cbrt();
             let scaled = course.peak * (1.0 + CUBIC_SCALE * (t - reach).powi(3));
             // In absolute sends, as CUBIC and AWS do: the same gain for
-            // every client, so a client that got a small share gains on one
-            // that got a large one (fairness), where the scaled curve alone
-            // would keep their ratio forever.
+            // every client, so unequal shares converge.
             let reach = (drop / self.cubic).cbrt();
             let absolute = course.peak + self.cubic * (t - reach).powi(3);
             scaled.max(absolute)

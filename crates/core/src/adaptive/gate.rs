@@ -2,12 +2,12 @@
 //! shared rate.
 //!
 //! Every send takes a slot on one shared timeline (a virtual-time token
-//! bucket, GCRA): the slot after the last one taken, one interval later, or
-//! two intervals ago if the timeline has fallen further behind, so time
-//! nobody used is not saved up for more than two extra sends. A clone takes its slot in `poll_ready` and sleeps until it;
-//! slots are taken at most two intervals ahead, so a rate that changes is
-//! obeyed at once and a caller that gives up wastes little. When the rate is cut, slots taken at the old rate are void:
-//! their holders take new ones at the new rate.
+//! bucket, GCRA): one interval after the last slot taken, or two intervals
+//! ago if the timeline fell further behind, so unused time buys at most two
+//! extra sends. A clone takes its slot in `poll_ready` and sleeps until it.
+//! Slots are taken at most two intervals ahead, so a new rate is obeyed at
+//! once and a caller that gives up wastes little; a cut voids the slots taken
+//! at the old rate.
 
 use std::fmt;
 use std::future::Future;

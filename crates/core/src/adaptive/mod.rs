@@ -4,92 +4,60 @@
 //!
 //! # The algorithm
 //!
-//! The problem: many workers write to a store that throttles above a rate it
-//! does not announce (DynamoDB's provisioned capacity), and that rate changes.
-//! Backoff alone slows down only the request that was throttled; the others
-//! keep the store saturated. Pacing spaces *every* send, first attempts and
-//! retries, of every clone, so the aggregate rate follows what the store
-//! accepts. It is built like AWS SDKs' *adaptive* retry mode (a client-side
-//! token bucket whose fill rate CUBIC drives from the measured send rate),
-//! with four changes the measurements asked for:
+//! Many workers write to a store that throttles above a rate it does not
+//! announce, and that rate changes. Backoff slows down only the request that
+//! was throttled; pacing spaces *every* send, first attempts and retries, of
+//! every clone, so the aggregate rate follows what the store accepts. It is
+//! built like AWS SDKs' *adaptive* retry mode (a client-side token bucket
+//! whose fill rate CUBIC drives), with four changes:
 //!
 //! 1. **Rounds, not responses.** Outcomes are counted over rounds (1 s by
-//!    default) and the rate changes at most once per round. AWS changes it on
-//!    every throttled response, so 64 workers throttled together cut it 64
-//!    times; here they cut it once. Throttled answers to attempts sent before
-//!    the last cut are not counted: they answer a rate no longer in force.
-//! 2. **Cut to what was accepted, not by a fixed factor.** A store that
-//!    throttles admits up to its rate and turns the rest away, so the
-//!    successes of a throttled round *are* its rate. The cut sets the rate to
-//!    `down_multiplier` (0.9) times that: one round finds the rate, with 10 %
-//!    headroom, where a fixed factor either overshoots by orders of magnitude
-//!    or takes many rounds. Two guards against a bad measurement: the round
-//!    that measures at full speed slows down by at most `up_multiplier`
-//!    (×1.5; a server that admitted its whole second in a burst before the
-//!    round began shows too few successes in it), and the round right after
-//!    a cut does not cut again unless it is far off (a server counting over
-//!    a rolling window keeps refusing until the window has moved past the
-//!    burst). When nothing got through (fewer than `success_threshold`
-//!    successes: an outage), the rate falls one ×1.5 step below the fastest
-//!    rate that was going, and no further: an outage says nothing about the
-//!    rate the server will accept when it is back, and in the storm
-//!    simulation backing off further delayed or prevented recovery.
+//!    default) and the rate changes at most once a round: 64 workers
+//!    throttled together cut it once, not 64 times. Throttled answers to
+//!    attempts sent before the last cut answer a rate no longer in force and
+//!    are not counted.
+//! 2. **Cut to what was accepted.** A throttling store admits up to its rate
+//!    and turns the rest away, so a throttled round's successes *are* its
+//!    rate: the cut sets `down_multiplier` (0.9) times that, where a fixed
+//!    factor overshoots or takes many rounds. The round measuring at full
+//!    speed slows down by at most `up_multiplier` (×1.5), and the round right
+//!    after a cut does not cut again unless it is far off: a store counting
+//!    over a rolling window still digests the burst before it. With fewer
+//!    than `success_threshold` successes (an outage) the rate falls one ×1.5
+//!    step below the fastest rate that was going, and no further: an outage
+//!    says nothing about the rate the store will accept once back.
 //! 3. **A count taken in a burst is a lower bound: slow start from it.** Sent
-//!    faster than its rate, a store counting over a rolling window admits
-//!    its rate in one burst per window and nothing in between, and a round,
-//!    which starts at a throttle (right after such a burst), counts whatever
-//!    share of the next burst falls inside it. So the round that measures at
-//!    full speed, and any round paced more than `up_multiplier`² (×2.25)
-//!    above what it got accepted, only show that the store accepts *at
-//!    least* that much. Measured in the simulator against a store answering
-//!    in 1 ms: 8 closed-loop workers, asleep in their retries' backoff for
-//!    most of the measuring round, got 1 success of the store's 200 counted
-//!    in it; 64 workers, paced at the 20,000 a second the full-speed guard
-//!    above left them, got 63 of 200 counted. The round right after such a
-//!    cut keeps the larger of its own count and the bound (the store's
-//!    window still holds the same burst). From a lower bound each clean
-//!    round raises the rate by `up_multiplier` (×1.5, a slow start as TCP's)
-//!    until a paced round is throttled and measures the rate: its last step
-//!    crosses the rate by ×1.5 at most, and paced sends spread the
-//!    admissions, so that count is the rate. Taken for the rate, those
-//!    bounds left CUBIC creeping up at 15 % a round: closed-loop workers
-//!    took 11–16 s (8 workers, R = 100–200) and 14–16 s (64 workers,
-//!    R = 500–1,000) until every 10 s window from then on got 90 % of the
-//!    rate; with the slow start 4–6 s and 0 s.
-//! 4. **Climb along CUBIC's curve, per round.** Each clean round (successes
-//!    and no throttling) raises the rate along `peak × (1 + 0.01 (t − K)³)`,
-//!    `t` rounds after the cut: concave below the peak measured at the cut
-//!    (back within two rounds), flat around it (probing costs a few percent
-//!    throttled), convex beyond (a capacity that doubled is found in about
-//!    six rounds). Never more than 15 % per round above the peak, so a
-//!    rising rate never releases a burst. Where CUBIC's own curve in absolute
-//!    sends (`peak + 0.4 (t − K)³` per second, AWS's constant) is faster, it
-//!    is taken: it gives every client the same gain whatever its share, so
-//!    independent clients that started unequal converge on fair shares; the
-//!    scaled curve alone would keep their ratio forever.
+//!    faster than its rate, a rolling-window store admits one burst a window,
+//!    and a round counts whatever share of it falls inside. So the round at
+//!    full speed, and any round paced more than `up_multiplier`² above what
+//!    it got accepted, only bound the rate from below; the round right after
+//!    keeps the larger of both counts. From a bound each clean round raises
+//!    the rate ×1.5 (a slow start, as TCP's) until a paced round is
+//!    throttled: it crosses the rate by ×1.5 at most, and its count is the
+//!    rate.
+//! 4. **Climb along CUBIC's curve, per round.** Each clean round raises the
+//!    rate along `peak × (1 + 0.01 (t − K)³)`, `t` rounds after the cut:
+//!    back near the peak in two rounds, flat around it, convex beyond, and
+//!    never more than 15 % a round above the peak, so a rising rate never
+//!    releases a burst. Where CUBIC's curve in absolute sends (AWS's
+//!    constant) is faster it is taken: the same gain for every client makes
+//!    unequal clients converge on fair shares.
 //!
 //! Pacing turns itself off when a clean round would set a rate above the peak
-//! and the rate in force let through at least twice what was sent, and a send
-//! more (a round it held back can count a send or so short: whole counts,
-//! slots taken before a raise): it no longer holds anything back (below the
-//! peak, clients queued behind it would all leave at once). It turns back on
-//! at the next throttled outcome, with one round of measuring at full speed.
+//! and the rate in force let through at least twice what was sent, and a
+//! send or so more (below the peak, clients queued behind it would all leave
+//! at once). The next throttled outcome turns it back on, with one round
+//! measuring at full speed.
 //!
 //! **Backpressure, not sleeps.** Sends take slots on one shared timeline,
-//! `1 / rate` apart (randomized by ± the randomization factor, mean kept), in
-//! `poll_ready`, as `tower::limit::RateLimit` does: the clone that was readied
-//! is the one that sends, and a clone waiting for its slot holds nothing of
-//! the inner service (no concurrency permit, no buffer slot). Time nobody used
-//! is not saved up: an idle client sends at once, and no faster than the rate
-//! after that. Slots are taken at most one round ahead and are void after a
-//! cut, so a new rate holds within a round.
+//! `1 / rate` apart, in `poll_ready`, as `tower::limit::RateLimit` does: the
+//! clone that was readied is the one that sends, and a waiting clone holds
+//! nothing of the inner service (see `gate.rs`).
 //!
 //! All state is atomics in one `Arc`; a round is closed by whichever outcome
-//! arrives after it ends, and only by one. Time is kept in nanoseconds on
-//! tokio's clock, so the paused clock of tests and simulations works.
-//!
-//! Measured in the simulator's `Pacing` (`crates/sim`) and
-//! `examples/paced_writers.rs`.
+//! arrives after it ends, and only by one. Time is tokio's clock, so paused
+//! tests and simulations work. Measured in the simulator's `Pacing`
+//! (`crates/sim`) and `examples/paced_writers.rs`.
 
 mod builder;
 mod control;
@@ -113,24 +81,15 @@ const IDLE: u64 = u64::MAX;
 
 /// A send rate shared by every request through every clone of a service,
 /// first attempts included, for jobs whose parallel workers write to a
-/// rate-limited store. See the [module docs](self) for the algorithm.
+/// rate-limited store. See the [module docs](self) for the algorithm and
+/// [`AdaptivePacingBuilder`] for the settings and their defaults.
 ///
 /// Off until the first throttled outcome (the policy decided
 /// [`Cause::Throttled`] or [`Cause::Timeout`], or a retry after a
-/// server-given delay); then every
-/// send waits for its slot at the rate the server was found to accept. While
-/// off, a request costs two atomic loads and one uncontended add: no timer,
-/// no clock.
-///
-/// Defaults: rounds of 1 s; a cut to 0.9 × the accepted rate
-/// (`down_multiplier`); ×1.5 slower per round at most while measuring, one
-/// ×1.5 step in an outage, and ×1.5 faster per round from a rate known only
-/// as a lower bound (`up_multiplier`); 1 success to measure a rate
-/// (`success_threshold`); 500 ms between sends when nothing was sent to
-/// measure (`initial_interval`); at most 15 min between sends
-/// (`max_interval`); slots spaced ±10 % at random.
-///
-/// The handle is cheap to clone; clones share the rate and the metrics.
+/// server-given delay); then every send waits for its slot at the rate the
+/// server was found to accept. While off, a request costs two atomic loads
+/// and one uncontended add: no timer, no clock. Clones share the rate and the
+/// metrics.
 ///
 /// ```
 /// use std::time::Duration;

@@ -43,24 +43,18 @@
 //! [events](crate::events::Event) every observer sees;
 //! [`Stats`](crate::Stats) counts rejections.
 //!
-//! A layer without a breaker keeps its types and pays nothing for this
-//! module: the check is compiled out. With one, a closed breaker costs an
-//! attempt one atomic load before it goes out, and a success one load and
-//! one relaxed add when it comes back. No clock is read but for a failure
-//! and for the success that completes a batch: about twenty reads in each
-//! tenth of the window at a steady rate (see the window's placing of
-//! successes in time, in `window.rs`).
+//! A layer without a breaker keeps its types and pays nothing: the check is
+//! compiled out. With one, a closed breaker costs an attempt one atomic load,
+//! and a success one load and one relaxed add; see
+//! [`record`](CircuitBreaker::record) for when the clock is read.
 //!
 //! # Why a breaker, not client-side adaptive throttling
-//! Google's SRE book (chapter 21, "Handling Overload") describes the
-//! continuous form: each client rejects a request locally with probability
-//! `max(0, (requests - K × accepts) / (requests + 1))`, counted over the last
-//! two minutes, so traffic to a failing host falls off smoothly and comes
-//! back as accepts do. We chose the discrete breaker, having measured both on
-//! top of the layer's defaults in the simulation (`tower_backoff_sim`'s
-//! `BreakerScenario`: 50 requests a second, a 20 ms round trip, a host that
-//! fails every attempt while dead; `cargo test --test sim_breaker
-//! breaker_table -- --ignored --nocapture`):
+//! Google's SRE book (chapter 21) rejects each request locally with
+//! probability `max(0, (requests - K × accepts) / (requests + 1))` over the
+//! last two minutes. Both measured on top of the layer's defaults
+//! (`tower_backoff_sim`'s `BreakerScenario`: 50 requests a second, a 20 ms
+//! round trip; `cargo test --test sim_breaker breaker_table -- --ignored
+//! --nocapture`):
 //!
 //! | outage | guard | opened after | calls per request once open | whole outage | traffic back after recovery |
 //! |---|---|---|---|---|---|
@@ -69,20 +63,15 @@
 //! | 5 min | breaker | 4.0 s | 0.004 | 0.024 | 1.9 s |
 //! | 5 min | throttling, K = 2 | – | 0.13 (from 10 s in) | 0.16 | 693 s |
 //!
-//! The throttle's two-minute memory of the successes before the outage
-//! keeps most requests going to a dead host for a short outage, and its
-//! memory of the failures keeps most requests *away* from the recovered
-//! host for minutes after a long one: with no accepts left to earn
-//! admissions, its admission rate grows by a factor of `e` a minute (11.5
-//! minutes to come back after 5 minutes down). The breaker forgets on the
-//! first successful probe. The throttle's strength, shedding a *fraction*
-//! of the load of a host that is overloaded but still working, is what the
-//! retry budget and [adaptive pacing](crate::adaptive) already do here;
-//! what they cannot do is stop the first attempts to a host that is down,
-//! and that is the breaker's job. Its cost: the ratio over a 10 s window
-//! takes 4 s to cross 50 % after a host dies at full traffic, and it needs
-//! a process's whole traffic to one host (20 attempts in 10 s) to open at
-//! all. At 10 % random failures it never opened in 10 simulated minutes.
+//! The throttle's two-minute memory keeps requests going to a dead host
+//! through a short outage, and away from the recovered host for minutes
+//! after a long one; the breaker forgets on its first successful probe.
+//! Shedding a *fraction* of an overloaded host's load, the throttle's
+//! strength, is what the retry budget and [adaptive pacing](crate::adaptive)
+//! already do; stopping the first attempts to a host that is down is the
+//! breaker's job. Its cost: it opens 4 s after a host dies at full traffic,
+//! only with 20 attempts to the host in 10 s, and never opened at 10 %
+//! random failures.
 //!
 //! # Per host
 //! One breaker is one host's state: share it between the clients of one
@@ -133,21 +122,9 @@ mod loom;
 
 use window::{Window, BUCKETS};
 
-/// Default failure ratio at which a breaker opens: half.
-#[doc(hidden)]
-pub const DEFAULT_FAILURE_RATIO: f64 = 0.5;
-/// Default least attempts in the window before a breaker may open.
-#[doc(hidden)]
-pub const DEFAULT_MIN_THROUGHPUT: u32 = 20;
-/// Default length of the window attempts are counted in.
-#[doc(hidden)]
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 /// Default longest time a breaker stays open before it probes.
 #[doc(hidden)]
 pub const DEFAULT_BREAK_DURATION: Duration = Duration::from_secs(5);
-/// Default share of the break time taken off at random.
-#[doc(hidden)]
-pub const DEFAULT_BREAK_JITTER: f64 = 0.2;
 
 /// Where a breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -263,18 +240,15 @@ impl CircuitBreaker {
     /// what each host of a per-host stack gets. Its random break times are
     /// drawn from a stream of their own.
     pub fn fresh(&self) -> Self {
-        let shared = &self.shared;
+        let shared = &*self.shared;
         CircuitBreaker {
             shared: Arc::new(Shared {
                 state: AtomicU64::new(CLOSED),
                 window: Window::new(shared.window.bucket_ms()),
                 origin: Instant::now(),
-                failure_ratio: shared.failure_ratio,
-                min_throughput: shared.min_throughput,
-                break_ms: shared.break_ms,
-                jitter: shared.jitter,
                 seed: Rng::from_entropy().next_u64(),
                 openings: StdAtomicU64::new(0),
+                ..*shared
             }),
         }
     }
@@ -365,12 +339,12 @@ impl CircuitBreaker {
     /// An attempt's outcome: a failure (the policy asked for a retry) or
     /// not. Returns the state the breaker moved to, if this moved it. A
     /// success to a closed breaker reads no clock, but for the one that
-    /// completes a batch (see the window's placing of successes in time, in
-    /// `window.rs`).
+    /// completes a batch: about twenty in each tenth of the window at a
+    /// steady rate (see `window.rs`).
     pub fn record(&self, failed: bool) -> Option<BreakerState> {
         if !failed && self.shared.state.load(Ordering::Acquire) == CLOSED {
             if self.shared.window.success() {
-                self.shared.place_successes();
+                self.shared.window.place(self.shared.now_ms());
             }
             return None;
         }
@@ -441,10 +415,6 @@ impl Shared {
         u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX >> 2)
     }
 
-    fn place_successes(&self) {
-        self.window.place(self.now_ms());
-    }
-
     fn trips(&self, now_ms: u64) -> bool {
         let counts = self.window.counts(now_ms);
         counts.attempts >= self.min_throughput
@@ -489,11 +459,11 @@ pub struct CircuitBreakerBuilder {
 impl Default for CircuitBreakerBuilder {
     fn default() -> Self {
         Self {
-            failure_ratio: DEFAULT_FAILURE_RATIO,
-            min_throughput: DEFAULT_MIN_THROUGHPUT,
-            window: DEFAULT_WINDOW,
+            failure_ratio: 0.5,
+            min_throughput: 20,
+            window: Duration::from_secs(10),
             break_duration: DEFAULT_BREAK_DURATION,
-            jitter: DEFAULT_BREAK_JITTER,
+            jitter: 0.2,
             seed: None,
         }
     }

@@ -13,12 +13,9 @@
 //!
 //! So a success is placed at or after the time it came, never before: the
 //! window may count it a little longer than its time, but never forgets it
-//! early. Spreading the successes over the time since the last read instead
-//! spread those that came after a quiet spell over the spell too, and
-//! dropped most of them with it. At a steady rate a batch is
-//! placed within an eighth of a bucket; when traffic stops mid-batch, what
-//! it holds (fewer than an eighth of a bucket's attempts) waits for the next
-//! read, and is counted from then.
+//! early. At a steady rate a batch is placed within an eighth of a bucket;
+//! when traffic stops mid-batch, what it holds waits for the next read, and
+//! is counted from then.
 
 use crate::sync::{AtomicU64, Ordering};
 

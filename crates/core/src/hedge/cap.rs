@@ -2,10 +2,6 @@
 //! second, not only on average. When latency rises for everyone, every
 //! request passes the hedge delay; the cap is what keeps hedging from adding
 //! load to a server that is slow already.
-//!
-//! A second's hedges are held to the share of that same second's requests,
-//! counted as they arrive: a second with fewer requests than the one before
-//! gets fewer hedges, not the share of the busier one.
 
 use std::time::Duration;
 
@@ -65,10 +61,10 @@ impl LoadCap {
 
     /// Takes a hedge at `now` if, with it, the hedges of the second that
     /// ends now stay within the share of that same second's requests, those
-    /// that arrived so far in its last slot included: so a second with fewer
-    /// requests than the one before it gets fewer hedges, not the share of
-    /// the busier one. Exact under concurrent callers: the last check and
-    /// the count are one atomic step.
+    /// so far in its last slot included: a second with fewer requests than
+    /// the one before gets fewer hedges, not the busier one's share. Exact
+    /// under concurrent callers: the last check and the count are one atomic
+    /// step.
     pub(crate) fn try_take(&self, now: Instant) -> bool {
         let current = self.epoch(now);
         add(&self.slot(current).hedges, current, self.room(current))

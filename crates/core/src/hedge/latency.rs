@@ -3,9 +3,8 @@
 //!
 //! Every attempt's latency goes into a histogram of atomic counters; once a
 //! window (at least a period long and holding enough attempts) is complete,
-//! its percentile becomes the delay every request reads, and the window
-//! starts again. So a request reads one atomic, and the percentile is
-//! computed once a window, not once a call.
+//! its percentile becomes the delay: a request reads one atomic, and the
+//! percentile is computed once a window, not once a call.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -94,11 +93,10 @@ impl Latencies {
             return;
         }
         // The window's counts, with half of those before it: the delay
-        // follows a change of latency within a window or two, and it moves
-        // less from one window to the next by chance alone (a window of 500
-        // attempts puts its 90th percentile anywhere from the 88th to the
-        // 92nd, a fifth more or fewer hedges than meant). Halved after the
-        // read, by what was read: an attempt recorded meanwhile stays whole.
+        // follows a change of latency within a window or two, and moves less
+        // by chance alone (a window of 500 attempts puts its 90th percentile
+        // anywhere from the 88th to the 92nd). Halved by what was read: an
+        // attempt recorded meanwhile stays whole.
         let counts: Vec<u32> = self
             .counts
             .iter()

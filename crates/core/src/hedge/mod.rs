@@ -29,11 +29,9 @@
 //!   goes out. When every copy failed, the last failure is the attempt's
 //!   outcome, and the layer retries it as any other, after at least the
 //!   longest delay a server named for any of the copies.
-//! - **The caller gets a real outcome**: once the request can no longer be
-//!   copied (a streaming body past its replay limit), a copy that fails for
-//!   good does not win while another is pending. A copy behind the limit
-//!   fails for want of bytes the recording dropped, a failure of our own;
-//!   the copy sending the whole body goes on and brings the server's answer.
+//! - **The caller gets a real outcome**: once a streaming body is past its
+//!   replay limit, a copy that fails for good does not win while another is
+//!   pending: it may have failed for want of bytes the recording dropped.
 //! - **Only requests the policy copies** are hedged: the HTTP policy copies
 //!   idempotent methods and requests with an `Idempotency-Key` only.
 //! - **Paid like retries**: every hedge counts against the attempt limit,
@@ -41,28 +39,22 @@
 //!   the retry budget ([`Cause::Hedge`]); a hedge that wins is a retry that
 //!   succeeded. Whether a hedge may go out is asked before the service is
 //!   readied for it, so a hedge refused holds no permit of the service's.
-//! - **At most a share of the load, every second** (10 % by default): a
-//!   hedge goes out only while the hedges of the last second stay within
-//!   that share of the same second's requests. When latency rises for
-//!   everyone, hedging backs off instead of piling on. A hedge the cap turns
-//!   away asks again a little later while its attempt is pending: each
-//!   request that comes makes room, and a hedge a few milliseconds late
-//!   still cuts a tail that one never sent would leave.
-//! - A percentile delay waits for a window of attempts (a second, and at
-//!   least 100 of them) before the first hedge; each window then moves it,
-//!   with half the weight of the one before, so it follows latency within a
-//!   window or two. It is a percentile of first copies, what an attempt
-//!   takes unhedged. And it never asks for more than the cap gives: at most
-//!   90 % of the cap's share of attempts are past it (at a 10 % cap, the
-//!   delay is at least the 91st percentile), so that the delay, not the cap
-//!   turning hedges away at random, picks the attempts hedged.
-//! - **Only once pending**: a request's hedging starts at the first poll
-//!   that finds its first attempt pending, as one over a network is. An
-//!   attempt answered at its first poll (a cache, an in-process service)
-//!   cannot need a hedge: it arms no timer, and neither the load cap nor a
-//!   percentile delay counts it. Its tracking is allocated at the call, as
-//!   a time limit's is; hedging changes neither the layer's type nor its
-//!   future's size.
+//! - **At most a share of the load, every second** (10 % by default): when
+//!   latency rises for everyone, hedging backs off instead of piling on
+//!   (see [`Hedging::max_extra_load`]). A hedge the cap turns away asks again
+//!   a little later while its attempt is pending: each request that comes
+//!   makes room, and a late hedge still cuts a tail.
+//! - A percentile delay waits for a first window of attempts (a second, and
+//!   at least 100 of them); each window then moves it, with half the weight
+//!   of the one before. It is a percentile of first copies, what an attempt
+//!   takes unhedged, and never lower than one that 90 % of the cap's share
+//!   of attempts pass (the 91st at a 10 % cap), so that the delay, not the
+//!   cap turning hedges away at random, picks the attempts hedged.
+//! - **Only once pending**: hedging starts at the first poll that finds the
+//!   first attempt pending. An attempt answered at its first poll (a cache,
+//!   an in-process service) arms no timer and is counted neither by the cap
+//!   nor by a percentile delay. Hedging changes neither the layer's type nor
+//!   its future's size.
 //!
 //! Each copy sent, won and cancelled is an [`Event::Hedge`](crate::events::Event::Hedge).
 
@@ -154,42 +146,30 @@ impl Hedging {
 
     /// The error naming the first setting that cannot work.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |field, reason: String| Err(ConfigError::new(field, reason));
         match self.delay {
             Delay::Fixed(delay) => check_duration("hedge.delay", delay)?,
-            Delay::Percentile(p) => {
-                if !(p > 0.0 && p < 100.0) {
-                    return Err(ConfigError::new(
-                        "hedge.percentile",
-                        format!("must be in (0, 100), got {p}"),
-                    ));
-                }
+            Delay::Percentile(p) if !(p > 0.0 && p < 100.0) => {
+                return fail("hedge.percentile", format!("must be in (0, 100), got {p}"));
             }
+            Delay::Percentile(_) => {}
         }
-        if !(2..=5).contains(&self.max_copies) {
-            return Err(ConfigError::new(
-                "hedge.max_copies",
-                format!("must be 2 to 5, got {}", self.max_copies),
-            ));
+        let (copies, share) = (self.max_copies, self.max_extra_load);
+        if !(2..=5).contains(&copies) {
+            return fail("hedge.max_copies", format!("must be 2 to 5, got {copies}"));
         }
-        let share = self.max_extra_load;
         if !(share > 0.0 && share <= 1.0) {
-            return Err(ConfigError::new(
+            return fail(
                 "hedge.max_extra_load",
                 format!("must be in (0, 1], got {share}"),
-            ));
+            );
         }
         if self.period.is_zero() {
-            return Err(ConfigError::new(
-                "hedge.window",
-                "period must be longer than zero",
-            ));
+            return fail("hedge.window", "period must be longer than zero".into());
         }
         check_duration("hedge.window", self.period)?;
         if self.min_samples == 0 {
-            return Err(ConfigError::new(
-                "hedge.window",
-                "samples must be at least 1",
-            ));
+            return fail("hedge.window", "samples must be at least 1".into());
         }
         Ok(())
     }
@@ -256,16 +236,11 @@ impl Hedger {
         self.cap.on_request(now);
     }
 
-    /// A copy `sent` ended at `now`, answered or cancelled. The clock is
-    /// read only when a percentile delay needs the latency.
-    ///
-    /// Only an attempt's first copy counts: the delay is a percentile of
-    /// what an attempt takes unhedged. A hedge cancelled because the first
-    /// copy answered would count as the few milliseconds it lived, pull the
-    /// percentile down and so ask for more hedges than the percentile
-    /// means. A first copy cancelled because a hedge won counts as the time
-    /// it lived, a lower bound of its latency, but past the delay already:
-    /// below the delay, the counts are exact.
+    /// A copy `sent` ended at `now`, answered or cancelled; the clock is
+    /// read only when a percentile delay needs the latency. Only first
+    /// copies count: a cancelled hedge would count the few milliseconds it
+    /// lived and pull the percentile down. A first copy cancelled because a
+    /// hedge won counts as a lower bound, but one past the delay already.
     pub(crate) fn on_copy_end(&self, sent: &CopySent, now: impl FnOnce() -> Instant) {
         if sent.is_hedge() {
             return;
@@ -276,20 +251,16 @@ impl Hedger {
         }
     }
 
-    /// The load cap.
     pub(crate) fn cap(&self) -> &LoadCap {
         &self.cap
     }
 }
 
 /// The lowest percentile a delay may have under a cap of `share`: the one
-/// past which a share of attempts is a little under `share`
-/// (`FILL` of it). A delay lower down asks for more hedges than the cap
-/// gives on average, and the cap then turns away hedges at random, long
-/// tail or not: measured on a log-normal backend, that puts the p99 5 ms
-/// (10 %) above what the same extra load buys when the delay alone picks
-/// the attempts. The rest of the share is for seconds busier than the
-/// average.
+/// `FILL` of `share` of attempts pass. Lower, it asks for more hedges than
+/// the cap gives, and the cap turns them away at random, long tail or not
+/// (on a log-normal backend, a p99 10 % worse for the same extra load). The
+/// rest of the share is for seconds busier than the average.
 fn percentile_within(share: f64) -> f64 {
     100.0 * (1.0 - share * FILL)
 }

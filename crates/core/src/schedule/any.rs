@@ -14,9 +14,8 @@ use crate::error::ConfigError;
 /// The schedule is read only after a retry was decided, so it needs no place
 /// in the types of the layer, the service or its future: every setter that
 /// takes a schedule (the layer's builder, [`retry`](fn@crate::retry),
-/// [`Delays`](crate::Delays), the poller) stores it as this. A built-in is
-/// kept as itself, with no allocation and no dynamic call; a schedule of your
-/// own is shared behind one `Arc`.
+/// [`Delays`](crate::Delays), the poller) stores it as this. A built-in costs
+/// no allocation and no dynamic call.
 ///
 /// ```
 /// use std::time::Duration;

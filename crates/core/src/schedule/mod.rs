@@ -61,29 +61,23 @@ pub trait Schedule {
     }
 }
 
-impl<S: Schedule + ?Sized> Schedule for &S {
-    fn delay(&self, retry: u32) -> Duration {
-        (**self).delay(retry)
-    }
-    fn cap(&self) -> Duration {
-        (**self).cap()
-    }
-    fn validate(&self) -> Result<(), ConfigError> {
-        (**self).validate()
-    }
+macro_rules! forward {
+    ($($pointer:ty),*) => {$(
+        impl<S: Schedule + ?Sized> Schedule for $pointer {
+            fn delay(&self, retry: u32) -> Duration {
+                (**self).delay(retry)
+            }
+            fn cap(&self) -> Duration {
+                (**self).cap()
+            }
+            fn validate(&self) -> Result<(), ConfigError> {
+                (**self).validate()
+            }
+        }
+    )*};
 }
 
-impl<S: Schedule + ?Sized> Schedule for Arc<S> {
-    fn delay(&self, retry: u32) -> Duration {
-        (**self).delay(retry)
-    }
-    fn cap(&self) -> Duration {
-        (**self).cap()
-    }
-    fn validate(&self) -> Result<(), ConfigError> {
-        (**self).validate()
-    }
-}
+forward!(&S, Arc<S>);
 
 /// `initial × factor^(retry − 1)`, capped at `max_delay`.
 ///
