@@ -122,11 +122,6 @@ pub struct Guarded {
 }
 
 impl Guarded {
-    /// The longest an attempt may take, if the layer has an attempt timeout.
-    pub fn limit(&self) -> Option<Duration> {
-        self.limit
-    }
-
     /// The same, with every attempt given at most `limit`.
     pub(crate) fn timed(limit: Duration) -> Self {
         Self { limit: Some(limit) }
