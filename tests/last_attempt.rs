@@ -162,6 +162,113 @@ async fn a_transparent_retry_asked_without_the_request_returns_the_last_outcome(
     assert_eq!(stats.attempts, 3, "{stats:?}");
 }
 
+/// Pays for the first retry and refuses the second when it is sent, after
+/// allowing it when it was decided: the last attempt's request is already
+/// taken when the refusal comes.
+struct RefusesTheSecondAtSend(AtomicU32);
+
+impl tower_backoff::budget::Budget for RefusesTheSecondAtSend {
+    fn try_retry(&self, _: Cause) -> bool {
+        self.0.fetch_add(1, Ordering::Relaxed) == 0
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_last_retry_refused_at_send_returns_the_outcome_it_would_replace() {
+    let stats = Stats::new();
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(3)
+        .budget(RefusesTheSecondAtSend(AtomicU32::new(0)))
+        .stats(stats.clone())
+        .build()
+        .unwrap();
+    let copies = Arc::new(AtomicU32::new(0));
+    let request = Counted {
+        copies: Arc::clone(&copies),
+    };
+    let outcome = layer.layer(backend(5)).oneshot(request).await;
+    assert_eq!(outcome, Err("attempt 2 failed".to_string()));
+    assert_eq!(copies.load(Ordering::Relaxed), 2);
+    let stats = stats.snapshot();
+    assert_eq!(stats.attempts, 2, "{stats:?}");
+    assert_eq!(stats.budget_refusals, 1, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedging_layer_copies_every_attempt() {
+    // Its copies are made while an attempt is pending; with hedges due only
+    // after a second, none goes out here.
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(3)
+        .budget(TokenBucket::new())
+        .hedge(tower_backoff::Hedging::after(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let copies = Arc::new(AtomicU32::new(0));
+    let request = Counted {
+        copies: Arc::clone(&copies),
+    };
+    let outcome = layer.layer(backend(2)).oneshot(request).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(copies.load(Ordering::Relaxed), 3);
+}
+
+/// Judges outcomes alone, and stamps each retry with its attempt number.
+#[derive(Clone)]
+struct Stamps;
+
+/// A request that says which attempt it is.
+#[derive(Debug, Clone, Default)]
+struct Stamped(u32);
+
+impl Policy<Stamped, u32, u32> for Stamps {
+    fn classify(&self, _: &Stamped, result: &Result<u32, u32>) -> Decision {
+        self.classify_outcome(result)
+    }
+
+    fn clone_request(&self, request: &Stamped) -> Option<Stamped> {
+        Some(request.clone())
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+
+    fn classify_outcome(&self, result: &Result<u32, u32>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }
+    }
+
+    fn prepare_retry(&self, mut retry: tower_backoff::PrepareRetry<'_, Stamped, u32, u32>) {
+        let attempt = retry.args().attempt() + 1;
+        retry.request_mut().0 = attempt;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_attempt_sent_without_a_copy_is_stamped_like_the_others() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let backend = service_fn(move |request: Stamped| {
+        log.lock().unwrap().push(request.0);
+        async move { Err::<u32, u32>(request.0) }
+    });
+    let layer = BackoffLayer::builder()
+        .policy(Stamps)
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(3)
+        .no_budget()
+        .build()
+        .unwrap();
+    let outcome = layer.layer(backend).oneshot(Stamped::default()).await;
+    assert_eq!(outcome, Err(3));
+    assert_eq!(*seen.lock().unwrap(), [0, 2, 3]);
+}
+
 /// Reads the request to decide.
 #[derive(Clone)]
 struct ReadsTheRequest;
