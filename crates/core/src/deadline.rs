@@ -137,25 +137,8 @@ impl<E> AttemptTimer<E> for Guarded {
     }
 
     fn timer(&self, deadline: Option<Instant>) -> Expiry<E> {
-        let Some(limit) = self.limit else {
-            return Expiry {
-                timer: None,
-                error: PhantomData,
-            };
-        };
-        let started = Instant::now();
-        let own = started.checked_add(limit);
-        let at = match (own, deadline) {
-            (Some(own), Some(deadline)) => own.min(deadline),
-            (Some(at), None) | (None, Some(at)) => at,
-            // Unreachable with a validated limit; a year is as good as never.
-            (None, None) => started + Duration::from_secs(365 * 24 * 60 * 60),
-        };
         Expiry {
-            timer: Some(Box::pin(Timer {
-                sleep: crate::timer::sleep_until(at),
-                after: at.saturating_duration_since(started),
-            })),
+            timer: self.limit.map(|limit| Timer::armed(limit, deadline)),
             error: PhantomData,
         }
     }
@@ -181,6 +164,26 @@ pin_project! {
         #[pin]
         sleep: Sleep,
         after: Duration,
+    }
+}
+
+impl Timer {
+    /// The boxed timer of an attempt given `limit`, ending at `deadline` if
+    /// that comes first. Out of the generic `timer`, so that a guarded
+    /// layer without an attempt timeout builds an empty `Expiry` in place.
+    fn armed(limit: Duration, deadline: Option<Instant>) -> Pin<Box<Self>> {
+        let started = Instant::now();
+        let own = started.checked_add(limit);
+        let at = match (own, deadline) {
+            (Some(own), Some(deadline)) => own.min(deadline),
+            (Some(at), None) | (None, Some(at)) => at,
+            // Unreachable with a validated limit; a year is as good as never.
+            (None, None) => started + Duration::from_secs(365 * 24 * 60 * 60),
+        };
+        Box::pin(Timer {
+            sleep: crate::timer::sleep_until(at),
+            after: at.saturating_duration_since(started),
+        })
     }
 }
 
