@@ -304,6 +304,44 @@ async fn a_policy_behind_an_arc_that_reads_the_request_gets_a_copy_for_every_att
     assert_eq!(stats.successes, 1, "{stats:?}");
 }
 
+/// Says it needs no request and leaves `classify_outcome` to the trait's
+/// default, which calls a response a success and an error final (its own
+/// `classify` retries errors: only the last attempt tells the two apart).
+#[derive(Clone)]
+struct DefaultOutcome;
+
+impl Policy<Counted, &'static str, String> for DefaultOutcome {
+    fn classify(&self, _: &Counted, result: &Result<&'static str, String>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }
+    }
+
+    fn clone_request(&self, request: &Counted) -> Option<Counted> {
+        Some(request.clone())
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_classify_outcome_judges_the_last_attempt() {
+    // cargo-mutants cannot mutate the default (`Decision` has no `Default`
+    // to return): this is its only check.
+    let (outcome, copies, stats) = send(DefaultOutcome, 5).await;
+    assert_eq!(outcome, Err("attempt 3 failed".to_string()));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.gave_up_final, 1, "the last error is final: {stats:?}");
+    assert_eq!(stats.gave_up_attempts, 0, "{stats:?}");
+    let (outcome, copies, stats) = send(DefaultOutcome, 2).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.successes, 1, "the last response succeeds: {stats:?}");
+}
+
 /// Judges outcomes alone, but cannot copy a request: the first attempt is
 /// the only one, and no request is kept to classify its outcome with.
 #[derive(Clone)]
