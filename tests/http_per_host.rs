@@ -165,6 +165,33 @@ async fn the_http_layers_table_of_hosts_stays_bounded() {
     assert_eq!(svc.hosts(), 20);
 }
 
+/// `fresh()` keeps the bound set with `max_hosts`, in a table of its own
+/// with no host called yet.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_http_layer_keeps_its_bound_in_a_table_of_its_own() {
+    let servers: Vec<Server> =
+        futures::future::join_all((0..20).map(|_| Server::start(|_, _| status(200)))).await;
+    // 160 hosts is 20 a shard of the table: however the 20 servers hash,
+    // none is evicted. Any bound up to 8 would be one a shard, and 20
+    // servers on 8 shards would evict some.
+    let layer = tower_backoff::http::HttpRetryLayer::new().max_hosts(160);
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(client());
+    for server in &servers[..3] {
+        svc.clone().oneshot(get(server)).await.unwrap();
+    }
+    assert_eq!(svc.hosts(), 3);
+    let fresh = layer.fresh();
+    assert!(fresh.is_per_host());
+    let fresh_svc = ServiceBuilder::new().layer(fresh).service(client());
+    assert_eq!(fresh_svc.hosts(), 0, "no host called through the copy yet");
+    for server in &servers {
+        let response = fresh_svc.clone().oneshot(get(server)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(fresh_svc.hosts(), 20, "the bound of 160 hosts was kept");
+    assert_eq!(svc.hosts(), 3, "the original's table is its own");
+}
+
 #[cfg(feature = "reqwest")]
 #[tokio::test(start_paused = true)]
 async fn per_host_budgets_keep_the_other_hosts_retries_through_reqwest() {

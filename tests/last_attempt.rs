@@ -295,6 +295,125 @@ async fn a_policy_that_reads_the_request_gets_a_copy_for_every_attempt() {
     assert_eq!(stats.successes, 1, "{stats:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_policy_behind_an_arc_that_reads_the_request_gets_a_copy_for_every_attempt() {
+    // The `Arc` says what the policy says: it needs the request.
+    let (outcome, copies, stats) = send(Arc::new(ReadsTheRequest), 2).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(copies, 3);
+    assert_eq!(stats.successes, 1, "{stats:?}");
+}
+
+/// Says it needs no request and leaves `classify_outcome` to the trait's
+/// default, which calls a response a success and an error final (its own
+/// `classify` retries errors: only the last attempt tells the two apart).
+#[derive(Clone)]
+struct DefaultOutcome;
+
+impl Policy<Counted, &'static str, String> for DefaultOutcome {
+    fn classify(&self, _: &Counted, result: &Result<&'static str, String>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }
+    }
+
+    fn clone_request(&self, request: &Counted) -> Option<Counted> {
+        Some(request.clone())
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_classify_outcome_judges_the_last_attempt() {
+    // cargo-mutants cannot mutate the default (`Decision` has no `Default`
+    // to return): this is its only check.
+    let (outcome, copies, stats) = send(DefaultOutcome, 5).await;
+    assert_eq!(outcome, Err("attempt 3 failed".to_string()));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.gave_up_final, 1, "the last error is final: {stats:?}");
+    assert_eq!(stats.gave_up_attempts, 0, "{stats:?}");
+    let (outcome, copies, stats) = send(DefaultOutcome, 2).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(copies, 2);
+    assert_eq!(stats.successes, 1, "the last response succeeds: {stats:?}");
+}
+
+/// Judges outcomes alone, but cannot copy a request: the first attempt is
+/// the only one, and no request is kept to classify its outcome with.
+#[derive(Clone)]
+struct CannotCopy;
+
+impl Policy<Counted, &'static str, String> for CannotCopy {
+    fn classify(&self, _: &Counted, result: &Result<&'static str, String>) -> Decision {
+        self.classify_outcome(result)
+    }
+
+    fn clone_request(&self, _: &Counted) -> Option<Counted> {
+        None
+    }
+
+    fn needs_request(&self) -> bool {
+        false
+    }
+
+    fn classify_outcome(&self, result: &Result<&'static str, String>) -> Decision {
+        match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }
+    }
+}
+
+/// One request through `CannotCopy` whose first attempt succeeds, tracked
+/// from the call (a time limit) or not: its outcome and stats.
+async fn send_uncopied(tracked: bool) -> (Result<&'static str, String>, StatsSnapshot) {
+    let stats = Stats::new();
+    let builder = BackoffLayer::builder()
+        .policy(CannotCopy)
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(3)
+        .stats(stats.clone());
+    let builder = match tracked {
+        true => builder.max_elapsed(Duration::from_secs(60)),
+        false => builder,
+    };
+    let layer = builder.build().unwrap();
+    let copies = Arc::new(AtomicU32::new(0));
+    let request = Counted {
+        copies: Arc::clone(&copies),
+    };
+    let outcome = layer.layer(backend(0)).oneshot(request).await;
+    assert_eq!(copies.load(Ordering::Relaxed), 0);
+    (outcome, stats.snapshot())
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_uncopyable_request_goes_back_unjudged_though_the_policy_needs_no_request() {
+    // No request was kept, and no retry went out: the first attempt's
+    // outcome is returned as is, as not replayable, not judged by
+    // `classify_outcome` (which only judges a last attempt sent without a
+    // copy).
+    let (outcome, stats) = send_uncopied(false).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(stats.gave_up_not_clonable, 1, "{stats:?}");
+    assert_eq!(stats.successes, 0, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_uncopyable_request_tracked_from_the_call_goes_back_unjudged() {
+    // The same with a time limit, which tracks the request from the call:
+    // its first outcome is judged where a retry's is, and one attempt is no
+    // retry.
+    let (outcome, stats) = send_uncopied(true).await;
+    assert_eq!(outcome, Ok("done"));
+    assert_eq!(stats.gave_up_not_clonable, 1, "{stats:?}");
+    assert_eq!(stats.successes, 0, "{stats:?}");
+}
+
 /// Judges outcomes alone but asks for the transparent retry, which may
 /// follow the last attempt.
 #[derive(Clone)]
