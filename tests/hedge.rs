@@ -5,9 +5,9 @@
 //! the policy. The tail-latency tables are in `tests/sim_hedge.rs`.
 
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, Write};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -42,6 +42,7 @@ impl Drop for Cancelled {
 
 impl Host {
     fn script(steps: &[(u64, bool)]) -> Self {
+        watchdog();
         let host = Self::default();
         host.script.lock().unwrap().extend(
             steps
@@ -84,6 +85,31 @@ impl Host {
             }
         })
     }
+}
+
+/// How long the binary may run, in real time, before the watchdog fails it.
+/// Its tests take milliseconds on the paused clock.
+const WATCHDOG: Duration = Duration::from_secs(20);
+
+/// Fails the whole binary once it has run for `WATCHDOG`: a hedged
+/// attempt whose poll never returns (its state machine going round without
+/// end) would hang the test in that poll, where no timeout of tokio's can
+/// reach it, and with it the binary, instead of failing. Started by the
+/// first host a test makes.
+fn watchdog() {
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        std::thread::spawn(|| {
+            std::thread::sleep(WATCHDOG);
+            // Not `eprintln!`: the test that started this thread would
+            // capture it, and its output is lost with the process.
+            let _ = writeln!(
+                std::io::stderr(),
+                "tests/hedge.rs still running after {WATCHDOG:?}: a poll that never returns?"
+            );
+            std::process::exit(101);
+        });
+    });
 }
 
 /// The hedge events a layer emitted, in order.
