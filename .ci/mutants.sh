@@ -69,6 +69,17 @@ tests_for() {
             # the hedging tests and the metrics they report.
             echo "--lib --test hedge --test metrics --test hedge_seams --test http_hedge"
             ;;
+        crates/core/src/hedged.rs)
+            # The hedged attempt's transitions: only a layer that hedges
+            # reaches them, so the binaries that build one (`.hedge(`,
+            # `Hedging::`), not every binary (the default case: about 110 s
+            # a mutant). Not `--test grpc_hedge`: its calls over real sockets
+            # have no time limit, so a mutant that stops or spins the hedging
+            # hangs it, and cargo runs it before `hedge`, whose tests fail on
+            # the same mutant: the mutant read as a timeout, not caught. The
+            # simulation (`--test sim_hedge`) only with MUTANTS_SIM=1.
+            echo "--lib --test hedge --test hedge_seams --test http_hedge --test metrics --test matrix_cells --test allocations --test http2 --test nameable --test reqwest_parity --test shed_pair${MUTANTS_SIM:+ --test sim_hedge}"
+            ;;
         crates/core/src/breaker/ | crates/core/src/breaker/*)
             # The breaker and its window: their unit tests, the layer's and
             # the HTTP hosts' breaker tests, and the matrix cells it decides.

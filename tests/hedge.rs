@@ -5,15 +5,17 @@
 //! the policy. The tail-latency tables are in `tests/sim_hedge.rs`.
 
 use std::collections::VecDeque;
-use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_backoff::events::{Event, HedgeEvent, Observer};
-use tower_backoff::{BackoffLayer, ConfigError, Constant, Hedging, Jitter, Stats, TokenBucket};
+use tower_backoff::{
+    BackoffLayer, ConfigError, Constant, Decision, Hedging, Jitter, Policy, Stats, TokenBucket,
+};
 
 const DELAY: Duration = Duration::from_millis(10);
 /// What a call the script does not cover takes: long enough to be pending
@@ -42,6 +44,7 @@ impl Drop for Cancelled {
 
 impl Host {
     fn script(steps: &[(u64, bool)]) -> Self {
+        watchdog();
         let host = Self::default();
         host.script.lock().unwrap().extend(
             steps
@@ -84,6 +87,31 @@ impl Host {
             }
         })
     }
+}
+
+/// How long the binary may run, in real time, before the watchdog fails it.
+/// Its tests take milliseconds on the paused clock.
+const WATCHDOG: Duration = Duration::from_secs(20);
+
+/// Fails the whole binary once it has run for `WATCHDOG`: a hedged
+/// attempt whose poll never returns (its state machine going round without
+/// end) would hang the test in that poll, where no timeout of tokio's can
+/// reach it, and with it the binary, instead of failing. Started by the
+/// first host a test makes.
+fn watchdog() {
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        std::thread::spawn(|| {
+            std::thread::sleep(WATCHDOG);
+            // Not `eprintln!`: the test that started this thread would
+            // capture it, and its output is lost with the process.
+            let _ = writeln!(
+                std::io::stderr(),
+                "tests/hedge.rs still running after {WATCHDOG:?}: a poll that never returns?"
+            );
+            std::process::exit(101);
+        });
+    });
 }
 
 /// The hedge events a layer emitted, in order.
@@ -624,5 +652,232 @@ async fn a_hedge_the_cap_turned_away_goes_out_once_later_requests_make_room() {
         start.elapsed() < Duration::from_millis(100),
         "{:?}",
         start.elapsed()
+    );
+}
+
+// --- copies that end the request, server-named delays, copies the request runs out of ---
+
+/// A policy the tests set. An error asks for `on_error` (a final failure, or
+/// a retry after a delay a server named); an answer to request `REFUSED` is
+/// a final failure (a 4xx), the other answers succeed. It copies requests
+/// until, with `spend_at_hedge`, a hedge is made: none after it, as a
+/// streaming body past its replay limit. It lets no copy of request 0 (the
+/// warm-ups') go out as a hedge.
+#[derive(Clone)]
+struct Scripted {
+    on_error: Decision,
+    spend_at_hedge: bool,
+    spent: Arc<AtomicBool>,
+}
+
+const REFUSED: u32 = 9;
+
+impl Scripted {
+    fn new(on_error: Decision) -> Self {
+        Self {
+            on_error,
+            spend_at_hedge: false,
+            spent: Arc::default(),
+        }
+    }
+
+    /// The same, copying no request once a hedge was made.
+    fn spent_at_hedge(on_error: Decision) -> Self {
+        Self {
+            spend_at_hedge: true,
+            ..Self::new(on_error)
+        }
+    }
+}
+
+impl Policy<u32, u32, io::Error> for Scripted {
+    fn classify(&self, request: &u32, result: &io::Result<u32>) -> Decision {
+        match result {
+            Ok(_) if *request == REFUSED => Decision::Final,
+            Ok(_) => Decision::Success,
+            Err(_) => self.on_error,
+        }
+    }
+
+    fn clone_request(&self, request: &u32) -> Option<u32> {
+        (!self.spent.load(Ordering::SeqCst)).then_some(*request)
+    }
+
+    fn prepare_hedge(&self, copy: &mut u32, _: u32) -> bool {
+        if self.spend_at_hedge {
+            self.spent.store(true, Ordering::SeqCst);
+        }
+        *copy != 0
+    }
+}
+
+/// `hedging` with `policy`, over `host`, after 10 quick calls: the traffic
+/// the load cap grants hedges from.
+async fn scripted(
+    policy: Scripted,
+    hedging: Hedging,
+    host: &Host,
+    hedges: &Hedges,
+) -> impl Service<u32, Response = u32, Error = io::Error> {
+    let mut svc = builder(&Stats::new(), hedges)
+        .policy(policy)
+        .hedge(hedging)
+        .build()
+        .unwrap()
+        .layer(host.service());
+    warm_up(&mut svc, 10).await;
+    svc
+}
+
+/// A slow first copy of `request` and its hedge, after `scripted`'s
+/// warm-up: `first` and `hedge` are the two copies' (latency ms, ok). What
+/// the caller got, when, and the host's calls and cancelled calls.
+async fn first_and_hedge(
+    policy: Scripted,
+    request: u32,
+    first: (u64, bool),
+    hedge: (u64, bool),
+    hedges: &Hedges,
+) -> (io::Result<u32>, Duration, u32, u32) {
+    let mut steps = vec![(1, true); 10];
+    steps.extend([first, hedge]);
+    let host = Host::script(&steps);
+    let hedging = Hedging::after(DELAY).max_extra_load(1.0);
+    let mut svc = scripted(policy, hedging, &host, hedges).await;
+    let start = Instant::now();
+    let outcome = svc.ready().await.unwrap().call(request).await;
+    (outcome, start.elapsed(), host.calls(), host.cancelled())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_final_failure_of_one_copy_ends_the_request_at_once_and_cancels_the_others() {
+    // The hedge fails for good at 15 ms: the caller hears it then, not the
+    // slow first copy's success a second later.
+    let hedges = Hedges::default();
+    let policy = Scripted::new(Decision::Final);
+    let (outcome, took, calls, cancelled) =
+        first_and_hedge(policy, 1, (1_000, true), (5, false), &hedges).await;
+    assert_eq!(outcome.unwrap_err().to_string(), "call 12 failed");
+    assert_eq!(took, DELAY + Duration::from_millis(5));
+    assert_eq!((calls, cancelled), (12, 1));
+    assert_eq!(
+        hedges.seen(),
+        [
+            (2, HedgeEvent::Sent),
+            (1, HedgeEvent::Cancelled),
+            (2, HedgeEvent::Won)
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_the_request_can_no_longer_be_copied_a_success_still_wins_at_once() {
+    let hedges = Hedges::default();
+    let policy = Scripted::spent_at_hedge(Decision::Final);
+    let (outcome, took, calls, cancelled) =
+        first_and_hedge(policy, 1, (1_000, true), (5, true), &hedges).await;
+    assert_eq!(outcome.unwrap(), 112);
+    assert_eq!(took, DELAY + Duration::from_millis(5));
+    assert_eq!((calls, cancelled), (12, 1));
+    assert_eq!(
+        hedges.seen(),
+        [
+            (2, HedgeEvent::Sent),
+            (1, HedgeEvent::Cancelled),
+            (2, HedgeEvent::Won)
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_the_request_can_no_longer_be_copied_a_final_failure_waits_for_the_other_copies() {
+    // The first copy's final answer comes at 30 ms, while the hedge sent at
+    // 10 ms is pending; the hedge's outcome comes at 50 ms. Of the two
+    // failures the caller gets the last, but a response over an error.
+    for (hedge_ok, expected) in [(true, REFUSED * 100 + 12), (false, REFUSED * 100 + 11)] {
+        let hedges = Hedges::default();
+        let policy = Scripted::spent_at_hedge(Decision::Final);
+        let (outcome, took, calls, cancelled) =
+            first_and_hedge(policy, REFUSED, (30, true), (40, hedge_ok), &hedges).await;
+        let answer = outcome.unwrap_or_else(|e| panic!("hedge ok: {hedge_ok}: the caller got {e}"));
+        assert_eq!(answer, expected, "hedge ok: {hedge_ok}");
+        assert_eq!(took, Duration::from_millis(50), "hedge ok: {hedge_ok}");
+        assert_eq!((calls, cancelled), (12, 0), "hedge ok: {hedge_ok}");
+        assert_eq!(
+            hedges.seen(),
+            [(2, HedgeEvent::Sent)],
+            "hedge ok: {hedge_ok}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_copy_whose_server_named_a_delay_sends_no_further_hedge() {
+    // As in `a_failed_copy_sends_the_next_hedge_at_once`, but the hedge's
+    // failure asks for 50 ms: the next hedge would not honour them, so none
+    // goes out, at once or after another delay, and the slow first copy
+    // answers.
+    let mut steps = vec![(1, true); 10];
+    steps.extend([(1_000, true), (2, false), (4, true)]);
+    let host = Host::script(&steps);
+    let hedges = Hedges::default();
+    let policy = Scripted::new(Decision::retry_after(Duration::from_millis(50)));
+    let hedging = Hedging::after(DELAY).max_copies(3).max_extra_load(1.0);
+    let mut svc = scripted(policy, hedging, &host, &hedges).await;
+
+    let start = Instant::now();
+    assert_eq!(svc.ready().await.unwrap().call(1).await.unwrap(), 111);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!((host.calls(), host.cancelled()), (12, 0));
+    assert_eq!(hedges.seen(), [(2, HedgeEvent::Sent)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zero_delay_sends_every_copy_in_the_first_poll_however_many() {
+    // Three copies: the second hedge goes out in the same poll as the
+    // first, not on the timer's next tick. Two warm-up requests the policy
+    // lets no hedge give the load cap room for two.
+    let host = Host::script(&[(1, true), (1, true), (30, true), (30, true), (10, true)]);
+    let hedges = Hedges::default();
+    let hedging = Hedging::after(Duration::ZERO)
+        .max_copies(3)
+        .max_extra_load(1.0);
+    let mut svc = builder(&Stats::new(), &hedges)
+        .policy(Scripted::new(Decision::retry()))
+        .hedge(hedging)
+        .build()
+        .unwrap()
+        .layer(host.service());
+    for _ in 0..2 {
+        svc.ready().await.unwrap().call(0).await.unwrap();
+    }
+    assert!(hedges.seen().is_empty());
+    // Between two of the timer's millisecond ticks, where a zero sleep would
+    // wait for the next one.
+    tokio::time::advance(Duration::from_micros(500)).await;
+    let start = Instant::now();
+    let mut attempt = std::pin::pin!(svc.ready().await.unwrap().call(1));
+    std::future::poll_fn(|cx| {
+        assert!(std::future::Future::poll(attempt.as_mut(), cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+    assert_eq!(host.calls(), 5, "every copy at the first poll");
+    assert_eq!(attempt.await.unwrap(), 105);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(10) && took <= Duration::from_millis(11),
+        "{took:?}"
+    );
+    assert_eq!((host.calls(), host.cancelled()), (5, 2));
+    assert_eq!(
+        hedges.seen(),
+        [
+            (2, HedgeEvent::Sent),
+            (3, HedgeEvent::Sent),
+            (1, HedgeEvent::Cancelled),
+            (2, HedgeEvent::Cancelled),
+            (3, HedgeEvent::Won)
+        ]
     );
 }
