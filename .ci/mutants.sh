@@ -41,6 +41,9 @@ CORE=(
     crates/core/src/engine.rs
     crates/core/src/policy.rs
     crates/core/src/future.rs
+    crates/core/src/transitions.rs
+    crates/core/src/hedged.rs
+    crates/core/src/send.rs
     crates/core/src/budget/
     crates/core/src/jitter.rs
     crates/core/src/schedule/
