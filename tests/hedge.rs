@@ -116,6 +116,16 @@ fn watchdog() {
     });
 }
 
+/// Polls `attempt` once, which must leave it pending: what goes out at the
+/// first poll has gone out when this returns.
+async fn poll_once_pending<F: std::future::Future>(mut attempt: std::pin::Pin<&mut F>) {
+    std::future::poll_fn(|cx| {
+        assert!(attempt.as_mut().poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
 /// The hedge events a layer emitted, in order.
 #[derive(Clone, Default)]
 struct Hedges(Arc<Mutex<Vec<(u32, HedgeEvent)>>>);
@@ -400,11 +410,7 @@ async fn a_zero_delay_sends_every_copy_at_once() {
     let start = Instant::now();
     let mut attempt = std::pin::pin!(svc.ready().await.unwrap().call(0));
     // Both go out in the first poll: none waits for a timer.
-    std::future::poll_fn(|cx| {
-        assert!(std::future::Future::poll(attempt.as_mut(), cx).is_pending());
-        std::task::Poll::Ready(())
-    })
-    .await;
+    poll_once_pending(attempt.as_mut()).await;
     assert_eq!(host.calls(), 2, "every copy at the first poll");
     assert_eq!(attempt.await.unwrap(), 2);
     // The second copy's 10 ms, ending on the timer's next tick.
@@ -859,11 +865,7 @@ async fn a_zero_delay_sends_every_copy_in_the_first_poll_however_many() {
     tokio::time::advance(Duration::from_micros(500)).await;
     let start = Instant::now();
     let mut attempt = std::pin::pin!(svc.ready().await.unwrap().call(1));
-    std::future::poll_fn(|cx| {
-        assert!(std::future::Future::poll(attempt.as_mut(), cx).is_pending());
-        std::task::Poll::Ready(())
-    })
-    .await;
+    poll_once_pending(attempt.as_mut()).await;
     assert_eq!(host.calls(), 5, "every copy at the first poll");
     assert_eq!(attempt.await.unwrap(), 105);
     let took = start.elapsed();

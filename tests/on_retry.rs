@@ -87,6 +87,31 @@ async fn flaky_server() -> Server {
     Server::start(|n, _| status(if n == 0 { 503 } else { 200 })).await
 }
 
+/// Fails its first call with a "busy" `io::Error`, takes `slow` to answer
+/// its second, and answers every call with its number.
+fn busy_once(
+    slow: Duration,
+) -> impl tower::Service<(), Response = u32, Error = std::io::Error, Future: Send> + Clone {
+    let calls = Arc::new(Mutex::new(0));
+    service_fn(move |()| {
+        let n = {
+            let mut calls = calls.lock().unwrap();
+            *calls += 1;
+            *calls
+        };
+        async move {
+            match n {
+                1 => Err(std::io::Error::other("busy")),
+                2 => {
+                    tokio::time::sleep(slow).await;
+                    Ok(n)
+                }
+                _ => Ok(n),
+            }
+        }
+    })
+}
+
 #[tokio::test]
 async fn the_generic_layer_s_hook_sees_the_error_being_retried() {
     let log = Log::default();
@@ -96,20 +121,7 @@ async fn the_generic_layer_s_hook_sees_the_error_being_retried() {
         .on_retry(hook(&log))
         .build()
         .unwrap();
-    let calls = Arc::new(Mutex::new(0));
-    let svc = layer.layer(service_fn(move |()| {
-        let n = {
-            let mut calls = calls.lock().unwrap();
-            *calls += 1;
-            *calls
-        };
-        async move {
-            match n {
-                1 => Err(std::io::Error::other("busy")),
-                _ => Ok::<_, std::io::Error>(n),
-            }
-        }
-    }));
+    let svc = layer.layer(busy_once(Duration::ZERO));
     assert_eq!(svc.oneshot(()).await.unwrap(), 2);
     seen_one_busy_error(&log);
 }
@@ -205,24 +217,7 @@ async fn a_guarded_layer_s_hook_reads_its_error_type() {
         })
         .build()
         .unwrap();
-    let calls = Arc::new(Mutex::new(0));
-    let svc = layer.layer(service_fn(move |()| {
-        let n = {
-            let mut calls = calls.lock().unwrap();
-            *calls += 1;
-            *calls
-        };
-        async move {
-            match n {
-                1 => Err(std::io::Error::other("busy")),
-                2 => {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    Ok(n)
-                }
-                _ => Ok::<_, std::io::Error>(n),
-            }
-        }
-    }));
+    let svc = layer.layer(busy_once(Duration::from_secs(1)));
     assert_eq!(svc.oneshot(()).await.unwrap(), 3);
     assert_eq!(*seen.lock().unwrap(), ["inner busy", "timed out"]);
 }
