@@ -269,6 +269,36 @@ async fn the_last_attempt_sent_without_a_copy_is_stamped_like_the_others() {
     assert_eq!(*seen.lock().unwrap(), [0, 2, 3]);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_request_s_own_attempt_limit_decides_which_attempt_is_the_last() {
+    // The layer allows 3; this request 2: its second attempt is the last and
+    // goes out without a copy, so only the copy kept at the call is made.
+    let stats = Stats::new();
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::ZERO))
+        .max_attempts(3)
+        .budget(TokenBucket::new())
+        .stats(stats.clone())
+        .build()
+        .unwrap();
+    let copies = Arc::new(AtomicU32::new(0));
+    let request = Counted {
+        copies: Arc::clone(&copies),
+    };
+    let mut svc = layer.layer(backend(5));
+    let svc = svc.ready().await.unwrap();
+    let limits = tower_backoff::RetryLimits::new().max_attempts(2);
+    let outcome = svc.call_with_limits(request, limits).await;
+    assert_eq!(outcome, Err("attempt 2 failed".to_string()));
+    assert_eq!(copies.load(Ordering::Relaxed), 1);
+    let stats = stats.snapshot();
+    assert_eq!(
+        (stats.attempts, stats.gave_up_attempts),
+        (2, 1),
+        "{stats:?}"
+    );
+}
+
 /// Reads the request to decide.
 #[derive(Clone)]
 struct ReadsTheRequest;
