@@ -52,9 +52,9 @@ pub(crate) struct Config<P, T = NoTimeout> {
     /// starts at the first poll that finds the attempt pending). Worked out
     /// once, so the happy path reads one flag, not two.
     pub(crate) track_from_call: bool,
-    /// Whether the budget is told of every call: only a budget given as a
-    /// trait object can want to be (the token bucket never does). Worked
-    /// out once, so the happy path reads one flag, not the budget's kind.
+    /// Whether the budget is told of every call: a budget given as a trait
+    /// object, or a token bucket that earns on requests. Worked out once,
+    /// so the happy path reads one flag, not the budget's kind.
     pub(crate) budget_counts_calls: bool,
 }
 
@@ -179,7 +179,6 @@ impl<P, T> Config<P, T> {
             jitter: self.jitter,
             stop_at_cap: self.stop_at_cap,
             budget: self.budget(),
-            paced: self.pacing.is_some(),
         }
     }
 

@@ -24,9 +24,12 @@ pub enum Decision {
     Final,
     /// The attempt failed transiently: retry if the limits and budget allow.
     Retry {
-        /// A delay the server asked for (`Retry-After`), used instead of the
-        /// schedule's and as is: never shortened, since a retry before the
-        /// server asked is wasted. The policy decides how long a delay it
+        /// A delay the server asked for (`Retry-After`): never shortened,
+        /// since a retry before the server asked is wasted, and raised to
+        /// the schedule's delay for that retry when shorter, so that a
+        /// server naming 1 ms does not make a tight loop. It decides when
+        /// the retry goes, never whether: the budget pays for it as for any
+        /// other. The policy decides how long a delay it
         /// accepts (the HTTP policy's `max_server_delay`) and returns
         /// [`Decision::Final`] past that. A delay that would end past the
         /// layer's time limit ends the request at once.

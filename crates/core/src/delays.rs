@@ -136,7 +136,6 @@ impl Delays {
             jitter: self.jitter,
             stop_at_cap: false,
             budget: None,
-            paced: false,
         };
         let no_deadline = || unreachable!("no deadline, so no clock");
         let retry = self

@@ -77,10 +77,6 @@ pub struct Rules<'a, S: ?Sized, B: ?Sized> {
     /// The budget retries are checked against when decided and charged to
     /// when sent, if any.
     pub budget: Option<&'a B>,
-    /// Whether every attempt goes through adaptive pacing: then a retry of
-    /// a [throttled](Cause::Throttled) attempt is paced by the server's own
-    /// signal and the budget does not pay for it.
-    pub paced: bool,
 }
 
 /// A retry decided but not sent yet: the front-end waits `delay`, then asks
@@ -95,30 +91,16 @@ pub struct Retry {
     /// The one free retry of a request that never left (`Cause::NotSent`): no
     /// delay, no attempt counted, no budget.
     pub transparent: bool,
-    /// Whether the budget pays for it (see [`Retry::budget_pays`]).
+    /// Whether the budget pays for it: every retry but the transparent one
+    /// and a conflict's, whoever named its delay. A server's delay
+    /// decides when a retry goes, never whether: a `Retry-After` sent to
+    /// every client cannot know how many it invites back.
     pub paid: bool,
     /// When its sleep ends, if the request has a deadline.
     pub due: Option<Instant>,
 }
 
 impl Retry {
-    /// Whether the budget pays for a retry for `cause`. Not for the
-    /// transparent retry, which the server never saw; nor for a
-    /// [conflict](Cause::Conflict), which the server answered promptly; nor
-    /// for a [throttled](Cause::Throttled) attempt's retry that waits the
-    /// delay the server named (`server_delay`) or goes through adaptive
-    /// pacing (`paced`): the server's own signal paces it, where a budget
-    /// would only refuse what the server invited back. A budget bounds
-    /// retries nobody paces, the ones that multiply an outage.
-    pub fn budget_pays(cause: Cause, transparent: bool, server_delay: bool, paced: bool) -> bool {
-        match cause {
-            _ if transparent => false,
-            Cause::Conflict => false,
-            Cause::Throttled => !(server_delay || paced),
-            _ => true,
-        }
-    }
-
     /// A retry whose time the front-end sets itself, with no delay of the
     /// engine's: the poller's re-probe of a provider it evicted.
     pub fn planned(cause: Cause) -> Self {
@@ -126,7 +108,7 @@ impl Retry {
             cause,
             delay: Duration::ZERO,
             transparent: false,
-            paid: Self::budget_pays(cause, false, false, false),
+            paid: true,
             due: None,
         }
     }
@@ -247,8 +229,7 @@ impl Session {
 
     /// The cause of the last retry sent, if the budget paid for it: what a
     /// budget's refund on success depends on. `None` before any retry and
-    /// after a free one (the transparent retry, a conflict, a throttled
-    /// attempt's retry paced by the server): its success
+    /// after a free one (the transparent retry, a conflict's): its success
     /// earns the plain refund, not the return of a cost never paid.
     pub fn last_retry(&self) -> Option<Cause> {
         self.last_retry
@@ -305,8 +286,14 @@ impl Session {
         }
         let delay = match (transparent, after) {
             (true, _) => Duration::ZERO,
-            // Never before the server asked: the policy bounds what it accepts.
-            (false, Some(asked)) => asked.min(MAX_DURATION),
+            // Never before the server asked (the policy bounds what it
+            // accepts), nor sooner than the schedule would: a server that
+            // names 1 ms does not turn the backoff into a tight loop.
+            (false, Some(asked)) => {
+                asked
+                    .min(MAX_DURATION)
+                    .max(self.next_delay(rules.schedule, rules.jitter, new_rng))
+            }
             (false, None) => self.next_delay(rules.schedule, rules.jitter, new_rng),
         };
         let mut due = None;
@@ -316,10 +303,15 @@ impl Session {
                 _ => return Err(Ending::OutOfTime),
             }
         }
-        // A zero delay ("retry now") paces nothing.
-        let server_delay = after.is_some_and(|asked| !asked.is_zero());
-        let paid = Retry::budget_pays(cause, transparent, server_delay, rules.paced);
-        if paid && rules.budget.is_some_and(|b| !b.would_allow(cause)) {
+        // A conflict's retry is free: the server answered promptly, so it
+        // adds no load to an outage, and a racer the budget refused would
+        // only send again at once, without the backoff that spreads them.
+        let paid = !transparent && cause != Cause::Conflict;
+        // A retry the budget would refuse ends at once, unless the server
+        // named a delay: then the request waits it out and the budget is
+        // asked again at send, so that a caller who sends again as soon as a
+        // request ends does not turn the server's delay into a tight loop.
+        if paid && rules.budget.is_some_and(|b| !b.would_allow(cause)) && after.is_none() {
             return Err(Ending::BudgetRefused);
         }
         self.previous_delay = delay;
@@ -572,7 +564,6 @@ mod tests {
             jitter: Jitter::None,
             stop_at_cap: false,
             budget: NO_BUDGET,
-            paced: false,
         }
     }
 
@@ -862,6 +853,46 @@ mod tests {
         assert_eq!(session.last_retry(), Some(Cause::Timeout));
     }
 
+    /// Every retry a server saw pays, whatever named its delay: a server's
+    /// delay decides when, never whether.
+    #[test]
+    fn an_empty_budget_refuses_every_retry_whatever_its_cause_or_server_delay() {
+        let bucket = emptied_bucket();
+        let schedule = Constant::new(ms(10));
+        let rules = Rules {
+            budget: Some(&bucket),
+            ..rules(&schedule)
+        };
+        for cause in [Cause::Transient, Cause::Timeout, Cause::Throttled] {
+            assert_eq!(
+                Session::new(3, None).decide(&rules, None, cause, true, never, rng),
+                Err(Ending::BudgetRefused),
+                "{cause:?}, at once"
+            );
+            // A server's delay is waited out first, then the send refuses.
+            for after in [Some(Duration::ZERO), Some(ms(1)), Some(ms(500))] {
+                let mut session = Session::new(3, None);
+                let retry = session
+                    .decide(&rules, after, cause, true, never, rng)
+                    .unwrap();
+                assert!(retry.paid, "{cause:?} after {after:?}");
+                assert_eq!(retry.delay, after.unwrap_or_default().max(ms(10)));
+                assert_eq!(
+                    session.send(&retry, rules.budget, never, || Some(())),
+                    Err(Ending::BudgetRefused),
+                    "{cause:?} after {after:?}"
+                );
+                assert_eq!(session.attempts(), 1, "nothing went out");
+            }
+        }
+        // Only the retry of a request the server never saw is free (and a
+        // conflict's: below).
+        let mut session = Session::new(3, None);
+        let free = send_not_sent(&mut session, &rules);
+        assert!(!free.paid);
+        assert_eq!(session.last_retry(), None, "nothing to refund");
+    }
+
     #[test]
     fn a_conflict_is_retried_with_its_delay_and_an_empty_budget_charging_nothing() {
         let bucket = emptied_bucket();
@@ -888,48 +919,50 @@ mod tests {
         );
     }
 
-    /// What the budget pays for, cause by cause: a throttled attempt's retry
-    /// is free when the server named a wait or pacing paces it; "retry
-    /// now" names no wait; a timeout pays even under pacing.
+    /// A paid retry that goes out leaves its cause for the refund of a
+    /// success, a throttled one after a server's delay too.
     #[test]
-    fn a_throttled_retry_the_server_or_the_pacing_paces_charges_nothing() {
-        let bucket = emptied_bucket();
+    fn a_throttled_retry_after_a_server_delay_pays_and_is_refunded_on_success() {
+        let bucket = one_retry_bucket();
         let schedule = Constant::new(ms(10));
-        let with = |paced| Rules {
+        let rules = Rules {
             budget: Some(&bucket),
-            paced,
             ..rules(&schedule)
         };
-        let decide = |rules: &Rules<'_, Constant, TokenBucket>, after, cause| {
-            Session::new(3, None).decide(rules, after, cause, true, never, rng)
-        };
-        let throttled = Cause::Throttled;
-        let named = decide(&with(false), Some(ms(500)), throttled).unwrap();
-        assert!(!named.paid);
-        assert_eq!(named.delay, ms(500));
-        assert!(!decide(&with(true), None, throttled).unwrap().paid);
-        let refused = Err(Ending::BudgetRefused);
-        assert_eq!(decide(&with(false), None, throttled), refused);
-        assert_eq!(
-            decide(&with(false), Some(Duration::ZERO), throttled),
-            refused,
-            "retry now"
-        );
-        assert_eq!(decide(&with(true), None, Cause::Timeout), refused);
-        assert_eq!(
-            decide(&with(false), Some(ms(500)), Cause::Transient),
-            refused,
-            "only a throttle's"
-        );
-        // Sent, it leaves nothing to refund.
         let mut session = Session::new(3, None);
-        let free = session
-            .decide(&with(true), None, throttled, true, never, rng)
+        let retry = session
+            .decide(&rules, Some(ms(500)), Cause::Throttled, true, never, rng)
             .unwrap();
+        assert!(retry.paid);
+        assert_eq!(retry.delay, ms(500));
         session
-            .send(&free, Some(&bucket), never, || Some(()))
+            .send(&retry, rules.budget, never, || Some(()))
             .unwrap();
-        assert_eq!(session.last_retry(), None);
+        assert_eq!(bucket.available(), 0);
+        assert_eq!(session.last_retry(), Some(Cause::Throttled));
+        bucket.on_success(session.last_retry());
+        assert_eq!(bucket.available(), 5, "its cost back");
+    }
+
+    /// A server delay shorter than the schedule's is raised to it: 1 ms or
+    /// "retry now" wait as long as no header would.
+    #[test]
+    fn a_server_delay_shorter_than_the_schedule_is_raised_to_it() {
+        let schedule = Exponential::new(ms(100));
+        let rules = rules(&schedule);
+        for after in [Duration::ZERO, ms(1), ms(99)] {
+            let mut session = Session::new(5, None);
+            let first = session
+                .decide(&rules, Some(after), Cause::Throttled, true, never, rng)
+                .unwrap();
+            assert_eq!(first.delay, ms(100), "after {after:?}");
+        }
+        let mut session = Session::new(5, None);
+        assert_eq!(retry_once(&mut session, &rules), Ok(ms(100)));
+        let second = session
+            .decide(&rules, Some(ms(1)), Cause::Throttled, true, never, rng)
+            .unwrap();
+        assert_eq!(second.delay, ms(200), "the schedule's delay for that retry");
     }
 
     #[test]

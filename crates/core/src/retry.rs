@@ -226,8 +226,7 @@ impl<F, W, N> RetryCall<F, W, N> {
     /// [`BackoffBuilder::build`]: crate::BackoffBuilder::build
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.limits.validate(&self.schedule)?;
-        self.limits
-            .check_bounded(!matches!(self.budget, BudgetChoice::None))
+        self.limits.check_bounded()
     }
 }
 
@@ -400,7 +399,6 @@ where
                         jitter: settings.limits.jitter,
                         stop_at_cap: settings.limits.stop_at_cap,
                         budget: this.budget.as_deref(),
-                        paced: false,
                     };
                     let decided = this.session.decide(
                         &rules,

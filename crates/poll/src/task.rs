@@ -61,7 +61,6 @@ pub(super) async fn run<K, Req, V, E, S>(
         // Checked when the retry goes out, not when it is decided: a poller
         // refused a retry polls again later instead of giving up.
         budget: None,
-        paced: false,
     };
     let mut session = Session::new(UNLIMITED_ATTEMPTS, None).with_rng(rng);
     let mut failures = 0u32;
