@@ -78,8 +78,8 @@
 //! # }
 //! ```
 //!
-//! Shared by every clone of a service: a retry [budget] ([`TokenBucket`],
-//! [`RatioBudget`]) that caps the extra load retries add and, optionally,
+//! Shared by every clone of a service: a retry [budget] ([`TokenBucket`])
+//! that caps the extra load retries add and, optionally,
 //! [`AdaptivePacing`] that slows every request down while the server throttles,
 //! and [`Stats`] counters; [`BackoffBuilder::on_retry`] hooks a closure on each
 //! retry.

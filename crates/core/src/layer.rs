@@ -131,8 +131,8 @@ impl<P, T> BackoffLayer<P, T> {
     /// per-host stack gives each host, so one host's outage spends only
     /// that host's retries and opens only that host's breaker. The stats and
     /// observers stay shared, so they add every host up. A budget given as
-    /// anything but a [`TokenBucket`] (an `Arc` shared on purpose, a
-    /// [`RatioBudget`](crate::RatioBudget)) stays shared too: build such a
+    /// anything but a [`TokenBucket`] (an `Arc` shared on purpose, a budget
+    /// of your own) stays shared too: build such a
     /// layer per host yourself, in a [`PerHostLayer`] closure.
     ///
     /// [`PerHostLayer`]: https://docs.rs/tower-backoff/latest/tower_backoff/http/struct.PerHostLayer.html
@@ -388,8 +388,9 @@ impl<P, T> BackoffBuilder<P, T> {
 
     /// No limit on attempts: retries go on until the time limit
     /// ([`max_elapsed`](Self::max_elapsed)), the budget, or the policy ends
-    /// them. With neither a time limit nor a budget nothing would,
-    /// so [`build`](Self::build) refuses that combination.
+    /// them. [`build`](Self::build) refuses it without a time limit: the
+    /// budget bounds a fleet's retries, not one request's, which successes
+    /// of other requests can keep paying for.
     ///
     /// ```
     /// use std::time::Duration;
@@ -401,7 +402,7 @@ impl<P, T> BackoffBuilder<P, T> {
     ///     .max_elapsed(Duration::from_secs(60))
     ///     .build()?;
     /// # drop(layer);
-    /// let endless = BackoffLayer::builder().unlimited_attempts().no_budget().build();
+    /// let endless = BackoffLayer::builder().unlimited_attempts().build();
     /// assert_eq!(endless.unwrap_err().field(), "max_attempts");
     /// # Ok::<_, tower_backoff_core::ConfigError>(())
     /// ```
@@ -413,9 +414,10 @@ impl<P, T> BackoffBuilder<P, T> {
     /// Retries while the schedule's delay is below its cap, then tries once
     /// more and returns that outcome: from 1 s doubling to a 10 s cap, the
     /// sleeps are 1, 2, 4 and 8 s, and the fifth attempt is the last. The
-    /// attempt limit still applies; combine with
-    /// [`unlimited_attempts`](Self::unlimited_attempts) to let the cap alone
-    /// decide. Delays a server asks for are not affected.
+    /// attempt limit still applies. A delay a server asks for restarts the
+    /// schedule, so the cap alone does not end a request a server keeps
+    /// asking to wait: [`unlimited_attempts`](Self::unlimited_attempts)
+    /// still needs [`max_elapsed`](Self::max_elapsed).
     ///
     /// ```
     /// use std::time::Duration;
@@ -423,7 +425,7 @@ impl<P, T> BackoffBuilder<P, T> {
     ///
     /// let layer = BackoffLayer::builder()
     ///     .schedule(Exponential::new(Duration::from_secs(1)).max_delay(Duration::from_secs(10)))
-    ///     .unlimited_attempts()
+    ///     .max_attempts(10)
     ///     .stop_at_cap()
     ///     .build()?;
     /// # drop(layer);
@@ -605,7 +607,7 @@ impl<P, T> BackoffBuilder<P, T> {
         if let Some(limit) = attempt_timeout {
             check_limit("attempt_timeout", limit)?;
         }
-        limits.check_bounded(!matches!(budget, BudgetChoice::Set(None)))?;
+        limits.check_bounded()?;
         if let Some(hedging) = &hedging {
             hedging.validate()?;
         }
@@ -616,7 +618,11 @@ impl<P, T> BackoffBuilder<P, T> {
             BudgetChoice::Set(budget) => budget,
         };
         let pacing_set = pacing.is_some();
-        let budget_counts_calls = matches!(budget, Some(LayerBudget::Given(_)));
+        let budget_counts_calls = match &budget {
+            Some(LayerBudget::Bucket(bucket)) => bucket.earns_on_requests(),
+            Some(LayerBudget::Given(_)) => true,
+            None => false,
+        };
         #[cfg(feature = "tracing")]
         observers.push(Box::new(crate::events::Tracing));
         #[cfg(feature = "metrics")]

@@ -49,7 +49,7 @@ pub mod timer;
 mod transitions;
 
 pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
-pub use budget::{Budget, RatioBudget, TokenBucket};
+pub use budget::{Budget, TokenBucket};
 pub use deadline::Guarded;
 pub use delays::Delays;
 pub use error::{ConfigError, Error};

@@ -22,7 +22,7 @@ pub(crate) struct Limits {
     pub(crate) stop_at_cap: bool,
 }
 
-/// `max_attempts` meaning "no limit": a time limit or a budget bounds the
+/// `max_attempts` meaning "no limit": a time limit (`max_elapsed`) bounds the
 /// request instead.
 pub const UNLIMITED_ATTEMPTS: u32 = u32::MAX;
 
@@ -55,17 +55,16 @@ impl Limits {
         schedule.validate()
     }
 
-    /// Refuses unlimited attempts that nothing else would end: no time limit,
-    /// no stop at the cap, and (`budgeted` false) no budget.
-    pub(crate) fn check_bounded(&self, budgeted: bool) -> Result<(), ConfigError> {
-        let endless = self.max_attempts == UNLIMITED_ATTEMPTS
-            && self.max_elapsed.is_none()
-            && !self.stop_at_cap
-            && !budgeted;
-        if endless {
+    /// Refuses unlimited attempts without a time limit. A budget bounds a
+    /// fleet's retries, not one request's: a request it keeps paying for
+    /// (each retry earning its cost back from a success of another) would
+    /// never end; and the stop at the cap does not hold once a server's
+    /// delay restarts the schedule.
+    pub(crate) fn check_bounded(&self) -> Result<(), ConfigError> {
+        if self.max_attempts == UNLIMITED_ATTEMPTS && self.max_elapsed.is_none() {
             return Err(ConfigError::new(
                 "max_attempts",
-                "unlimited attempts with no time limit, no budget and no stop at the cap would retry forever",
+                "unlimited attempts need a time limit (max_elapsed): a budget bounds a fleet's retries, not one request's",
             ));
         }
         Ok(())

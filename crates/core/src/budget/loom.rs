@@ -4,7 +4,7 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::budget::{Budget, Earn, RatioBudget, TokenBucket};
+use crate::budget::{Budget, TokenBucket};
 use crate::decision::Cause;
 
 fn bucket(capacity: u64, refill_per_second: u64) -> TokenBucket {
@@ -172,14 +172,6 @@ fn token_bucket_withdrawal_racing_a_smaller_capacity_never_overdraws() {
     });
 }
 
-fn ratio_budget(ratio: f64) -> RatioBudget {
-    RatioBudget::builder()
-        .ratio(ratio)
-        .reserve(0)
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn token_bucket_would_allow_charges_nothing_and_send_charges_once() {
     loom::model(|| {
@@ -212,175 +204,5 @@ fn token_bucket_refund_racing_a_send_lets_the_refunded_retry_out() {
         // Either the send came first and was refused (the refund stays), or
         // it came after and spent the refund: tokens are never lost.
         assert_eq!(bucket.available(), if sent { 0 } else { 5 });
-    });
-}
-
-/// The race a stress test found (issue 10, item 8): each thread records a
-/// first attempt, then retries; with a ratio of 1 each retry is paid by its
-/// own first attempt and must pass. Reading the room before the retry slot
-/// let a pair completing on the other thread in between show its retry but
-/// not its first attempt, and a paid retry was refused.
-#[test]
-fn ratio_budget_grants_every_retry_paid_by_its_own_first_attempt() {
-    loom::model(|| {
-        let budget = Arc::new(ratio_budget(1.0));
-        let other = {
-            let budget = budget.clone();
-            thread::spawn(move || {
-                budget.deposit_at(0);
-                budget.withdraw_at(0)
-            })
-        };
-        budget.deposit_at(0);
-        let mine = budget.withdraw_at(0);
-        let theirs = other.join().unwrap();
-        assert!(mine && theirs, "refused a paid retry: {mine} {theirs}");
-        assert_eq!(budget.available_at(0), 0);
-    });
-}
-
-#[test]
-fn ratio_budget_would_allow_then_send_never_overdraws() {
-    loom::model(|| {
-        let budget = Arc::new(ratio_budget(1.0));
-        budget.deposit_at(0); // room for exactly one retry
-        let other = {
-            let budget = budget.clone();
-            thread::spawn(move || budget.available_at(0) > 0 && budget.withdraw_at(0))
-        };
-        let mine = budget.available_at(0) > 0 && budget.withdraw_at(0);
-        let granted = usize::from(mine) + usize::from(other.join().unwrap());
-        assert_eq!(granted, 1);
-        assert_eq!(budget.available_at(0), 0);
-    });
-}
-
-#[test]
-fn ratio_budget_earning_on_successes_pays_retries_racing_them() {
-    loom::model(|| {
-        let budget = Arc::new(
-            RatioBudget::builder()
-                .ratio(1.0)
-                .reserve(0)
-                .earn(Earn::Successes)
-                .build()
-                .unwrap(),
-        );
-        let success = {
-            let budget = budget.clone();
-            thread::spawn(move || budget.deposit_at(0))
-        };
-        let sent = budget.withdraw_at(0);
-        success.join().unwrap();
-        // Refused before the success, or paid by it: never both, never lost.
-        assert_eq!(budget.available_at(0), u64::from(!sent));
-    });
-}
-
-#[test]
-fn ratio_budget_concurrent_withdrawals_never_exceed_deposits() {
-    loom::model(|| {
-        let budget = Arc::new(ratio_budget(0.5)); // a deposit is half a retry
-        let depositor = {
-            let budget = budget.clone();
-            thread::spawn(move || {
-                budget.deposit_at(0);
-                budget.deposit_at(0);
-            })
-        };
-        let other = {
-            let budget = budget.clone();
-            thread::spawn(move || budget.withdraw_at(0))
-        };
-        let mine = budget.withdraw_at(0);
-        depositor.join().unwrap();
-        let granted = usize::from(mine) + usize::from(other.join().unwrap());
-        assert!(
-            granted <= 1,
-            "{granted} retries from two half-retry deposits"
-        );
-        // Nothing lost either way: what was not spent is still there.
-        assert_eq!(granted as u64 + budget.available_at(0), 1);
-    });
-}
-
-#[test]
-fn ratio_budget_last_retry_goes_to_one_thread_when_a_slot_restarts() {
-    loom::model(|| {
-        let budget = Arc::new(ratio_budget(1.0));
-        budget.deposit_at(0);
-        assert!(budget.withdraw_at(0)); // slot 0 of lap 0 holds a retry
-        budget.deposit_at(2); // lap 1: room for exactly one more
-        let other = {
-            let budget = budget.clone();
-            thread::spawn(move || budget.withdraw_at(2))
-        };
-        let mine = budget.withdraw_at(2);
-        let granted = usize::from(mine) + usize::from(other.join().unwrap());
-        assert_eq!(granted, 1);
-        assert_eq!(budget.available_at(2), 0);
-    });
-}
-
-#[test]
-fn ratio_budget_first_attempts_racing_into_a_new_lap_are_all_counted() {
-    loom::model(|| {
-        let budget = Arc::new(ratio_budget(1.0));
-        budget.deposit_at(0); // slot 0 of lap 0, about to leave the window
-        let other = {
-            let budget = budget.clone();
-            thread::spawn(move || budget.deposit_at(2))
-        };
-        budget.deposit_at(2);
-        other.join().unwrap();
-        assert_eq!(budget.available_at(2), 2);
-    });
-}
-
-#[test]
-fn ratio_budget_late_retry_never_spends_room_that_left_the_window() {
-    loom::model(|| {
-        let budget = Arc::new(ratio_budget(1.0));
-        budget.deposit_at(0);
-        let late = {
-            let budget = budget.clone();
-            // A thread that read the clock at epoch 0 retries...
-            thread::spawn(move || budget.withdraw_at(0))
-        };
-        // ...while another, at epoch 2, reuses slot 0.
-        budget.deposit_at(2);
-        let _ = late.join().unwrap();
-        // Whatever the late retry did, it counts in epoch 0, which has left
-        // the window; epoch 2's first attempt is not lost.
-        assert_eq!(budget.available_at(2), 1);
-    });
-}
-
-/// A thread that read the clock a slot ago starts that slot, its snapshot
-/// taken after a first attempt that a retry on another thread did not see
-/// in the earned total: the snapshot is ahead of that total, and must count
-/// as nothing, not as 2^36 earnings. One thread plays both the current and
-/// the late one, and the retry runs on a thread of its own: so loom reaches
-/// the race (checked by removing the guard in `since`, which fails here).
-/// Two first attempts at 40% earn less than one retry: none may pass.
-#[test]
-fn ratio_budget_late_snapshot_ahead_of_a_read_total_makes_no_room() {
-    loom::model(|| {
-        let budget = Arc::new(ratio_budget(0.4));
-        let other = {
-            let budget = budget.clone();
-            thread::spawn(move || {
-                budget.deposit_at(2);
-                budget.deposit_at(1);
-            })
-        };
-        let mine = {
-            let budget = budget.clone();
-            thread::spawn(move || budget.withdraw_at(2))
-        };
-        let granted = mine.join().unwrap();
-        other.join().unwrap();
-        assert!(!granted, "a retry from 0.8 retries' worth of earnings");
-        assert_eq!(budget.available_at(2), 0);
     });
 }

@@ -1,62 +1,57 @@
 //! Retry budgets: a cap on the extra load retries may add, shared by every clone
 //! of a service.
 //!
-//! Two ready-made budgets, both lock-free and model-checked with loom:
-//! [`TokenBucket`] (the AWS SDKs' retry quota: a retry costs tokens, a success
-//! refunds some) and [`RatioBudget`] (retries at most a fraction of recent
-//! first attempts, as Finagle's, or of recent successes, as tower's
-//! `TpsBudget`, plus a fixed reserve).
+//! One ready-made budget, lock-free and model-checked with loom:
+//! [`TokenBucket`], the AWS SDKs' retry quota (a retry costs tokens, a
+//! success refunds some), whose builder also gives a capacity that grows
+//! with traffic, a refill over time, a deposit per request (Finagle's
+//! budget of a share of requests) and a floor restored after quiet.
 //!
 //! # The default
 //! A layer built with no budget option gets [`TokenBucket::fleet_safe`] for
 //! its `max_attempts`, shared by every service the layer wraps and all their
-//! clones. It is built for two things at once. A user who configures
-//! attempts gets them: the bucket starts full with one request's retries
-//! (`max_attempts - 1`), and every retry costs one whatever its cause, so the
-//! first request that fails on a new or quiet client makes every attempt it
-//! is allowed, a retry after a timeout included. And a fleet gets its total
-//! bounded, even when every process builds its own layer: a process's
-//! retries are paid by that one request's worth, by successes (one each,
-//! first try or not) or by the retry's own success (its cost back), up to a
-//! capacity that grows to a tenth of the layer's first-try successes of the
-//! last 10 s and falls back to one request's worth over the 10 s after it
-//! was measured. While nothing succeeds, nothing is earned.
+//! clones. It is built for two things at once.
 //!
-//! Two kinds of retry are not charged, because something else paces them: a
-//! [conflict](Cause::Conflict) (the server answered promptly), and a
-//! [throttled](Cause::Throttled) attempt's retry that waits the delay the
-//! server named or goes through adaptive pacing (the server's signal sets
-//! its pace; a budget would only refuse what the server invited back).
-//! Timeouts always pay: the server may still be working on them.
+//! **A fleet gets its total bounded**, even when every process builds its
+//! own layer. Every retry costs one token, whatever its cause and whoever
+//! named its delay: a server's `Retry-After` or gRPC pushback decides *when*
+//! a retry goes, never *whether*, since a header sent to every client cannot
+//! know how many it invites back (the AWS SDKs and gRPC's retry throttling
+//! charge these retries too). Only the transparent retry of a request that
+//! never left is free. A process's retries are paid by one request's worth
+//! (`max_attempts - 1` tokens, what the bucket starts with), by successes
+//! (one each, first try or not) or by the retry's own success (its cost
+//! back), up to a capacity that follows traffic: a tenth of 10 s of the
+//! layer's first-try successes at the rate measured over the last second or
+//! more, measured as they come, and falling back to one request's worth
+//! within a second or two of an outage's first failures. While nothing
+//! succeeds, nothing is earned.
 //!
-//! In the simulation (`crates/sim`, asserted in `tests/sim.rs` and
-//! `tests/sim_pacing.rs`, tables in `docs/RESULTS.md`), a full outage of
-//! 1,000 independent processes makes 1.033 attempts per request, where the
-//! AWS standard bucket ([`TokenBucket::new`], 500 tokens each) makes 2.65
-//! because every process spends its own reserve; clones of one layer make
-//! two retries in all. A partial failure (p = 0.1 per attempt) fails 0.027
-//! percentage points more requests than no budget across 1,000 independent
-//! layers, and throttled or conflicting clients make the same calls as with
-//! no budget. A success that finds the bucket full reads three atomics
-//! (whether its traffic is being measured, the tokens, the capacity), writes
-//! none and reads no clock.
+//! **A user who configures attempts gets them.** The first request that
+//! fails on a new client makes every attempt it is allowed, a retry after a
+//! timeout included; a busy layer holds a tenth of its recent successes as
+//! retries, so a short blip is ridden out; and after 10 minutes with no retry
+//! asked for, a process holds one request's retries again, so a client
+//! whose last request failed for good is not stranded. An outage never
+//! looks quiet: each failing request asks for a retry.
 //!
-//! Pass [`TokenBucket::new`] (the AWS SDKs' standard mode) or a
-//! [`RatioBudget`] to cap the extra load at a fixed share instead; share one
-//! budget (an `Arc`, `.budget(..)`) between the layers of one process; opt
-//! out with `no_budget()` when an outer layer already budgets the retries.
+//! A retry the budget refuses returns the last attempt's real outcome at
+//! once. Tables and the commands that measure them: `docs/RESULTS.md`.
+//!
+//! Pass [`TokenBucket::new`] (the AWS SDKs' standard mode) or a bucket of your
+//! own to cap the extra load at a fixed share instead; share one budget (an
+//! `Arc`, `.budget(..)`) between the layers of one process; opt out with
+//! `no_budget()` when an outer layer already budgets the retries.
 
 use std::sync::Arc;
 
 use crate::decision::Cause;
 
-mod ratio;
 mod token_bucket;
 
 #[cfg(all(test, tower_backoff_loom))]
 mod loom;
 
-pub use ratio::{Earn, RatioBudget, RatioBudgetBuilder};
 pub use token_bucket::{TokenBucket, TokenBucketBuilder};
 
 /// Decides whether a retry may go out, from what every clone of the service has
@@ -103,8 +98,7 @@ pub trait Budget: Send + Sync {
     }
 
     /// What the budget holds now, in its own unit, for a dashboard: the
-    /// tokens of a [`TokenBucket`], the retries a [`RatioBudget`] would
-    /// allow. `None` (the default) for a budget that does not say.
+    /// tokens of a [`TokenBucket`]. `None` (the default) for a budget that does not say.
     fn balance(&self) -> Option<u64> {
         None
     }

@@ -1,6 +1,7 @@
 //! [`TokenBucket`]: the retry quota of the AWS SDKs' standard mode.
 
 use std::fmt;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -22,9 +23,13 @@ const MAX_TOKENS: u64 = 1 << 40;
 /// retries.
 const FLEET_SAFE_SHARE: f64 = 0.1;
 
-/// The span of traffic a growing capacity is sized to, and over which a
-/// measured capacity falls back to its floor.
+/// The span of traffic a growing capacity is sized to.
 const GROWTH_WINDOW_MS: u64 = 10_000;
+
+/// How long a fleet-safe bucket waits with no retry asked before it holds its
+/// floor again: a process that has been quiet this long is not part of an
+/// outage that is still going on.
+const FLEET_SAFE_QUIET: Duration = Duration::from_secs(600);
 
 /// A retry budget that charges each retry tokens and refunds some on success,
 /// as the AWS SDKs' standard retry mode does; with
@@ -82,52 +87,58 @@ pub struct TokenBucket {
     throttled_cost: u64,
     success_refund: u64,
     retried_success_refund: u64,
+    /// Thousandths of a token each first attempt puts in, whatever its
+    /// outcome.
+    request_deposit: u64,
     /// Thousandths of a token it started with: what a [fresh](Self::fresh)
     /// copy starts with.
     initial: u64,
     refill: Option<Refill>,
     growth: Option<Growth>,
+    quiet: Option<Quiet>,
 }
 
-/// How a capacity that grows with traffic is measured: a retry opens a
-/// measurement, which counts first-try successes until it has seen enough
-/// of them over long enough to give their rate. Only retries open one, so a
-/// service that needs none costs one read per success, as a fixed bucket;
-/// and the capacity only matters to a bucket that retries spend.
+/// How a capacity that grows with traffic is measured: every first-try
+/// success is counted, and every [`MEASURE_EVERY`]th reads the clock; once a
+/// measurement spans a second or more, its rate sets the capacity and a new
+/// one begins. So a busy layer's capacity follows its traffic whether or not
+/// it has retried lately, and the happy path reads the clock once in
+/// [`MEASURE_EVERY`] successes.
 ///
-/// A measured capacity stands for the traffic of the window it was measured
-/// over, so it falls back to the floor over the next window unless a newer
-/// measurement renews it: a capacity grown in a busy hour is not there for
-/// the outage that follows a quiet one.
+/// A retry weighed a second or more after the last measurement closes the
+/// open one with the successes it counted: so the capacity follows traffic
+/// down as soon as failures ask for retries, and a capacity grown in a busy
+/// hour is not there for the outage that follows a quiet one.
 struct Growth {
     /// The capacity however little traffic there is, in thousandths.
     floor: u64,
     /// Thousandths of a token of capacity per first-try success per second.
     per_rate: u64,
     origin: Instant,
-    /// One more than the millisecond after `origin` at which the open
-    /// measurement began; 0 while none is open.
+    /// The millisecond after `origin` at which the open measurement began.
     since: AtomicU64,
     /// First-try successes the open measurement has counted.
     successes: AtomicU64,
-    /// The capacity the last measurement gave, in thousandths, and the
-    /// millisecond after `origin` it was measured at: what the capacity
-    /// falls from. Two words, written by the one thread that closes a
-    /// measurement; the floor again once it has fallen all the way.
-    measured: AtomicU64,
-    measured_at: AtomicU64,
 }
 
-/// Fewest first-try successes a measurement counts before its rate is
-/// trusted: two successes a millisecond apart say nothing of the traffic.
-const MEASURE_AT_LEAST: u64 = 8;
+/// A first-try success in this many reads the clock: often enough to close
+/// a measurement within a few milliseconds of its second at 1,000 requests a
+/// second, rarely enough to cost the happy path nothing it can feel.
+const MEASURE_EVERY: u64 = 16;
 
 /// Shortest span a measurement covers, in milliseconds: a burst is not a
 /// rate.
 const MEASURE_AT_LEAST_MS: u64 = 1_000;
 
-/// No measurement is open.
-const NOT_MEASURING: u64 = 0;
+/// When a bucket that went quiet holds its floor again: after `after_ms`
+/// with no retry asked for, the first one asked finds at least the floor.
+/// Only the retry path reads its clock.
+struct Quiet {
+    after_ms: u64,
+    origin: Instant,
+    /// The millisecond after `origin` at which a retry was last asked for.
+    last_asked: AtomicU64,
+}
 
 struct Refill {
     /// Thousandths of a token per millisecond, which is tokens per second.
@@ -150,9 +161,11 @@ impl TokenBucket {
     /// own layer, and never in the way of a quiet process's first failure.
     /// Each retry costs one token; the bucket starts full with one request's
     /// retries (`max_attempts - 1`, two when unlimited); every success earns
-    /// one, a retried one its cost too; and the capacity grows to a tenth of
-    /// the first-try successes of the last 10 s, falling back over the next
-    /// 10 s. See [the module docs](super#the-default) for why and what it bounds.
+    /// one, a retried one its cost too; the capacity grows to a tenth of
+    /// 10 s of first-try successes at the rate measured over the last
+    /// second or more, falling with it; and after 10 minutes with no retry
+    /// asked for, it holds one request's retries again. See [the module docs](super#the-default) for
+    /// why and what it bounds.
     pub fn fleet_safe(max_attempts: u32) -> Self {
         Self::fleet_safe_builder(max_attempts)
             .build()
@@ -176,6 +189,7 @@ impl TokenBucket {
             .success_refund(1)
             .retried_success_refund(1)
             .grow_with_traffic(FLEET_SAFE_SHARE)
+            .restore_after_quiet(FLEET_SAFE_QUIET)
     }
 
     /// A builder starting from the defaults.
@@ -198,19 +212,26 @@ impl TokenBucket {
             throttled_cost: self.throttled_cost,
             success_refund: self.success_refund,
             retried_success_refund: self.retried_success_refund,
+            request_deposit: self.request_deposit,
             initial: self.initial,
             refill: self.refill.as_ref().map(|r| Refill::starting(r.per_ms)),
             growth: self
                 .growth
                 .as_ref()
                 .map(|g| Growth::starting(g.floor, g.per_rate)),
+            quiet: self.quiet.as_ref().map(|q| Quiet::starting(q.after_ms)),
         }
+    }
+
+    /// Whether first attempts put tokens in: only then must the layer tell
+    /// the bucket of each call.
+    pub(crate) fn earns_on_requests(&self) -> bool {
+        self.request_deposit != 0
     }
 
     /// Whole tokens in the bucket now.
     pub fn available(&self) -> u64 {
         self.refill_now();
-        self.decay();
         self.held() / MILLI
     }
 
@@ -224,7 +245,6 @@ impl TokenBucket {
 
     /// The most tokens the bucket holds now.
     pub fn capacity(&self) -> u64 {
-        self.decay();
         self.capacity.load(Ordering::Relaxed) / MILLI
     }
 
@@ -251,16 +271,11 @@ impl TokenBucket {
         self.decay();
         // One location, read-modify-write: the compare-and-swap alone makes
         // it exact.
-        let taken = self
-            .tokens
+        self.tokens
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
                 tokens.checked_sub(amount)
             })
-            .is_ok();
-        if let (true, Some(growth)) = (taken, &self.growth) {
-            growth.start_measuring();
-        }
-        taken
+            .is_ok()
     }
 
     /// Puts `amount` back, up to the capacity.
@@ -301,8 +316,8 @@ impl TokenBucket {
         }
     }
 
-    /// A first attempt succeeded: counted by an open measurement of a
-    /// capacity that grows with traffic.
+    /// A first attempt succeeded: counted by the measurement of a capacity
+    /// that grows with traffic.
     #[inline]
     fn count_success(&self) {
         if let Some(growth) = &self.growth {
@@ -312,13 +327,14 @@ impl TokenBucket {
         }
     }
 
-    /// Lowers a grown capacity to what it has fallen to since it was
-    /// measured. Asked only when a retry is weighed, so the happy path never
-    /// reads the clock for it.
+    /// Closes a measurement of a growing capacity that the successes left
+    /// open for a second or more, so that an outage (failures, no
+    /// successes) brings the capacity down within a second or two. Asked
+    /// only when a retry is weighed, so the happy path never reads the
+    /// clock for it.
     fn decay(&self) {
         if let Some(growth) = &self.growth {
-            let capacity = growth.capacity_now();
-            if capacity < self.capacity.load(Ordering::Relaxed) {
+            if let Some(capacity) = growth.close(growth.successes.load(Ordering::Relaxed)) {
                 self.resize(capacity);
             }
         }
@@ -335,10 +351,20 @@ impl TokenBucket {
         self.tokens.fetch_min(capacity, Ordering::Release);
     }
 
+    /// A retry is asked for: a bucket that has been quiet long enough holds
+    /// what it started with again.
+    fn wake(&self) {
+        if let Some(quiet) = &self.quiet {
+            if quiet.ended_now() {
+                let floor = self.initial.min(self.capacity.load(Ordering::Relaxed));
+                self.tokens.fetch_max(floor, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn refill_now(&self) {
         if let Some(refill) = &self.refill {
-            let now_ms = u64::try_from(refill.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-            self.refill_to(now_ms);
+            self.refill_to(millis_since(refill.origin));
         }
     }
 
@@ -383,97 +409,43 @@ impl Growth {
             floor,
             per_rate,
             origin: Instant::now(),
-            since: AtomicU64::new(NOT_MEASURING),
+            since: AtomicU64::new(0),
             successes: AtomicU64::new(0),
-            measured: AtomicU64::new(floor),
-            measured_at: AtomicU64::new(0),
         }
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+        millis_since(self.origin)
     }
 
-    /// A retry was paid: open a measurement unless one is open.
-    fn start_measuring(&self) {
-        if self.since.load(Ordering::Relaxed) != NOT_MEASURING {
-            return;
-        }
-        let at = self.now_ms().saturating_add(1);
-        if self
-            .since
-            .compare_exchange(NOT_MEASURING, at, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            self.successes.store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// Counts a first-try success into the open measurement, if any; when
-    /// it has seen enough, closes it and returns the capacity it measured.
+    /// Counts a first-try success; when the measurement has seen a second
+    /// or more, closes it and returns the capacity it measured.
     #[inline]
     fn count(&self) -> Option<u64> {
-        let since = self.since.load(Ordering::Relaxed);
-        if since == NOT_MEASURING {
-            return None;
-        }
         let count = self
             .successes
             .fetch_add(1, Ordering::Relaxed)
-            .saturating_add(1);
-        // The clock is read at counts 8, 16, 32, ...: a few times a
-        // measurement, however busy the service.
-        if count < MEASURE_AT_LEAST || !count.is_power_of_two() {
+            .wrapping_add(1);
+        if !count.is_multiple_of(MEASURE_EVERY) {
             return None;
         }
-        self.close(since, count)
+        self.close(count)
     }
 
-    fn close(&self, since: u64, count: u64) -> Option<u64> {
+    fn close(&self, count: u64) -> Option<u64> {
         let now = self.now_ms();
-        let elapsed = now.saturating_sub(since - 1);
+        let since = self.since.load(Ordering::Relaxed);
+        let elapsed = now.saturating_sub(since);
         if elapsed < MEASURE_AT_LEAST_MS {
             return None;
         }
-        // Whoever closes it measures it, once.
+        // Whoever moves the start measures, once; successes counted since
+        // this one's are the next measurement's.
         self.since
-            .compare_exchange(since, NOT_MEASURING, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(since, now, Ordering::Relaxed, Ordering::Relaxed)
             .ok()?;
-        let capacity = self.capacity_for(count as f64 * 1000.0 / elapsed as f64);
-        // The time first, the capacity with Release after it: a retry that
-        // reads this capacity reads its time too, and never takes a fresh
-        // capacity for one that has fallen all the way.
-        self.measured_at.store(now, Ordering::Relaxed);
-        self.measured.store(capacity, Ordering::Release);
-        Some(capacity)
-    }
-
-    /// The capacity now: the last measured one, falling in a straight line
-    /// to the floor over the window after it was measured, since the
-    /// successes it counted leave the window by then.
-    fn capacity_now(&self) -> u64 {
-        let measured = self.measured.load(Ordering::Acquire);
-        if measured <= self.floor {
-            return self.floor;
-        }
-        let age = self
-            .now_ms()
-            .saturating_sub(self.measured_at.load(Ordering::Relaxed));
-        let left = GROWTH_WINDOW_MS.saturating_sub(age);
-        if left == 0 {
-            // Fallen all the way: later retries need not read the clock.
-            let _ = self.measured.compare_exchange(
-                measured,
-                self.floor,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            return self.floor;
-        }
-        // Below 2^51 thousandths times 10^4 ms: no overflow in 128 bits.
-        let above =
-            u128::from(measured - self.floor) * u128::from(left) / u128::from(GROWTH_WINDOW_MS);
-        self.floor + u64::try_from(above).unwrap_or(u64::MAX)
+        self.successes.fetch_sub(count, Ordering::Relaxed);
+        Some(self.capacity_for(count as f64 * 1000.0 / elapsed as f64))
     }
 
     /// The capacity, in thousandths, for `rate` first-try successes a second.
@@ -482,6 +454,28 @@ impl Growth {
         // `as` saturates, and NaN (impossible: the rate is finite) gives 0.
         (capacity as u64).clamp(self.floor, MAX_TOKENS * MILLI)
     }
+}
+
+impl Quiet {
+    fn starting(after_ms: u64) -> Self {
+        Self {
+            after_ms,
+            origin: Instant::now(),
+            last_asked: AtomicU64::new(0),
+        }
+    }
+
+    /// A retry is asked for now: whether none was for `after_ms` before it.
+    fn ended_now(&self) -> bool {
+        let now = millis_since(self.origin);
+        let last = self.last_asked.swap(now, Ordering::Relaxed);
+        now.saturating_sub(last) >= self.after_ms
+    }
+}
+
+/// Milliseconds since `origin`, saturating.
+fn millis_since(origin: Instant) -> u64 {
+    u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Default for TokenBucket {
@@ -497,7 +491,14 @@ impl Budget for TokenBucket {
         Some(self.available())
     }
 
+    fn on_first_attempt(&self) {
+        if self.request_deposit != 0 {
+            self.deposit(self.request_deposit);
+        }
+    }
+
     fn would_allow(&self, cause: Cause) -> bool {
+        self.wake();
         self.refill_now();
         self.decay();
         self.held() >= self.cost(cause)
@@ -534,6 +535,7 @@ impl fmt::Debug for TokenBucket {
                 "retried_success_refund",
                 &(self.retried_success_refund / MILLI),
             )
+            .field("request_deposit", &(self.request_deposit / MILLI))
             .field(
                 "refill_per_second",
                 &self.refill.as_ref().map_or(0, |r| r.per_ms),
@@ -554,7 +556,9 @@ pub struct TokenBucketBuilder {
     throttled_cost: Option<u64>,
     success_refund: u64,
     retried_success_refund: u64,
+    request_deposit: u64,
     refill_per_second: u64,
+    restore_after_quiet: Option<Duration>,
 }
 
 impl Default for TokenBucketBuilder {
@@ -568,7 +572,9 @@ impl Default for TokenBucketBuilder {
             throttled_cost: None,
             success_refund: 1,
             retried_success_refund: 0,
+            request_deposit: 0,
             refill_per_second: 0,
+            restore_after_quiet: None,
         }
     }
 }
@@ -594,10 +600,11 @@ impl TokenBucketBuilder {
     /// Lets the capacity grow with this bucket's own traffic, to hold
     /// `share` of the first-try successes of the last 10 s as retries
     /// (`0.1`: one retry for every ten), never below
-    /// [`capacity`](Self::capacity). The rate is measured after retries
-    /// (a measurement counts at least 8 successes over at least 1 s), so a
-    /// service that needs none pays one more read per success. A capacity
-    /// that shrinks gives up the tokens above it.
+    /// [`capacity`](Self::capacity). Every first-try success is counted
+    /// (one atomic increment) and one in 16 reads the clock; a measurement
+    /// covers at least 1 s, and a retry weighed after that closes it too,
+    /// so the capacity falls with traffic as soon as failures come. A
+    /// capacity that shrinks gives up the tokens above it.
     pub fn grow_with_traffic(mut self, share: f64) -> Self {
         self.growth_share = Some(share);
         self
@@ -641,6 +648,31 @@ impl TokenBucketBuilder {
         self
     }
 
+    /// Tokens every first attempt puts in as it goes out, whatever its
+    /// outcome (default 0): Finagle's `RetryBudget`, which earns on
+    /// requests rather than on successes. Combine with
+    /// [`success_refund(0)`](Self::success_refund) for a budget of a share
+    /// of requests: `retry_cost(5)` and `request_deposit(1)` allow retries
+    /// of up to a fifth of requests, beside the retries whose success
+    /// gives their cost back.
+    pub fn request_deposit(mut self, tokens: u64) -> Self {
+        self.request_deposit = tokens;
+        self
+    }
+
+    /// After `quiet` with no retry asked for, the next retry asked finds the
+    /// bucket holding at least its [`initial_tokens`](Self::initial_tokens)
+    /// again: a process whose last request failed for good gets its
+    /// retries back once it has been quiet, without a refill that would
+    /// also pay retries during an outage that goes on (a failing request
+    /// asks for a retry, so an outage is never quiet). Default: never; the
+    /// [`fleet_safe`](TokenBucket::fleet_safe) settings, 10 minutes. Only
+    /// the retry path reads the clock for it.
+    pub fn restore_after_quiet(mut self, quiet: Duration) -> Self {
+        self.restore_after_quiet = Some(quiet);
+        self
+    }
+
     /// Tokens added every second whatever happens (default 0, none), so the
     /// bucket recovers even when no request succeeds.
     pub fn refill_per_second(mut self, tokens: u64) -> Self {
@@ -666,6 +698,7 @@ impl TokenBucketBuilder {
             ("throttled_cost", throttled_cost),
             ("success_refund", self.success_refund),
             ("retried_success_refund", self.retried_success_refund),
+            ("request_deposit", self.request_deposit),
             ("refill_per_second", self.refill_per_second),
         ] {
             if value > MAX_TOKENS {
@@ -717,6 +750,9 @@ impl TokenBucketBuilder {
             )),
         };
         let refill = (self.refill_per_second > 0).then(|| Refill::starting(self.refill_per_second));
+        let quiet = self
+            .restore_after_quiet
+            .map(|quiet| Quiet::starting(u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX)));
         Ok(TokenBucket {
             tokens: AtomicU64::new(initial * MILLI),
             capacity: AtomicU64::new(self.capacity * MILLI),
@@ -725,9 +761,11 @@ impl TokenBucketBuilder {
             throttled_cost: throttled_cost * MILLI,
             success_refund: self.success_refund * MILLI,
             retried_success_refund: self.retried_success_refund * MILLI,
+            request_deposit: self.request_deposit * MILLI,
             initial: initial * MILLI,
             refill,
             growth,
+            quiet,
         })
     }
 }
@@ -812,39 +850,104 @@ mod tests {
     }
 
     /// A default bucket for two attempts grows its capacity with the
-    /// traffic it measured, a fresh copy starts on its floor, and once the
-    /// capacity falls back to the floor the bucket holds exactly the floor.
+    /// traffic it measures, no retry needed; a fresh copy starts on its
+    /// floor; and once a second has passed with no success, a retry weighed
+    /// brings the capacity back to the floor, the bucket holding exactly
+    /// the floor.
     #[tokio::test(start_paused = true)]
     async fn a_capacity_that_grows_then_falls_back_holds_exactly_its_floor() {
         let bucket = TokenBucket::fleet_safe(2);
-        // 1,000 first-try successes a second: 1,000 retries.
-        assert!(bucket.try_retry(Cause::Transient));
-        for _ in 0..1024 {
+        // 1,000 first-try successes a second, for two measurements of 1,008
+        // ms (each closes at a multiple of 16): a capacity of 1,000 retries,
+        // filled by the successes after it grew.
+        for _ in 0..2016 {
             tokio::time::advance(std::time::Duration::from_millis(1)).await;
             bucket.on_success(None);
         }
         assert_eq!(bucket.capacity(), 1000);
+        assert_eq!(bucket.available(), 1000, "each success earned one");
         assert_eq!(
             bucket.fresh().capacity(),
             1,
             "a fresh copy starts on its floor"
         );
-        // The traffic falls to 1 a second: back to the floor, holding exactly
-        // the floor.
-        for _ in 0..1000 {
-            bucket.on_success(None);
-        }
-        assert!(bucket.try_retry(Cause::Transient));
-        for _ in 0..8 {
-            tokio::time::advance(std::time::Duration::from_secs(1)).await;
-            bucket.on_success(None);
-        }
+        // Within the second after a measurement, no retry closes another.
+        tokio::time::advance(std::time::Duration::from_millis(999)).await;
+        assert!(bucket.would_allow(Cause::Transient));
+        assert_eq!(bucket.capacity(), 1000);
+        // A second of no success, then a retry weighed: back on the floor.
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        assert!(bucket.would_allow(Cause::Transient));
         assert_eq!(bucket.capacity(), 1);
         assert_eq!(bucket.available(), 1);
         // The whole floor pays one retry.
         assert!(bucket.try_retry(Cause::Timeout));
         assert_eq!(bucket.available(), 0);
         assert!(!bucket.try_retry(Cause::Transient));
+    }
+
+    /// Successes at one a second measure a rate that gives less than the
+    /// floor: the capacity stays on it.
+    #[tokio::test(start_paused = true)]
+    async fn slow_traffic_keeps_the_capacity_on_its_floor() {
+        let bucket = TokenBucket::fleet_safe(3);
+        for _ in 0..64 {
+            tokio::time::advance(std::time::Duration::from_secs(1)).await;
+            bucket.on_success(None);
+        }
+        assert_eq!(bucket.capacity(), 2);
+    }
+
+    /// A bucket spent by a request that failed for good holds its
+    /// initial tokens again once no retry was asked for the quiet span, and
+    /// not a millisecond before.
+    #[tokio::test(start_paused = true)]
+    async fn a_bucket_quiet_for_its_span_holds_its_initial_tokens_again() {
+        let bucket = TokenBucket::builder()
+            .capacity(4)
+            .initial_tokens(2)
+            .retry_cost(1)
+            .timeout_cost(1)
+            .restore_after_quiet(std::time::Duration::from_secs(600))
+            .build()
+            .unwrap();
+        assert!(bucket.would_allow(Cause::Transient));
+        assert!(bucket.try_retry(Cause::Transient));
+        assert!(bucket.try_retry(Cause::Transient));
+        assert!(!bucket.would_allow(Cause::Transient));
+        tokio::time::advance(std::time::Duration::from_millis(599_999)).await;
+        assert!(!bucket.would_allow(Cause::Transient), "not quiet yet");
+        tokio::time::advance(std::time::Duration::from_secs(600)).await;
+        assert!(bucket.would_allow(Cause::Transient));
+        assert_eq!(
+            bucket.available(),
+            2,
+            "its initial tokens, not its capacity"
+        );
+        // Asked every second (an outage goes on), it is never quiet.
+        assert!(bucket.try_retry(Cause::Transient));
+        assert!(bucket.try_retry(Cause::Transient));
+        for _ in 0..1200 {
+            tokio::time::advance(std::time::Duration::from_secs(1)).await;
+            assert!(!bucket.would_allow(Cause::Transient));
+        }
+    }
+
+    /// A deposit per request earns a share of requests as retries, whatever
+    /// their outcome; a bucket without one earns nothing from a first
+    /// attempt.
+    #[test]
+    fn a_request_deposit_earns_retries_on_first_attempts() {
+        let bucket = drained(TokenBucket::builder().request_deposit(2));
+        assert!(bucket.earns_on_requests());
+        for _ in 0..5 {
+            bucket.on_first_attempt();
+        }
+        assert_eq!(bucket.available(), 10);
+        let plain = drained(TokenBucket::builder());
+        assert!(!plain.earns_on_requests());
+        plain.on_first_attempt();
+        assert_eq!(plain.available(), 0);
     }
 
     #[test]
