@@ -162,10 +162,13 @@ impl Law {
             accepted
         };
         let at_least = unpaced || going > self.up * self.up * accepted;
-        // Measuring at full speed, never more than `up` slower than what
-        // was going: a server that admitted its whole second in a burst
-        // before the round began shows too few successes in it.
-        let floor = if unpaced { going / self.up } else { 0.0 };
+        // Never more than `up` slower than what was going when the count is
+        // only a bound: at full speed, a server that admitted its whole
+        // second in a burst before the round began shows too few successes
+        // in it; paced far above it, a server coming back from an outage
+        // mid-round does. Cut to the count, a rate that must then climb
+        // back one step a round strands the callers queued behind it.
+        let floor = if at_least { going / self.up } else { 0.0 };
         let rate = (accepted * self.down).max(floor).max(self.min_rate);
         // A lower bound is kept as counted, not raised to that floor: the
         // next throttled round compares its own count with it.
@@ -294,10 +297,12 @@ mod tests {
                 at_least: false
             }
         );
+        // Far above: only a bound, so one step down from what was going,
+        // never down to the count.
         assert_eq!(
             law().decide(paced(1000.0), round(1000.0, 100, 900)),
             Change::Cut {
-                rate: 90.0,
+                rate: 1000.0 / 1.5,
                 peak: 100.0,
                 at_least: true
             }
@@ -322,11 +327,12 @@ mod tests {
             since_cut: 1.0,
             settling: true,
         };
-        // Paced far above what either round got accepted: still a bound.
+        // Paced far above what either round got accepted: still a bound,
+        // one step below what was going.
         assert_eq!(
             law().decide(settling(600.0, 100.0), round(550.0, 40, 500)),
             Change::Cut {
-                rate: 90.0,
+                rate: 550.0 / 1.5,
                 peak: 100.0,
                 at_least: true
             }

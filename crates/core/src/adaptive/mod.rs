@@ -30,8 +30,11 @@
 //!    faster than its rate, a rolling-window store admits one burst a window,
 //!    and a round counts whatever share of it falls inside. So the round at
 //!    full speed, and any round paced more than `up_multiplier`² above what
-//!    it got accepted, only bound the rate from below; the round right after
-//!    keeps the larger of both counts. From a bound each clean round raises
+//!    it got accepted, only bound the rate from below: the rate falls one
+//!    ×1.5 step below what was going, no further (a server coming back from
+//!    an outage mid-round shows as few successes, and a rate cut to them
+//!    strands every caller queued behind it); the round right after keeps
+//!    the larger of both counts. From a bound each clean round raises
 //!    the rate ×1.5 (a slow start, as TCP's) until a paced round is
 //!    throttled: it crosses the rate by ×1.5 at most, and its count is the
 //!    rate.
@@ -85,8 +88,7 @@ const IDLE: u64 = u64::MAX;
 /// [`AdaptivePacingBuilder`] for the settings and their defaults.
 ///
 /// Off until the first throttled outcome (the policy decided
-/// [`Cause::Throttled`] or [`Cause::Timeout`], or a retry after a
-/// server-given delay); then every send waits for its slot at the rate the
+/// [`Cause::Throttled`], or a retry after a server-given delay); then every send waits for its slot at the rate the
 /// server was found to accept. While off, a request costs two atomic loads
 /// and one uncontended add: no timer, no clock. Clones share the rate and the
 /// metrics.
@@ -269,12 +271,14 @@ impl AdaptivePacing {
     /// Learns from one attempt's outcome; `stamp` is what
     /// [`sent`](Self::sent) gave when the attempt went out.
     pub(crate) fn observe(&self, decision: &Decision, stamp: u16) {
-        // A timed-out attempt says the server is too slow for the rate sent,
-        // as a throttled one says it is too busy: both slow the pacing down.
+        // Only a throttle says what the server accepts: its law cuts to what
+        // a round got accepted. A timeout does not (a server coming back
+        // from an outage answers few in time), and cutting to it stranded
+        // the callers queued behind the pacing after an outage.
         let throttled = matches!(
             *decision,
             Decision::Retry {
-                cause: Cause::Throttled | Cause::Timeout,
+                cause: Cause::Throttled,
                 ..
             } | Decision::Retry { after: Some(_), .. }
         );
