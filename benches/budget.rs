@@ -1,9 +1,11 @@
 //! Cost of one deposit plus one withdrawal, from one thread and from two
-//! threads sharing the budget, for our budgets (and the token bucket a layer
-//! builds by default) and tower's `TpsBudget`, in the same run. Controls say
-//! what the machine gives: a clock read alone (tokio's), and work that shares
-//! no memory, on one thread and on two (on two free cores it takes as long on
-//! both).
+//! threads sharing the budget, for our token bucket as its builder sets it up
+//! to earn (on retries' successes, on first-try successes, on first attempts;
+//! and the bucket a layer builds by default) and tower's `TpsBudget`, in the
+//! same run. Then the happy path alone: a first-try success, which a bucket
+//! whose capacity grows with traffic counts. Controls say what the machine
+//! gives: a clock read alone (tokio's), and work that shares no memory, on
+//! one thread and on two (on two free cores it takes as long on both).
 //!
 //! `cargo bench --bench budget -- --warm-up-time 1 --measurement-time 3`
 
@@ -13,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tower::retry::budget::{Budget as _, TpsBudget};
-use tower_backoff::budget::{Budget, RatioBudget, TokenBucket};
+use tower_backoff::budget::{Budget, TokenBucket};
 use tower_backoff::Cause;
 
-/// One deposit and one withdrawal, as each budget defines them: a first
-/// attempt and a retry for the ratio budgets, a retry and the success that
-/// refunds it for the token bucket (so it neither fills nor drains).
+/// One deposit and one withdrawal, as each budget earns: a success and a
+/// retry for tower's `TpsBudget`; for a token bucket, what it is set to earn
+/// on, then the retry it pays.
 trait Pair: Sync {
     fn pair(&self) -> bool;
 }
@@ -30,22 +32,42 @@ impl Pair for TpsBudget {
     }
 }
 
-impl Pair for RatioBudget {
+/// What a token bucket earns on in a pair.
+#[derive(Clone, Copy)]
+enum Earns {
+    /// The retry's success, which refunds its cost (the AWS SDKs): the
+    /// bucket neither fills nor drains.
+    RetrySuccess,
+    /// A first-try success (tower's `TpsBudget`).
+    FirstTrySuccess,
+    /// A first attempt, whatever its outcome (Finagle).
+    FirstAttempt,
+}
+
+struct Bucket(TokenBucket, Earns);
+
+impl Pair for Bucket {
     fn pair(&self) -> bool {
-        self.on_first_attempt();
-        self.try_retry(Cause::Transient)
+        let Bucket(bucket, earns) = self;
+        match earns {
+            Earns::RetrySuccess => {
+                let granted = bucket.try_retry(Cause::Transient);
+                bucket.on_success(Some(Cause::Transient));
+                granted
+            }
+            Earns::FirstTrySuccess => {
+                bucket.on_success(None);
+                bucket.try_retry(Cause::Transient)
+            }
+            Earns::FirstAttempt => {
+                bucket.on_first_attempt();
+                bucket.try_retry(Cause::Transient)
+            }
+        }
     }
 }
 
-impl Pair for TokenBucket {
-    fn pair(&self) -> bool {
-        let granted = self.try_retry(Cause::Transient);
-        self.on_success(Some(Cause::Transient));
-        granted
-    }
-}
-
-/// Arithmetic on the stack, about as long as a ratio budget's pair: what two
+/// Arithmetic on the stack, about as long as a budget's pair: what two
 /// threads sharing nothing get done.
 struct SharesNothing;
 
@@ -59,32 +81,57 @@ impl Pair for SharesNothing {
     }
 }
 
-/// The same configuration for both ratio budgets: 20% over 10 s, 10/s floor.
-fn budgets() -> Vec<(&'static str, Box<dyn Pair>)> {
-    vec![
-        ("tower TpsBudget", Box::new(TpsBudget::default())),
-        ("RatioBudget", Box::new(RatioBudget::new())),
-        ("TokenBucket", Box::new(TokenBucket::new())),
+/// A bucket that earns one token on `earns` and pays one per retry: a
+/// retry for each deposit, so a pair neither fills nor drains it.
+fn one_for_one(earns: Earns) -> Box<dyn Pair> {
+    let builder = TokenBucket::builder().retry_cost(1).timeout_cost(1);
+    let builder = match earns {
+        Earns::FirstAttempt => builder.request_deposit(1).success_refund(0),
+        Earns::RetrySuccess | Earns::FirstTrySuccess => builder,
+    };
+    Box::new(Bucket(builder.build().unwrap(), earns))
+}
+
+/// Each budget by name, built when its bench starts: a grown capacity falls
+/// back to its floor over the 10 s after it was measured.
+type Make = fn() -> Box<dyn Pair>;
+
+fn budgets() -> [(&'static str, Make); 7] {
+    [
+        ("tower TpsBudget", || Box::new(TpsBudget::default())),
+        ("TokenBucket", || {
+            Box::new(Bucket(TokenBucket::new(), Earns::RetrySuccess))
+        }),
+        ("TokenBucket, earning on first-try successes", || {
+            one_for_one(Earns::FirstTrySuccess)
+        }),
+        ("TokenBucket, earning on first attempts", || {
+            one_for_one(Earns::FirstAttempt)
+        }),
         // The bucket a layer built with no budget option gets: at its
         // floor...
-        (
-            "TokenBucket::fleet_safe (layer default)",
-            Box::new(TokenBucket::fleet_safe(3)),
-        ),
+        ("TokenBucket::fleet_safe (layer default)", || {
+            Box::new(Bucket(TokenBucket::fleet_safe(3), Earns::RetrySuccess))
+        }),
         // ...and once the traffic it measured has grown it: a busy layer's.
         (
             "TokenBucket::fleet_safe, grown (busy layer default)",
-            Box::new(grown(TokenBucket::fleet_safe(3))),
+            || {
+                Box::new(Bucket(
+                    grown(TokenBucket::fleet_safe(3)),
+                    Earns::RetrySuccess,
+                ))
+            },
         ),
-        ("control: shares nothing", Box::new(SharesNothing)),
+        ("control: shares nothing", || Box::new(SharesNothing)),
     ]
 }
 
-/// `bucket` after it measured the traffic of a busy service: a retry opens
-/// the measurement, and first-try successes for a second or more close it.
+/// `bucket` after it measured the traffic of a busy service: first-try
+/// successes for a second or more close a measurement (at a multiple of 16
+/// of them), no retry needed.
 fn grown(bucket: TokenBucket) -> TokenBucket {
     let floor = bucket.capacity();
-    assert!(bucket.try_retry(Cause::Transient));
     let start = Instant::now();
     while bucket.capacity() == floor {
         assert!(
@@ -101,12 +148,13 @@ fn grown(bucket: TokenBucket) -> TokenBucket {
 fn one_thread(c: &mut Criterion) {
     let mut group = c.benchmark_group("deposit+withdraw, 1 thread");
     group.throughput(Throughput::Elements(1));
-    for (name, budget) in budgets() {
+    for (name, make) in budgets() {
+        let budget = make();
         group.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| black_box(budget.pair()))
         });
     }
-    // What TpsBudget and RatioBudget each pay twice a pair.
+    // What TpsBudget pays twice a pair.
     group.bench_function(BenchmarkId::from_parameter("control: clock read"), |b| {
         b.iter(tokio::time::Instant::now)
     });
@@ -118,7 +166,8 @@ fn one_thread(c: &mut Criterion) {
 fn two_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("deposit+withdraw, 2 threads");
     group.throughput(Throughput::Elements(2));
-    for (name, budget) in budgets() {
+    for (name, make) in budgets() {
+        let budget = make();
         group.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter_custom(|iters| {
                 let start = Barrier::new(3);
@@ -143,11 +192,30 @@ fn two_threads(c: &mut Criterion) {
     group.finish();
 }
 
+/// The happy path alone: a first-try success into a full bucket. One that
+/// grows with traffic counts it, and reads the clock at every 16th.
+fn first_try_success(c: &mut Criterion) {
+    let mut group = c.benchmark_group("first-try success, 1 thread");
+    group.throughput(Throughput::Elements(1));
+    for (name, bucket) in [
+        ("TokenBucket", TokenBucket::new()),
+        (
+            "TokenBucket::fleet_safe (layer default)",
+            TokenBucket::fleet_safe(3),
+        ),
+    ] {
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| bucket.on_success(black_box(None)))
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = one_thread, two_threads
+    targets = one_thread, two_threads, first_try_success
 }
 criterion_main!(benches);

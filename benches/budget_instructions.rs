@@ -7,15 +7,15 @@
 use std::hint::black_box;
 
 use tower::retry::budget::{Budget as _, TpsBudget};
-use tower_backoff::budget::{Budget, Earn, RatioBudget, TokenBucket};
+use tower_backoff::budget::{Budget, TokenBucket};
 use tower_backoff::Cause;
 
 /// The budgets, by the names the script passes.
 const BUDGETS: [&str; 4] = [
     "TpsBudget",
-    "RatioBudget",
-    "RatioBudget-successes",
     "TokenBucket",
+    "TokenBucket-successes",
+    "TokenBucket-requests",
 ];
 
 /// `pairs` pairs on a budget built here, so building it is part of the fixed
@@ -29,18 +29,21 @@ fn run(budget: &str, pairs: u64) {
                 black_box(budget.withdraw());
             }
         }
-        "RatioBudget" => {
-            let budget = black_box(RatioBudget::new());
+        // The AWS SDKs: a retry, and the success that refunds it.
+        "TokenBucket" => {
+            let budget = black_box(TokenBucket::new());
             for _ in 0..pairs {
-                budget.on_first_attempt();
                 black_box(budget.try_retry(Cause::Transient));
+                budget.on_success(Some(Cause::Transient));
             }
         }
-        // tower's semantics: earn on successes.
-        "RatioBudget-successes" => {
+        // tower's semantics: earn on first-try successes, a token each, a
+        // token a retry.
+        "TokenBucket-successes" => {
             let budget = black_box(
-                RatioBudget::builder()
-                    .earn(Earn::Successes)
+                TokenBucket::builder()
+                    .retry_cost(1)
+                    .timeout_cost(1)
                     .build()
                     .unwrap(),
             );
@@ -49,11 +52,20 @@ fn run(budget: &str, pairs: u64) {
                 black_box(budget.try_retry(Cause::Transient));
             }
         }
-        "TokenBucket" => {
-            let budget = black_box(TokenBucket::new());
+        // Finagle's: earn on first attempts, whatever their outcome.
+        "TokenBucket-requests" => {
+            let budget = black_box(
+                TokenBucket::builder()
+                    .retry_cost(1)
+                    .timeout_cost(1)
+                    .request_deposit(1)
+                    .success_refund(0)
+                    .build()
+                    .unwrap(),
+            );
             for _ in 0..pairs {
+                budget.on_first_attempt();
                 black_box(budget.try_retry(Cause::Transient));
-                budget.on_success(Some(Cause::Transient));
             }
         }
         other => panic!("unknown budget {other:?}: one of {BUDGETS:?}"),

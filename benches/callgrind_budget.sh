@@ -2,11 +2,13 @@
 # Instructions per deposit + withdraw pair for each budget, counted by
 # callgrind: repeatable to the instruction on a noisy machine. Each budget runs
 # LOW and HIGH pairs; the difference divided by HIGH - LOW removes start-up and
-# building the budget. A pair is what benches/budget.rs times: a first attempt
-# (a success for TpsBudget and RatioBudget-successes) and a retry; for the token
-# bucket, a retry and the success that refunds it.
+# building the budget. A pair is what benches/budget.rs times: what the budget
+# earns on (a success for TpsBudget and TokenBucket-successes, a first attempt
+# for TokenBucket-requests) and a retry; for the AWS-style TokenBucket, a retry
+# and the success that refunds it.
 #
-# Fails (exit 1) when a RatioBudget pair costs more instructions than a
+# Fails (exit 1) when a token bucket pair, earning on successes as TpsBudget
+# does or on first attempts as Finagle does, costs more instructions than a
 # TpsBudget pair: the goal of issue 16.
 #
 #   bash benches/callgrind_budget.sh     # markdown table on stdout
@@ -35,7 +37,7 @@ done < <("$bin" --list)
 echo
 echo "($(rustc --version), $(uname -m); pairs $LOW vs $HIGH)"
 
-for budget in RatioBudget RatioBudget-successes; do
+for budget in TokenBucket-successes TokenBucket-requests; do
     if (( per_pair[$budget] > per_pair[TpsBudget] )); then
         echo "$budget: ${per_pair[$budget]} instructions per pair, more than TpsBudget's ${per_pair[TpsBudget]}" >&2
         exit 1

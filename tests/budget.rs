@@ -1,13 +1,13 @@
 //! Retry budgets through real tower layers, on tokio's paused clock.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_backoff::budget::{Budget, Earn, RatioBudget, TokenBucket};
+use tower_backoff::budget::{Budget, TokenBucket};
 use tower_backoff::{classify_fn, BackoffLayer, Cause, Constant, Decision, Jitter, Stats};
 
 /// A service that is down: every attempt fails, and is counted.
@@ -20,21 +20,31 @@ fn outage(
     })
 }
 
+/// A bucket that earns a share of first attempts (Finagle's budget: each
+/// first attempt deposits one token, a retry costs ten, so a tenth of
+/// requests) on top of a reserve (the 100 retries it starts with) caps a full
+/// outage through 100 clones at exactly that bound.
 #[tokio::test(start_paused = true)]
-async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
+async fn a_bucket_earning_on_requests_caps_a_full_outage_through_100_clones_at_its_bound() {
     const CLONES: u64 = 100;
     const PER_CLONE: u64 = 100;
     const REQUESTS: u64 = CLONES * PER_CLONE;
-    // 10% of first attempts, plus a reserve of 100 retries per 10 s window.
+    // 10% of first attempts, plus a reserve of 100 retries.
     const RESERVE: u64 = 100;
+    const COST: u64 = 10;
 
     let attempts = Arc::new(AtomicU64::new(0));
     let stats = Stats::new();
     let budget = Arc::new(
-        RatioBudget::builder()
-            .ratio(0.1)
-            .reserve(100)
-            .window(Duration::from_secs(10))
+        TokenBucket::builder()
+            // Room for the reserve and every deposit: nothing is lost to a
+            // full bucket.
+            .capacity(RESERVE * COST + REQUESTS)
+            .initial_tokens(RESERVE * COST)
+            .retry_cost(COST)
+            .timeout_cost(COST)
+            .request_deposit(1)
+            .success_refund(0)
             .build()
             .unwrap(),
     );
@@ -48,7 +58,6 @@ async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
         .unwrap();
     let service = layer.layer(outage(attempts.clone()));
 
-    let started = Instant::now();
     let clients: Vec<_> = (0..CLONES)
         .map(|client| {
             let mut service = service.clone();
@@ -68,14 +77,12 @@ async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
     for client in clients {
         client.await.unwrap();
     }
-    // Everything happened inside one window, so the reserve counted once.
-    assert!(started.elapsed() < Duration::from_secs(10));
 
     let attempts = attempts.load(Ordering::Relaxed);
     let bound = REQUESTS + REQUESTS / 10 + RESERVE;
     assert!(attempts <= bound, "{attempts} attempts, bound {bound}");
     // Retries kept asking after the last first attempt, so the budget was
-    // spent to the last unit: exactly the bound, not one retry more or less.
+    // spent to the last token: exactly the bound, not one retry more or less.
     assert_eq!(attempts, bound);
     assert_eq!(budget.available(), 0);
 
@@ -87,11 +94,16 @@ async fn ratio_budget_caps_a_full_outage_through_100_clones_at_its_bound() {
     assert_eq!(seen.budget_refusals + seen.gave_up_attempts, REQUESTS);
 }
 
+/// Three tokens a first attempt, five a retry: exactly 60% of first
+/// attempts, neither rounded up nor let through whole.
 #[test]
-fn ratio_budget_allows_exactly_60_percent_of_100_first_attempts() {
-    let budget = RatioBudget::builder()
-        .ratio(0.6)
-        .reserve(0)
+fn a_bucket_earning_on_requests_allows_exactly_60_percent_of_100_first_attempts() {
+    let budget = TokenBucket::builder()
+        .capacity(1000)
+        .initial_tokens(0)
+        .retry_cost(5)
+        .request_deposit(3)
+        .success_refund(0)
         .build()
         .unwrap();
     for _ in 0..100 {
@@ -104,61 +116,14 @@ fn ratio_budget_allows_exactly_60_percent_of_100_first_attempts() {
     assert_eq!(allowed, 60);
 }
 
-#[test]
-fn ratio_budget_keeps_odd_ratios_exact() {
-    for (ratio, first_attempts, expected) in [
-        (0.1, 1000, 100),
-        (0.2, 7, 1), // 1.4 retries: one whole retry
-        (0.333_333, 300_000, 99_999),
-        (1.5, 10, 15),
-        (0.0, 1000, 0),
-    ] {
-        let budget = RatioBudget::builder()
-            .ratio(ratio)
-            .reserve(0)
-            .build()
-            .unwrap();
-        for _ in 0..first_attempts {
-            budget.on_first_attempt();
-        }
-        assert_eq!(budget.available(), expected, "ratio {ratio}");
-    }
-}
-
+/// A reserve is spent by a cold burst at once, and only the refill brings
+/// it back: a few retries a second, never above the reserve.
 #[tokio::test(start_paused = true)]
-async fn ratio_budget_forgets_first_attempts_after_its_window() {
-    let budget = RatioBudget::builder()
-        .ratio(0.5)
-        .reserve(0)
-        .window(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    for _ in 0..10 {
-        budget.on_first_attempt();
-    }
-    tokio::time::advance(Duration::from_secs(5)).await;
-    for _ in 0..4 {
-        budget.on_first_attempt();
-    }
-    assert_eq!(budget.available(), 7);
-    assert!(budget.try_retry(Cause::Transient));
-
-    // The first ten slide out of the window (which moves in 1 s steps);
-    // the four later ones and the retry are still in it.
-    tokio::time::advance(Duration::from_secs(6)).await;
-    assert_eq!(budget.available(), 1);
-
-    // Then everything has left: back to an empty window.
-    tokio::time::advance(Duration::from_secs(10)).await;
-    assert_eq!(budget.available(), 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn ratio_budget_reserve_is_spent_at_once_and_returns_as_its_retries_leave_the_window() {
-    let budget = RatioBudget::builder()
-        .ratio(0.2)
-        .reserve(6)
-        .window(Duration::from_secs(2))
+async fn a_reserve_is_spent_at_once_and_comes_back_with_the_refill() {
+    let budget = TokenBucket::builder()
+        .capacity(30)
+        .retry_cost(5)
+        .refill_per_second(15)
         .build()
         .unwrap();
     let spend_all = || {
@@ -167,35 +132,11 @@ async fn ratio_budget_reserve_is_spent_at_once_and_returns_as_its_retries_leave_
             .count()
     };
     assert_eq!(spend_all(), 6, "a cold burst spends the whole reserve");
+    assert_eq!(spend_all(), 0, "and then nothing is left");
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(spend_all(), 0, "those retries still count in the window");
-    tokio::time::advance(Duration::from_millis(1100)).await;
-    assert_eq!(spend_all(), 6, "they left the window");
-}
-
-#[test]
-fn ratio_budget_rejects_settings_that_cannot_work() {
-    let field =
-        |builder: tower_backoff::budget::RatioBudgetBuilder| builder.build().unwrap_err().field();
-    assert_eq!(
-        field(RatioBudget::builder().window(Duration::from_millis(10))),
-        "window"
-    );
-    assert_eq!(
-        field(RatioBudget::builder().window(Duration::from_secs(7200))),
-        "window"
-    );
-    assert_eq!(field(RatioBudget::builder().ratio(-0.1)), "ratio");
-    assert_eq!(field(RatioBudget::builder().ratio(f64::NAN)), "ratio");
-    assert_eq!(field(RatioBudget::builder().ratio(1001.0)), "ratio");
-    // The largest reserve at the finest ratio is still counted exactly.
-    let budget = RatioBudget::builder()
-        .ratio(0.000_001)
-        .reserve(u32::MAX)
-        .window(Duration::from_secs(3600))
-        .build()
-        .unwrap();
-    assert_eq!(budget.available(), u64::from(u32::MAX));
+    assert_eq!(spend_all(), 3, "a second of refill: 15 tokens");
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(spend_all(), 6, "the reserve again, not a minute of refill");
 }
 
 /// What the scripted service answers, attempt after attempt.
@@ -312,6 +253,10 @@ fn token_bucket_rejects_settings_that_cannot_work() {
         field(TokenBucket::builder().throttled_cost(600)),
         "throttled_cost"
     );
+    assert_eq!(
+        field(TokenBucket::builder().request_deposit((1 << 40) + 1)),
+        "request_deposit"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -418,14 +363,22 @@ async fn token_bucket_with_the_largest_refill_fills_to_capacity_after_hours_idle
     assert_eq!(bucket.available(), 5);
 }
 
+/// A retry paid by the deposit of its own first attempt is granted however
+/// two threads interleave: the bucket holds at most the two deposits, and
+/// each thread takes out only what it put in.
 #[test]
-fn ratio_budget_grants_every_retry_paid_by_its_own_first_attempt_under_two_threads() {
+fn a_bucket_earning_on_requests_grants_every_retry_paid_by_its_own_first_attempt_under_two_threads()
+{
     // Issue 10, item 8: refused 1 to 64 of 600,000 such retries per run.
     const PAIRS: usize = 100_000;
     let budget = Arc::new(
-        RatioBudget::builder()
-            .ratio(1.0)
-            .reserve(0)
+        TokenBucket::builder()
+            .capacity(2)
+            .initial_tokens(0)
+            .retry_cost(1)
+            .timeout_cost(1)
+            .request_deposit(1)
+            .success_refund(0)
             .build()
             .unwrap(),
     );
@@ -446,14 +399,19 @@ fn ratio_budget_grants_every_retry_paid_by_its_own_first_attempt_under_two_threa
         threads.into_iter().map(|t| t.join().unwrap()).sum()
     });
     assert_eq!(refused, 0);
+    assert_eq!(budget.available(), 0, "every deposit was spent");
 }
 
+/// A bucket that earns on successes only (tower's `TpsBudget`, the AWS
+/// SDKs) holds its reserve and nothing more while nothing succeeds, however
+/// many requests go out.
 #[tokio::test(start_paused = true)]
-async fn ratio_budget_earning_on_successes_allows_only_its_reserve_while_nothing_succeeds() {
-    let budget = RatioBudget::builder()
-        .ratio(0.5)
-        .reserve(3)
-        .earn(Earn::Successes)
+async fn a_bucket_earning_on_successes_allows_only_its_reserve_while_nothing_succeeds() {
+    let budget = TokenBucket::builder()
+        .capacity(100)
+        .initial_tokens(6)
+        .retry_cost(2)
+        .success_refund(1)
         .build()
         .unwrap();
     for _ in 0..1000 {
@@ -504,15 +462,36 @@ fn a_static_reference_to_a_budget_is_that_budget() {
     assert_eq!(spend_and_refund(bucket), (true, true, false, false));
     assert_eq!(bucket.available(), 5);
 
-    // A ratio budget earns on first attempts: the reference passes them on.
-    let ratio: &'static RatioBudget = Box::leak(Box::new(
-        RatioBudget::builder()
-            .ratio(1.0)
-            .reserve(0)
-            .build()
-            .unwrap(),
-    ));
-    assert_eq!(spend_and_refund(ratio), (true, true, false, false));
+    // A bucket that earns on first attempts: the reference passes them on.
+    let earning: &'static TokenBucket = Box::leak(Box::new(earning_on_requests()));
+    assert_eq!(spend_and_refund(earning), (true, true, false, false));
+    assert_eq!(earning.available(), 5, "the retry's cost back");
+}
+
+/// Five tokens a first attempt, five a retry, starting empty: every call of
+/// the trait shows in what it holds.
+fn earning_on_requests() -> TokenBucket {
+    TokenBucket::builder()
+        .capacity(5)
+        .initial_tokens(0)
+        .retry_cost(5)
+        .timeout_cost(5)
+        .request_deposit(5)
+        .success_refund(0)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_shared_budget_is_that_budget() {
+    let bucket = Arc::new(earning_on_requests());
+    // Through a clone of the `Arc`: its first attempt paid the one retry.
+    assert_eq!(
+        spend_and_refund(Arc::clone(&bucket)),
+        (true, true, false, false)
+    );
+    assert_eq!(bucket.available(), 5);
+    assert_eq!(Budget::balance(&Arc::clone(&bucket)), Some(5));
 }
 
 #[test]
@@ -527,7 +506,7 @@ fn a_bucket_shows_its_tokens_in_whole_tokens() {
         format!("{bucket:?}"),
         "TokenBucket { available: 6, capacity: 10, retry_cost: 4, timeout_cost: 10, \
          throttled_cost: 4, success_refund: 1, retried_success_refund: 0, \
-         refill_per_second: 0 }"
+         request_deposit: 0, refill_per_second: 0 }"
     );
 }
 
@@ -544,71 +523,6 @@ fn a_thousand_refunds_of_one_token_give_back_exactly_a_thousand() {
         bucket.on_success(None);
     }
     assert_eq!(bucket.available(), 1000);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_ratio_budget_forgets_old_laps_and_counts_new_first_attempts_in_recycled_slots() {
-    let budget = RatioBudget::builder()
-        .window(Duration::from_secs(1))
-        .ratio(1.0)
-        .reserve(0)
-        .build()
-        .unwrap();
-    for _ in 0..5 {
-        budget.on_first_attempt();
-    }
-    assert_eq!(budget.available(), 5);
-    // Many windows later, nothing of that lap is left.
-    tokio::time::advance(Duration::from_secs(10)).await;
-    assert_eq!(budget.available(), 0);
-    // First attempts spread over three windows land in slots that held
-    // older laps: each slot restarts at the new lap and counts them.
-    for _ in 0..30 {
-        budget.on_first_attempt();
-        tokio::time::advance(Duration::from_millis(100)).await;
-    }
-    let room = budget.available();
-    assert!(
-        (5..=10).contains(&room),
-        "{room} retries for ~10 first attempts in the window"
-    );
-}
-
-/// Each budget's slots start when it was built; threads remember the slot
-/// they last found per budget. Budgets built 30 ms apart (so their slots
-/// never line up), more of them than a thread remembers at once, used in
-/// turn from one thread: each counts exactly the first attempts of its own
-/// last ten slots.
-#[tokio::test(start_paused = true)]
-async fn ratio_budgets_sharing_a_thread_each_count_their_own_window() {
-    const SLOT: Duration = Duration::from_millis(100);
-    let mut budgets = Vec::new();
-    for _ in 0..6 {
-        let budget = RatioBudget::builder()
-            .window(SLOT * 10)
-            .ratio(1.0)
-            .reserve(0)
-            .build()
-            .unwrap();
-        budgets.push((Instant::now(), budget));
-        tokio::time::advance(Duration::from_millis(30)).await;
-    }
-    let slot_of = |built: Instant, at: Instant| (at - built).as_nanos() / SLOT.as_nanos();
-    let mut first_attempts = Vec::new();
-    for round in 0..40 {
-        let now = Instant::now();
-        first_attempts.push(now);
-        for (built, budget) in &budgets {
-            budget.on_first_attempt();
-            let current = slot_of(*built, now);
-            let in_window = first_attempts
-                .iter()
-                .filter(|&&at| slot_of(*built, at) + 9 >= current)
-                .count() as u64;
-            assert_eq!(budget.available(), in_window, "round {round}");
-        }
-        tokio::time::advance(Duration::from_millis(37)).await;
-    }
 }
 
 /// Defect 1 of issue 28: the transparent retry of a request that never left
@@ -691,14 +605,71 @@ async fn a_layer_shows_its_budget_and_its_balance() {
     );
     let none = BackoffLayer::builder().no_budget().build().unwrap();
     assert!(none.budget().is_none());
-    let ratio = BackoffLayer::builder()
-        .budget(RatioBudget::default())
+    // A bucket of one's own: the layer shows what it holds now.
+    let own = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::from_millis(10)))
+        .budget(TokenBucket::builder().capacity(10).build().unwrap())
         .build()
         .unwrap();
+    assert_eq!(own.budget().and_then(|b| b.balance()), Some(10));
+    let once = Arc::new(AtomicU64::new(0));
+    let fails_once = own.layer(service_fn(move |()| {
+        let first = once.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                Err("down")
+            } else {
+                Ok(())
+            }
+        }
+    }));
+    let calls = fails_once.clone();
+    assert_eq!(calls.oneshot(()).await, Ok(()));
     assert_eq!(
-        ratio.budget().and_then(|b| b.balance()),
-        Some(RatioBudget::default().available())
+        own.budget().and_then(|b| b.balance()),
+        Some(10),
+        "the retry's 5 paid, then given back by its success"
     );
+}
+
+/// A bucket that earns on first attempts hears of every one a layer sends,
+/// whether the layer holds it by value or shares it through an `Arc`.
+#[tokio::test(start_paused = true)]
+async fn a_bucket_earning_on_requests_earns_on_every_first_attempt_of_a_layer() {
+    let earning = || {
+        TokenBucket::builder()
+            .capacity(10)
+            .initial_tokens(0)
+            .request_deposit(2)
+            .success_refund(0)
+            .build()
+            .unwrap()
+    };
+    let shared = Arc::new(earning());
+    for (how, layer) in [
+        (
+            "by value",
+            BackoffLayer::builder().budget(earning()).build().unwrap(),
+        ),
+        (
+            "through an Arc",
+            BackoffLayer::builder()
+                .budget(Arc::clone(&shared))
+                .build()
+                .unwrap(),
+        ),
+    ] {
+        assert_eq!(layer.budget().and_then(|b| b.balance()), Some(0), "{how}");
+        let up = layer.layer(service_fn(|()| async { Ok::<(), &str>(()) }));
+        assert_eq!(up.clone().oneshot(()).await, Ok(()));
+        assert_eq!(up.oneshot(()).await, Ok(()));
+        assert_eq!(
+            layer.budget().and_then(|b| b.balance()),
+            Some(4),
+            "{how}: two first attempts' deposits, and nothing for their success"
+        );
+    }
+    assert_eq!(shared.available(), 4);
 }
 
 // ---- The fleet-safe default (issue 25) ----
@@ -747,70 +718,76 @@ fn the_fleet_safe_reserve_is_one_requests_retries_for_the_attempts_set() {
     assert_eq!(unlimited.capacity(), 2);
 }
 
+/// A busy service's capacity follows its traffic, measured as it comes, no
+/// retry needed: 1,000 first-try successes a second grow it to 1,000 retries
+/// (a tenth of 10 s of them) once a measurement has seen a second, earned one
+/// success at a time. When the traffic falls to 2 a second, the next
+/// measurement (its 16th success, 8 s later) puts it back on its floor, and
+/// the bucket gives up the tokens above it.
 #[tokio::test(start_paused = true)]
-async fn a_growing_capacity_follows_the_traffic_measured_after_a_retry() {
+async fn a_growing_capacity_follows_the_traffic_it_measures_with_no_retry() {
     let bucket = TokenBucket::fleet_safe(3);
-    // No retry, no measurement: a busy service's capacity stays at two.
-    for _ in 0..1000 {
-        bucket.on_success(None);
+    // A measurement closes at a multiple of 16 successes: 992 came before a
+    // second had passed, and 1,007 is not a multiple.
+    for _ in 0..1007 {
         tokio::time::advance(Duration::from_millis(1)).await;
+        bucket.on_success(None);
     }
     assert_eq!(bucket.capacity(), 2);
-    // A retry opens one: 1,024 successes over 1.024 s, 1,000 a second,
-    // and a tenth of 10 s of them is 1,000 retries.
-    assert!(bucket.try_retry(Cause::Transient));
-    for _ in 0..1024 {
-        tokio::time::advance(Duration::from_millis(1)).await;
-        bucket.on_success(None);
-    }
+    // The 1,008th, 1,008 ms in: 1,000 a second.
+    tokio::time::advance(Duration::from_millis(1)).await;
+    bucket.on_success(None);
     assert_eq!(bucket.capacity(), 1000);
-    // Earned one success at a time, not granted at once.
-    assert!(bucket.available() < 20, "{bucket:?}");
-    // The traffic falls to 2 a second: the next measurement shrinks the
-    // capacity back to its floor and the bucket gives up what is above it.
-    for _ in 0..500 {
-        bucket.on_success(None);
-    }
-    assert!(bucket.available() > 200, "{bucket:?}");
-    assert!(bucket.try_retry(Cause::Transient));
-    for _ in 0..8 {
+    assert_eq!(
+        bucket.available(),
+        3,
+        "earned one success at a time, not granted at once: the two it held, \
+         and the success that grew it"
+    );
+    // 2 a second from now on.
+    for _ in 0..15 {
         tokio::time::advance(Duration::from_millis(500)).await;
         bucket.on_success(None);
     }
-    assert_eq!(bucket.capacity(), 2);
-    assert_eq!(bucket.available(), 2);
+    // 7.5 s after it was measured, with no retry weighed, it stands, and
+    // the tokens earned since are within it.
+    assert_eq!(bucket.capacity(), 1000);
+    assert_eq!(bucket.available(), 3 + 15);
+    tokio::time::advance(Duration::from_millis(500)).await;
+    bucket.on_success(None);
+    assert_eq!((bucket.capacity(), bucket.available()), (2, 2));
 }
 
-/// 1,000 first-try successes a second grow the capacity to 1,000 retries;
-/// with no newer measurement it falls in a straight line to the floor over
-/// the next 10 s, and the tokens above it go with it.
+/// 1,000 first-try successes a second for two measurements (2,016 ms): a
+/// capacity of 1,000 retries measured 2,016 ms in, and a bucket full of
+/// them.
 async fn grown_at_1000_a_second() -> TokenBucket {
     let bucket = TokenBucket::fleet_safe(3);
-    assert!(bucket.try_retry(Cause::Transient));
-    for _ in 0..1024 {
+    for _ in 0..2016 {
         tokio::time::advance(Duration::from_millis(1)).await;
         bucket.on_success(None);
     }
     assert_eq!(bucket.capacity(), 1000);
-    for _ in 0..1000 {
-        bucket.on_success(None);
-    }
     assert_eq!(bucket.available(), 1000);
     bucket
 }
 
+/// An outage: a second after the last measurement with no success, the
+/// first retry weighed closes the open one with nothing counted, and the
+/// capacity falls to the floor, the tokens above it with it. Within that
+/// second a retry leaves it as it is.
 #[tokio::test(start_paused = true)]
-async fn a_measured_capacity_falls_back_to_the_floor_over_the_next_10_s() {
+async fn a_measured_capacity_falls_to_the_floor_at_the_first_retry_weighed_a_second_without_success(
+) {
     let bucket = grown_at_1000_a_second().await;
-    tokio::time::advance(Duration::from_millis(2_500)).await;
-    // Three quarters of the 998 above the floor are left.
-    assert_eq!(bucket.capacity(), 2 + 998 * 3 / 4);
-    assert_eq!(bucket.available(), 2 + 998 * 3 / 4, "the tokens above go");
-    tokio::time::advance(Duration::from_millis(5_000)).await;
-    assert_eq!(bucket.capacity(), 2 + 998 / 4);
-    tokio::time::advance(Duration::from_millis(2_500)).await;
+    tokio::time::advance(Duration::from_millis(999)).await;
+    assert!(bucket.would_allow(Cause::Transient));
+    assert_eq!((bucket.capacity(), bucket.available()), (1000, 1000));
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(bucket.would_allow(Cause::Transient));
     assert_eq!((bucket.capacity(), bucket.available()), (2, 2));
     tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(bucket.would_allow(Cause::Transient));
     assert_eq!(bucket.capacity(), 2, "and stays there");
 }
 
@@ -818,11 +795,12 @@ async fn a_measured_capacity_falls_back_to_the_floor_over_the_next_10_s() {
 async fn a_capacity_grown_in_a_busy_spell_is_gone_after_quiet_minutes_without_failures() {
     let bucket = grown_at_1000_a_second().await;
     // Ten minutes at one request a second, every one a first-try success:
-    // no retry, so no measurement, and the clock is read by none of them.
+    // measured at one a second, worth the floor.
     for _ in 0..600 {
         tokio::time::advance(Duration::from_secs(1)).await;
         bucket.on_success(None);
     }
+    assert_eq!(bucket.capacity(), 2);
     // The outage that follows gets one request's retries, not 1,000.
     let granted = (0..1000)
         .filter(|_| bucket.try_retry(Cause::Timeout))
@@ -830,17 +808,73 @@ async fn a_capacity_grown_in_a_busy_spell_is_gone_after_quiet_minutes_without_fa
     assert_eq!(granted, 2);
 }
 
+/// A burst that ends within a second is not a rate: 16,000 successes in
+/// 999 ms, the clock read at every 16th, leave the capacity on its floor.
 #[tokio::test(start_paused = true)]
 async fn a_burst_shorter_than_a_second_is_not_measured_as_a_rate() {
     let bucket = TokenBucket::fleet_safe(3);
-    bucket.on_success(None);
-    assert!(bucket.try_retry(Cause::Transient));
-    // 64 successes within 64 ms: too short to be a rate.
-    for _ in 0..64 {
+    for _ in 0..999 {
         tokio::time::advance(Duration::from_millis(1)).await;
-        bucket.on_success(None);
+        for _ in 0..16 {
+            bucket.on_success(None);
+        }
     }
     assert_eq!(bucket.capacity(), 2);
+}
+
+/// A layer built with no budget option, busy and with no retry for a while,
+/// holds a tenth of its first-try successes of the last 10 s as retries:
+/// after 1,000 successes a second for 20 s, a blip in which every attempt
+/// fails is ridden out on about 1,000 retries, not the two a quiet layer
+/// holds.
+#[tokio::test(start_paused = true)]
+async fn a_busy_default_layer_holds_a_tenth_of_its_recent_successes_as_retries() {
+    // The default budget. Retries without a delay, so the blip takes no
+    // time and the capacity does not fall while it lasts.
+    let layer = BackoffLayer::builder()
+        .schedule(Constant::new(Duration::ZERO))
+        .build()
+        .unwrap();
+    let down = Arc::new(AtomicBool::new(false));
+    let attempts = Arc::new(AtomicU64::new(0));
+    let service = layer.layer(service_fn({
+        let down = Arc::clone(&down);
+        let attempts = Arc::clone(&attempts);
+        move |()| {
+            attempts.fetch_add(1, Ordering::Relaxed);
+            let down = down.load(Ordering::Relaxed);
+            async move {
+                if down {
+                    Err("unavailable")
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }));
+    let balance = || layer.budget().and_then(|b| b.balance()).unwrap();
+    assert_eq!(balance(), 2, "a quiet layer's one request's retries");
+    for _ in 0..20_000 {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(service.clone().oneshot(()).await, Ok(()));
+    }
+    assert_eq!(attempts.load(Ordering::Relaxed), 20_000, "no retry asked");
+    // The last measurement (1,000 a second: 1,000 retries) closed within
+    // the last 1,008 ms, so less than a tenth of it has fallen since: 915
+    // here, as it closed 848 ms ago.
+    let held = balance();
+    assert!((900..=1000).contains(&held), "{held} retries held");
+
+    down.store(true, Ordering::Relaxed);
+    for _ in 0..1000 {
+        assert_eq!(service.clone().oneshot(()).await, Err("unavailable"));
+    }
+    assert_eq!(
+        attempts.load(Ordering::Relaxed) - 20_000,
+        1000 + held,
+        "every retry held went out, and not one more"
+    );
+    assert_eq!(balance(), 0);
 }
 
 #[test]
@@ -860,22 +894,27 @@ fn a_bucket_refuses_a_start_above_its_capacity_and_a_share_outside_0_to_1() {
 
 // ---- Mutation testing of the growing capacity and `fresh` (issue 28) ----
 
-/// A measurement closes at its 8th first-try success once a full second has
-/// passed since the retry that opened it: exactly 1,000 ms is enough, and 7
-/// successes are not, however long they took. Closing earlier (at 1, 2 or 4
-/// successes) would size the capacity on a count too small to be a rate.
+/// The clock is read at every 16th first-try success, and a measurement
+/// closes at the first such read once a full second has passed since it
+/// began: exactly 1,000 ms is enough, and 16 successes at 999 ms, or 31 at
+/// 1,000 ms, are not. Closing earlier (at the 17th, on a read every success)
+/// would size the capacity on a span too short to be a rate.
 #[tokio::test(start_paused = true)]
-async fn a_measurement_closes_at_its_eighth_success_once_a_second_has_passed() {
+async fn a_measurement_closes_at_a_multiple_of_16_successes_once_a_second_has_passed() {
     let bucket = TokenBucket::fleet_safe(3);
-    assert!(bucket.try_retry(Cause::Transient));
-    tokio::time::advance(Duration::from_millis(1000)).await;
-    for _ in 0..7 {
+    tokio::time::advance(Duration::from_millis(999)).await;
+    for _ in 0..16 {
         bucket.on_success(None);
     }
-    assert_eq!(bucket.capacity(), 2, "7 successes are not yet a rate");
+    assert_eq!(bucket.capacity(), 2, "read at 999 ms: not yet a second");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    for _ in 0..15 {
+        bucket.on_success(None);
+    }
+    assert_eq!(bucket.capacity(), 2, "31 successes: no read since the 16th");
     bucket.on_success(None);
-    // 8 a second: a tenth of 10 s of them is 8 retries.
-    assert_eq!(bucket.capacity(), 8, "{bucket:?}");
+    // 32 a second: a tenth of 10 s of them is 32 retries.
+    assert_eq!(bucket.capacity(), 32, "{bucket:?}");
 }
 
 /// A rate that would size the capacity below the one set leaves it there:
@@ -884,8 +923,7 @@ async fn a_measurement_closes_at_its_eighth_success_once_a_second_has_passed() {
 #[tokio::test(start_paused = true)]
 async fn a_measured_capacity_never_falls_below_the_capacity_set() {
     let bucket = TokenBucket::fleet_safe(3);
-    assert!(bucket.try_retry(Cause::Transient));
-    for _ in 0..8 {
+    for _ in 0..16 {
         tokio::time::advance(Duration::from_secs(1)).await;
         bucket.on_success(None);
     }
@@ -903,19 +941,18 @@ async fn a_growing_capacity_stops_at_the_most_a_bucket_can_count() {
         .grow_with_traffic(1.0)
         .build()
         .unwrap();
-    assert!(bucket.try_retry(Cause::Transient));
     tokio::time::advance(Duration::from_secs(1)).await;
-    for _ in 0..8 {
+    for _ in 0..16 {
         bucket.on_success(None);
     }
-    // 8 a second for 10 s, each a retry of 2^34 tokens: 1.25 × 2^40.
+    // 16 a second for 10 s, each a retry of 2^34 tokens: 2.5 × 2^40.
     assert_eq!(bucket.capacity(), 1 << 40);
 }
 
 /// What each host of a per-host stack gets: the bucket as it was built, not
 /// as it has become. The initial tokens, the capacity set however far the
-/// original grew, the same costs, a refill that starts now (none of the
-/// original's idle time is paid) and a growth of its own.
+/// original grew, the same costs and deposit, a refill that starts now (none
+/// of the original's idle time is paid) and a growth of its own.
 #[tokio::test(start_paused = true)]
 async fn a_fresh_bucket_is_the_original_as_it_was_built() {
     let bucket = TokenBucket::builder()
@@ -925,19 +962,20 @@ async fn a_fresh_bucket_is_the_original_as_it_was_built() {
         .timeout_cost(15)
         .throttled_cost(12)
         .success_refund(3)
+        .request_deposit(2)
         .refill_per_second(1)
         .grow_with_traffic(1.0)
         .build()
         .unwrap();
-    // The original spends, grows to 8 a second × 10 s × 10 tokens, refills.
+    // The original spends, grows to 16 a second × 10 s × 10 tokens, refills.
     assert!(bucket.try_retry(Cause::Transient));
     tokio::time::advance(Duration::from_secs(1)).await;
-    for _ in 0..8 {
+    for _ in 0..16 {
         bucket.on_success(None);
     }
-    assert_eq!(bucket.capacity(), 800);
+    assert_eq!(bucket.capacity(), 1600);
     tokio::time::advance(Duration::from_secs(30)).await;
-    assert_eq!(bucket.available(), 10 + 8 * 3 + 31);
+    assert_eq!(bucket.available(), 10 + 16 * 3 + 31);
 
     let fresh = bucket.fresh();
     assert_eq!((fresh.available(), fresh.capacity()), (20, 100));
@@ -945,58 +983,41 @@ async fn a_fresh_bucket_is_the_original_as_it_was_built() {
         format!("{fresh:?}"),
         "TokenBucket { available: 20, capacity: 100, retry_cost: 10, timeout_cost: 15, \
          throttled_cost: 12, success_refund: 3, retried_success_refund: 0, \
-         refill_per_second: 1 }"
+         request_deposit: 2, refill_per_second: 1 }"
     );
+    fresh.on_first_attempt();
+    assert_eq!(fresh.available(), 22, "its own deposit");
     tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(fresh.available(), 22, "two seconds of its own refill");
-    // Its first retry opens its first measurement: 8 successes in 2 s.
-    assert!(fresh.try_retry(Cause::Timeout));
+    assert_eq!(fresh.available(), 24, "two seconds of its own refill");
+    // Its own measurement, begun when it was made: 16 successes in 4 s.
     tokio::time::advance(Duration::from_secs(2)).await;
-    for _ in 0..8 {
+    for _ in 0..16 {
         fresh.on_success(None);
     }
     assert_eq!(fresh.capacity(), 400, "4 a second × 10 s × 10 tokens");
-    // The original's 800, measured 34 s ago, has fallen back to its floor;
-    // the fresh one's measurement did not move it.
-    assert_eq!(bucket.capacity(), 100, "the original is left to itself");
+    // The original's 1,600, measured 34 s ago, falls to its floor at its
+    // first retry weighed; the fresh one's measurement did not move it.
+    assert_eq!(bucket.capacity(), 1600, "the original is left to itself");
+    assert!(bucket.would_allow(Cause::Transient));
+    assert_eq!(bucket.capacity(), 100);
 }
 
-/// First attempts made in one slot leave the window when the clock comes
-/// back to that slot's place on the ring, a whole window later, even with
-/// nothing counted in between: the snapshot that slot kept from the lap
-/// before starts a window that has gone, and is not read as this one's.
-#[tokio::test(start_paused = true)]
-async fn ratio_budget_forgets_first_attempts_a_whole_window_later_with_nothing_between() {
-    let budget = RatioBudget::builder()
-        .window(Duration::from_secs(1))
-        .ratio(1.0)
-        .reserve(0)
+/// A bucket earns on the events it is set to earn on only: a success earns
+/// nothing for one that earns on first attempts, nor a first attempt for one
+/// that earns on successes (the default).
+#[test]
+fn a_bucket_earns_only_on_the_event_it_is_set_to_earn_on() {
+    let empty = || {
+        TokenBucket::builder()
+            .capacity(10)
+            .initial_tokens(0)
+            .retry_cost(1)
+    };
+    let on_first_attempts = empty()
+        .request_deposit(1)
+        .success_refund(0)
         .build()
         .unwrap();
-    for _ in 0..5 {
-        budget.on_first_attempt();
-    }
-    tokio::time::advance(Duration::from_millis(999)).await;
-    assert_eq!(budget.available(), 5, "the window's last slot");
-    tokio::time::advance(Duration::from_millis(1)).await;
-    assert_eq!(budget.available(), 0, "a whole window later");
-    assert!(!budget.try_retry(Cause::Transient));
-}
-
-/// Each kind of budget earns on its own event only: a success earns nothing
-/// for a budget that earns on first attempts, nor a first attempt for one
-/// that earns on successes.
-#[test]
-fn ratio_budget_earns_only_on_the_event_it_is_set_to_earn_on() {
-    let budget = |earn| {
-        RatioBudget::builder()
-            .ratio(1.0)
-            .reserve(0)
-            .earn(earn)
-            .build()
-            .unwrap()
-    };
-    let on_first_attempts = budget(Earn::FirstAttempts);
     for _ in 0..3 {
         on_first_attempts.on_success(None);
     }
@@ -1004,7 +1025,7 @@ fn ratio_budget_earns_only_on_the_event_it_is_set_to_earn_on() {
     on_first_attempts.on_first_attempt();
     assert_eq!(on_first_attempts.available(), 1);
 
-    let on_successes = budget(Earn::Successes);
+    let on_successes = empty().build().unwrap();
     for _ in 0..3 {
         on_successes.on_first_attempt();
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 use tower::{service_fn, Service, ServiceExt};
-use tower_backoff::budget::{Budget, RatioBudget, TokenBucket};
+use tower_backoff::budget::{Budget, TokenBucket};
 use tower_backoff::events::OutcomeKind;
 use tower_backoff::{
     classify_fn, BackoffLayer, Cause, Constant, Decision, Jitter, Policy, PrepareRetry,
@@ -65,10 +65,21 @@ async fn dropping_the_future_during_the_sleep_charges_the_token_bucket_nothing()
     assert_eq!(bucket.available(), 10, "nothing was charged for it");
 }
 
+/// A bucket that earns on first attempts: five requests dropped in their
+/// sleeps leave it exactly their five deposits, none spent on a retry that
+/// never went out.
 #[tokio::test(start_paused = true)]
-async fn dropping_futures_during_the_sleep_uses_none_of_a_ratio_budget() {
-    let budget = Arc::new(RatioBudget::builder().build().unwrap());
-    let before = budget.available();
+async fn dropping_futures_during_the_sleep_spends_none_of_a_bucket_earning_on_requests() {
+    let budget = Arc::new(
+        TokenBucket::builder()
+            .capacity(100)
+            .initial_tokens(0)
+            .retry_cost(1)
+            .request_deposit(1)
+            .success_refund(0)
+            .build()
+            .unwrap(),
+    );
     let layer = constant(secs(1), 3).budget(budget.clone()).build().unwrap();
     let calls = Arc::new(AtomicU32::new(0));
     let svc = tower::Layer::layer(&layer, failing(calls.clone()));
@@ -78,12 +89,7 @@ async fn dropping_futures_during_the_sleep_uses_none_of_a_ratio_budget() {
         assert!(outcome.is_err());
     }
     assert_eq!(calls.load(Ordering::SeqCst), 5);
-    // Five first attempts may have earned room; no retry spent any.
-    assert!(
-        budget.available() >= before,
-        "{} < {before}",
-        budget.available()
-    );
+    assert_eq!(budget.available(), 5, "five deposits, no retry paid");
 }
 
 #[tokio::test(start_paused = true)]
