@@ -86,9 +86,6 @@ impl Law {
     pub(super) fn decide(&self, course: Course, round: Round) -> Change {
         let length = round.length.max(f64::MIN_POSITIVE);
         if round.throttled > 0 {
-            if self.jitter_at_the_peak(course, round, length) {
-                return Change::Keep;
-            }
             // The round after a cut still sees the server digest what was
             // sent before it: judging the cut needs a round of its own.
             let far_off = (round.accepted as f64 * self.down)
@@ -164,16 +161,6 @@ impl Law {
         } else {
             accepted
         };
-        // A probe above an exact peak that got less than the peak, but
-        // within the headroom, crossed the server's rate: what it counted
-        // short is the round's edge cutting the server's rolling window, not
-        // a lower rate. Cutting from that count would send under `down` of
-        // the server's rate until the climb is back.
-        let accepted = if Self::probing(course) && accepted >= course.peak * self.down {
-            accepted.max(course.peak)
-        } else {
-            accepted
-        };
         let at_least = unpaced || going > self.up * self.up * accepted;
         // Measuring at full speed, never more than `up` slower than what
         // was going: a server that admitted its whole second in a burst
@@ -192,26 +179,6 @@ impl Law {
             peak,
             at_least,
         }
-    }
-
-    /// Whether the rate in force is paced near an exact peak: no faster
-    /// than a probe above it.
-    fn probing(course: Course) -> bool {
-        course.rate.is_finite()
-            && !course.at_least
-            && course.peak > 0.0
-            && course.rate <= course.peak * MAX_PROBE
-    }
-
-    /// A throttled round paced no faster than the peak the last cut measured
-    /// that still got `down` of that peak accepted says nothing new: the
-    /// randomized gaps met the server's rolling window, a few sends too close
-    /// together. Cutting for it would send under `down` of a rate the server
-    /// keeps accepting.
-    fn jitter_at_the_peak(&self, course: Course, round: Round, length: f64) -> bool {
-        Self::probing(course)
-            && course.rate <= course.peak
-            && round.accepted as f64 / length >= course.peak * self.down
     }
 
     /// The rate after a clean round: CUBIC's curve through the peak, at most
@@ -531,62 +498,6 @@ mod tests {
             law().decide(short, round(1.0, 1, 0)),
             Change::Raise(_)
         ));
-    }
-
-    /// The steady state of 8 workers against a store of 20 a rolling second
-    /// (tests/sim_pacing.rs): the climb is back at the peak and a round's
-    /// randomized gaps get one send throttled.
-    fn at_the_peak(rate: f64) -> Course {
-        Course {
-            rate,
-            peak: 20.0,
-            at_least: false,
-            floor: 18.0,
-            since_cut: 3.0,
-            settling: false,
-        }
-    }
-
-    #[test]
-    fn a_throttle_at_the_peak_with_the_peak_still_accepted_keeps_the_rate() {
-        let law = law();
-        assert_eq!(
-            law.decide(at_the_peak(19.9), round(20.0, 19, 1)),
-            Change::Keep
-        );
-        assert_eq!(
-            law.decide(at_the_peak(20.0), round(20.0, 18, 2)),
-            Change::Keep
-        );
-        // Far below the peak: the server's rate fell, and the round measures it.
-        assert_eq!(
-            law.decide(at_the_peak(20.0), round(20.0, 15, 5)),
-            Change::Cut {
-                rate: 13.5,
-                peak: 15.0,
-                at_least: false
-            }
-        );
-    }
-
-    #[test]
-    fn a_probe_above_the_peak_that_got_a_little_less_cuts_from_the_peak() {
-        let law = law();
-        let Change::Cut { rate, peak, .. } = law.decide(at_the_peak(20.8), round(21.0, 19, 2))
-        else {
-            panic!("a probe that crossed the rate cuts");
-        };
-        assert!((rate - 18.0).abs() < 1e-9 && peak == 20.0, "{rate} {peak}");
-        // Less than `down` of the peak: the count is the rate.
-        let Change::Cut { rate, .. } = law.decide(at_the_peak(20.8), round(21.0, 17, 4)) else {
-            panic!("a probe that crossed the rate cuts");
-        };
-        assert!((rate - 15.3).abs() < 1e-9, "{rate}");
-        // More: the count is the rate, as before.
-        let Change::Cut { rate, .. } = law.decide(at_the_peak(22.0), round(22.0, 21, 1)) else {
-            panic!("a probe that crossed the rate cuts");
-        };
-        assert!((rate - 18.9).abs() < 1e-9, "{rate}");
     }
 
     #[test]
