@@ -384,3 +384,64 @@ fn eight_paced_writers_store_185_of_200_records_with_the_default_budget() {
         }
     }
 }
+
+// ---- The layer's defaults with shared pacing (the pacing regression) ----
+
+/// The first second `s` from which every second of `s..s + 10` got at least
+/// `share` of the store's rate accepted: goodput stays there for 10 s in a
+/// row. Unlike [`PacingReport::settled`], which asks every later 10 s window
+/// to hold on average, a single second may not fall below, and nothing after
+/// those 10 s counts.
+fn sustained(report: &PacingReport, share: f64) -> Option<usize> {
+    let width = tower_backoff_sim::RECOVERY_WINDOW.as_secs() as usize;
+    let good = |s: usize| {
+        report.capacity[s].is_none_or(|r| report.seconds[s].accepted as f64 >= share * f64::from(r))
+    };
+    (0..(report.seconds.len() + 1).saturating_sub(width)).find(|&s| (s..s + width).all(good))
+}
+
+/// 8 closed-loop workers, each starting at a random time in the first
+/// second, against a store of 20 writes a rolling second that refuses in 5 ms
+/// and admits in two exact 10 ms legs, through the layer's defaults (3
+/// attempts, the default budget and schedule) and one shared pacing: goodput
+/// reaches 90 % of the rate within 10 s, in every seed, and stays there.
+#[test]
+#[ignore = "not met yet: seeds 1..=5 settle after [10, 4, 13, 4, 6] s; each cut sets 0.9 x a count at or under R, so the rounds after it run under 90 % of R"]
+fn the_layers_defaults_with_pacing_settle_within_10_s_on_a_store_refusing_in_5_ms() {
+    const R: u32 = 20;
+    let mut settled = Vec::new();
+    for seed in 1..=5 {
+        let layer = BackoffLayer::builder()
+            .policy(ThrottledWrites)
+            .seed(seed)
+            .pacing(AdaptivePacing::new())
+            .build()
+            .unwrap();
+        let report = Pacing::new()
+            .capacity(R)
+            .workers(8)
+            .start_spread(Duration::from_secs(1))
+            .latency(Duration::from_millis(20))
+            .refusal_latency(Duration::from_millis(5))
+            .latency_spread(0.0)
+            .horizon(Duration::from_secs(60))
+            .seed(seed)
+            .run(|_, store| tower_layer::Layer::layer(&layer, store))
+            .unwrap();
+        let from = sustained(&report, 0.9);
+        println!(
+            "seed {seed}: 90 % of R for 10 s in a row from {from:?} s (settled() says {:?}), goodput 30..60 s {:.1}/s, throttled {:.1} %: {}",
+            report.settled(0.9, 0),
+            report.goodput(30..60),
+            100.0 * report.throttled_share(0..60),
+            describe(&report)
+        );
+        settled.push((seed, from, describe(&report)));
+    }
+    for (seed, from, picture) in settled {
+        assert!(
+            from.is_some_and(|s| s <= 10),
+            "seed {seed}: settled {from:?}: {picture}"
+        );
+    }
+}

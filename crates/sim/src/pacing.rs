@@ -44,8 +44,9 @@ pub enum Demand {
 /// the rest [`Admission::Throttled`], and the workers that write to it through
 /// your layer.
 ///
-/// Defaults: 100 writes per second, 64 closed-loop workers, 50 ms (±20 %) per
-/// answer, throttled or not; 120 s in all, measured per second; one client.
+/// Defaults: 100 writes per second, 64 closed-loop workers all starting at
+/// once, 50 ms (±20 %) per answer, throttled or not; 120 s in all, measured
+/// per second; one client.
 /// With several clients, workers (or arrivals) are dealt out in turn, and
 /// each client is its own service: build a layer per client to model
 /// independent processes.
@@ -77,7 +78,10 @@ pub struct Pacing {
     demand: Demand,
     clients: usize,
     stagger: Duration,
+    start_spread: Duration,
     latency: Duration,
+    refusal_latency: Option<Duration>,
+    latency_spread: f64,
     horizon: Duration,
     seed: u64,
 }
@@ -123,7 +127,10 @@ impl Pacing {
             demand: Demand::ClosedLoop { workers: 64 },
             clients: 1,
             stagger: Duration::ZERO,
+            start_spread: Duration::ZERO,
             latency: Duration::from_millis(50),
+            refusal_latency: None,
+            latency_spread: 0.2,
             horizon: Duration::from_secs(120),
             seed: 1,
         }
@@ -167,9 +174,32 @@ impl Pacing {
         self
     }
 
-    /// How long the store takes to answer.
+    /// Each closed-loop worker starts at a uniformly random time within
+    /// `spread` of its client's start (default zero: all at once), as a job's
+    /// workers come up one by one.
+    pub fn start_spread(mut self, spread: Duration) -> Self {
+        self.start_spread = spread;
+        self
+    }
+
+    /// How long the store takes to answer (an admitted write, and a throttled
+    /// one unless [`refusal_latency`](Self::refusal_latency) says otherwise).
     pub fn latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
+        self
+    }
+
+    /// How long the store takes to answer a throttled write (default: the
+    /// [`latency`](Self::latency)): a refusal is often cheaper than a write.
+    pub fn refusal_latency(mut self, latency: Duration) -> Self {
+        self.refusal_latency = Some(latency);
+        self
+    }
+
+    /// Each answer takes its latency times a uniform factor in `[1 − s, 1 +
+    /// s]` (default 0.2, within `[0, 1]`); zero makes every latency exact.
+    pub fn latency_spread(mut self, s: f64) -> Self {
+        self.latency_spread = s;
         self
     }
 
@@ -220,6 +250,19 @@ impl Pacing {
             return Err(ConfigError::new("clients", "must be within 1..=1000"));
         }
         check_duration("latency", self.latency)?;
+        if let Some(refusal) = self.refusal_latency {
+            check_duration("refusal_latency", refusal)?;
+        }
+        if !(0.0..=1.0).contains(&self.latency_spread) {
+            return Err(ConfigError::new("latency_spread", "must be within [0, 1]"));
+        }
+        check_duration("start_spread", self.start_spread)?;
+        if self.start_spread > self.horizon {
+            return Err(ConfigError::new(
+                "start_spread",
+                "workers would start after the run ends",
+            ));
+        }
         check_duration("stagger", self.stagger)?;
         if self.stagger * (self.clients as u32).saturating_sub(1) > self.horizon {
             return Err(ConfigError::new(
@@ -291,9 +334,12 @@ impl Pacing {
             let mut tasks = Vec::new();
             match self.demand {
                 Demand::ClosedLoop { workers } => {
+                    let mut starts = Rng::stream(self.seed, 0x57A27);
                     for worker in 0..workers {
                         let index = worker % self.clients;
-                        let start = started + self.stagger * index as u32;
+                        let start = started
+                            + self.stagger * index as u32
+                            + self.start_spread.mul_f64(starts.next_f64());
                         tasks.push(tokio::task::spawn_local(closed_loop(
                             clients[index].clone(),
                             index,
@@ -463,8 +509,15 @@ impl StoreState {
                 Admission::Throttled => sample.throttled += 1,
             }
         }
-        let base = self.scenario.latency;
-        let latency = base.mul_f64(0.8 + 0.4 * self.rng.next_f64());
+        let base = match answer {
+            Admission::Accepted => self.scenario.latency,
+            Admission::Throttled => self
+                .scenario
+                .refusal_latency
+                .unwrap_or(self.scenario.latency),
+        };
+        let spread = self.scenario.latency_spread;
+        let latency = base.mul_f64(1.0 - spread + 2.0 * spread * self.rng.next_f64());
         (answer, latency)
     }
 }
