@@ -34,6 +34,7 @@ pub(crate) struct Config<P, T = NoTimeout> {
     pub(crate) max_attempts: u32,
     pub(crate) max_elapsed: Option<Duration>,
     pub(crate) stop_at_cap: bool,
+    pub(crate) exact_server_delays: bool,
     /// How long each attempt may take.
     pub(crate) timeouts: T,
     // Each one an `Option` read straight from here: what is not configured
@@ -142,6 +143,7 @@ impl<P, T> Config<P, T> {
             max_attempts: self.max_attempts,
             max_elapsed: self.max_elapsed,
             stop_at_cap: self.stop_at_cap,
+            exact_server_delays: self.exact_server_delays,
             timeouts: timing(self.timeouts),
             budget: self.budget,
             pacing: self.pacing,
@@ -178,6 +180,7 @@ impl<P, T> Config<P, T> {
             schedule: &self.schedule,
             jitter: self.jitter,
             stop_at_cap: self.stop_at_cap,
+            exact_server_delays: self.exact_server_delays,
             budget: self.budget(),
         }
     }
@@ -252,6 +255,7 @@ impl<P, T: fmt::Debug> fmt::Debug for Config<P, T> {
             .field("max_attempts", &self.max_attempts)
             .field("max_elapsed", &self.max_elapsed)
             .field("stop_at_cap", &self.stop_at_cap)
+            .field("exact_server_delays", &self.exact_server_delays)
             .field("timeouts", &self.timeouts)
             .field("origin", &self.origin)
             .finish_non_exhaustive()

@@ -135,6 +135,7 @@ impl Delays {
             schedule: &self.schedule,
             jitter: self.jitter,
             stop_at_cap: false,
+            exact_server_delays: false,
             budget: None,
         };
         let no_deadline = || unreachable!("no deadline, so no clock");

@@ -74,6 +74,10 @@ pub struct Rules<'a, S: ?Sized, B: ?Sized> {
     pub jitter: Jitter,
     /// Stop once the schedule's delay reaches its cap (after one last try).
     pub stop_at_cap: bool,
+    /// Wait a delay the server named as it is, even below the schedule's
+    /// (gRPC's pushback, as gRFC A6 says), instead of raising it to the
+    /// schedule's delay for that retry.
+    pub exact_server_delays: bool,
     /// The budget retries are checked against when decided and charged to
     /// when sent, if any.
     pub budget: Option<&'a B>,
@@ -289,6 +293,7 @@ impl Session {
             // Never before the server asked (the policy bounds what it
             // accepts), nor sooner than the schedule would: a server that
             // names 1 ms does not turn the backoff into a tight loop.
+            (false, Some(asked)) if rules.exact_server_delays => asked.min(MAX_DURATION),
             (false, Some(asked)) => {
                 asked
                     .min(MAX_DURATION)
@@ -307,11 +312,14 @@ impl Session {
         // adds no load to an outage, and a racer the budget refused would
         // only send again at once, without the backoff that spreads them.
         let paid = !transparent && cause != Cause::Conflict;
-        // A retry the budget would refuse ends at once, unless the server
-        // named a delay: then the request waits it out and the budget is
-        // asked again at send, so that a caller who sends again as soon as a
-        // request ends does not turn the server's delay into a tight loop.
-        if paid && rules.budget.is_some_and(|b| !b.would_allow(cause)) && after.is_none() {
+        // A retry the budget would refuse ends at once, unless the server is
+        // up and asked to wait (a throttle, or a delay it named): then the
+        // request waits its delay out and the budget is asked again at send,
+        // so that a caller who sends again as soon as a request ends does
+        // not turn the server's "later" into a tight loop. An outage's
+        // failures still fail fast.
+        let waits = after.is_some() || cause == Cause::Throttled;
+        if paid && rules.budget.is_some_and(|b| !b.would_allow(cause)) && !waits {
             return Err(Ending::BudgetRefused);
         }
         self.previous_delay = delay;
@@ -563,6 +571,7 @@ mod tests {
             schedule,
             jitter: Jitter::None,
             stop_at_cap: false,
+            exact_server_delays: false,
             budget: NO_BUDGET,
         }
     }
@@ -864,13 +873,20 @@ mod tests {
             ..rules(&schedule)
         };
         for cause in [Cause::Transient, Cause::Timeout, Cause::Throttled] {
-            assert_eq!(
-                Session::new(3, None).decide(&rules, None, cause, true, never, rng),
-                Err(Ending::BudgetRefused),
-                "{cause:?}, at once"
-            );
-            // A server's delay is waited out first, then the send refuses.
-            for after in [Some(Duration::ZERO), Some(ms(1)), Some(ms(500))] {
+            if cause != Cause::Throttled {
+                assert_eq!(
+                    Session::new(3, None).decide(&rules, None, cause, true, never, rng),
+                    Err(Ending::BudgetRefused),
+                    "{cause:?}, at once"
+                );
+            }
+            // A server's delay (a throttle's own too) is waited out first,
+            // then the send refuses.
+            let throttle = (cause == Cause::Throttled).then_some(None);
+            for after in [Some(Duration::ZERO), Some(ms(1)), Some(ms(500))]
+                .into_iter()
+                .chain(throttle)
+            {
                 let mut session = Session::new(3, None);
                 let retry = session
                     .decide(&rules, after, cause, true, never, rng)
@@ -917,6 +933,23 @@ mod tests {
             Err(Ending::BudgetRefused),
             "other causes still pay"
         );
+    }
+
+    /// With exact server delays (gRPC's pushback), a delay below the
+    /// schedule's is waited as named.
+    #[test]
+    fn exact_server_delays_are_waited_as_named() {
+        let schedule = Exponential::new(ms(100));
+        let rules = Rules {
+            exact_server_delays: true,
+            ..rules(&schedule)
+        };
+        for after in [Duration::ZERO, ms(1), ms(99), ms(500)] {
+            let retry = Session::new(5, None)
+                .decide(&rules, Some(after), Cause::Throttled, true, never, rng)
+                .unwrap();
+            assert_eq!(retry.delay, after);
+        }
     }
 
     /// A paid retry that goes out leaves its cause for the refund of a

@@ -436,6 +436,17 @@ impl<P, T> BackoffBuilder<P, T> {
         self
     }
 
+    /// Waits a delay the server names as it is, even when shorter than the
+    /// schedule's delay for that retry: what gRPC's retry design (gRFC A6)
+    /// says of a pushback, and what `tower_backoff::grpc`'s layer sets. By
+    /// default a shorter one is raised to the schedule's, so that a server
+    /// naming 1 ms (or "retry now") does not make a tight loop. Either way
+    /// the budget pays for the retry.
+    pub fn exact_server_delays(mut self) -> Self {
+        self.settings.limits.exact_server_delays = true;
+        self
+    }
+
     /// Time limit for a whole request, from its first attempt: no retry starts
     /// whose sleep would end past it, and the caller gets the last real
     /// outcome. Attempts themselves are cut short only with an
@@ -635,6 +646,7 @@ impl<P, T> BackoffBuilder<P, T> {
                 max_attempts: limits.max_attempts,
                 max_elapsed: limits.max_elapsed,
                 stop_at_cap: limits.stop_at_cap,
+                exact_server_delays: limits.exact_server_delays,
                 timeouts: self.timeouts,
                 budget: budget.map(Arc::new),
                 pacing,

@@ -20,6 +20,8 @@ pub(crate) struct Limits {
     pub(crate) seed: Option<u64>,
     /// Stop once the schedule's delay reaches its cap (after one last try).
     pub(crate) stop_at_cap: bool,
+    /// Wait a server's delay as named, even below the schedule's.
+    pub(crate) exact_server_delays: bool,
 }
 
 /// `max_attempts` meaning "no limit": a time limit (`max_elapsed`) bounds the
@@ -34,6 +36,7 @@ impl Default for Limits {
             max_elapsed: None,
             seed: None,
             stop_at_cap: false,
+            exact_server_delays: false,
         }
     }
 }

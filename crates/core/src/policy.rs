@@ -50,11 +50,12 @@ impl RetryLimits {
 
     /// Attempts for this request, the first included (zero counts as one).
     ///
-    /// The layer's default budget holds one request's retries for the
-    /// layer's own `max_attempts`: a request allowed more than that gets
-    /// them while successes have earned them, not on a fresh layer. Give
-    /// the layer the most attempts any of its requests takes, and fewer to
-    /// the others here.
+    /// Fewer than the layer's always hold. More are bounded by the layer's
+    /// budget, which every retry pays: the default one holds one request's
+    /// retries for the layer's own `max_attempts`, so on a fresh or quiet
+    /// layer a request allowed 5 of a 3-attempt layer makes 3; a busy layer
+    /// holds more (a tenth of its recent successes). Give the layer the most
+    /// attempts any of its requests takes, and fewer to the others here.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = Some(attempts.max(1));
         self

@@ -111,7 +111,8 @@ impl<F, W, N> RetryCall<F, W, N> {
 
     /// No limit on attempts: the time limit, the budget or the
     /// [`retry_if`](Self::retry_if) predicate end the retries. Awaiting it with no
-    /// time limit and [`no_budget`](Self::no_budget) retries until success;
+    /// time limit ([`max_elapsed`](Self::max_elapsed)) can retry until
+    /// success, since a budget bounds a fleet's retries, not one call's;
     /// [`validate`](Self::validate) reports that.
     pub fn unlimited_attempts(mut self) -> Self {
         self.limits.max_attempts = UNLIMITED_ATTEMPTS;
@@ -398,6 +399,7 @@ where
                         schedule: &settings.schedule,
                         jitter: settings.limits.jitter,
                         stop_at_cap: settings.limits.stop_at_cap,
+                        exact_server_delays: false,
                         budget: this.budget.as_deref(),
                     };
                     let decided = this.session.decide(

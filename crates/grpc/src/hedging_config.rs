@@ -112,6 +112,7 @@ impl HedgingConfig {
             .schedule(Constant::new(Duration::ZERO))
             .jitter(Jitter::None)
             .max_attempts(self.max_attempts)
+            .exact_server_delays()
             .hedge(self.hedging())
     }
 }

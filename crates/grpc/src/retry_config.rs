@@ -150,7 +150,8 @@ impl RetryConfig {
     }
 
     /// A layer builder set up as this retry policy says: its [`GrpcPolicy`],
-    /// its backoff as the schedule, A6's jitter, its attempts. Add a budget
+    /// its backoff as the schedule, A6's jitter, its attempts, a pushback
+    /// waited as named (A6), even below the backoff. Add a budget
     /// (a shared [`RetryThrottle`](super::RetryThrottle) for A6's
     /// throttling) and build.
     pub fn layer(&self) -> BackoffBuilder<GrpcPolicy> {
@@ -159,6 +160,7 @@ impl RetryConfig {
             .schedule(*self)
             .jitter(RETRY_CONFIG_JITTER)
             .max_attempts(self.max_attempts)
+            .exact_server_delays()
     }
 }
 

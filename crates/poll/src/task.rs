@@ -58,6 +58,7 @@ pub(super) async fn run<K, Req, V, E, S>(
         schedule: &config.schedule,
         jitter: config.jitter,
         stop_at_cap: false,
+        exact_server_delays: false,
         // Checked when the retry goes out, not when it is decided: a poller
         // refused a retry polls again later instead of giving up.
         budget: None,
