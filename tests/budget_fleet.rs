@@ -820,3 +820,79 @@ async fn a_quiet_client_after_one_dead_request_and_ten_quiet_minutes_gets_all_it
         Some(3)
     );
 }
+
+// ---------------------------------------------------------------------------
+// 5. Unlimited attempts and a request's own attempts
+// ---------------------------------------------------------------------------
+
+/// The budget bounds a fleet, not one request: unlimited attempts without a
+/// time limit are refused at build, naming the field, and with one a request
+/// against a server answering `503` + `Retry-After: 1` forever ends by it,
+/// with the server's last answer.
+#[tokio::test(start_paused = true)]
+async fn unlimited_attempts_need_a_time_limit_and_a_request_ends_by_it() {
+    let refused = HttpRetryLayer::builder().unlimited_attempts().build();
+    assert_eq!(refused.unwrap_err().field(), "max_attempts");
+    let refused = tower_backoff::BackoffLayer::builder()
+        .unlimited_attempts()
+        .build();
+    assert_eq!(refused.unwrap_err().field(), "max_attempts");
+
+    let layer = HttpRetryLayer::builder()
+        .unlimited_attempts()
+        .max_elapsed(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&calls);
+    let server = service_fn(move |_: Request<Full<Bytes>>| {
+        count.fetch_add(1, Ordering::Relaxed);
+        async { Ok::<_, BoxError>(response(503, DelayHeader::RetryAfter("1"))) }
+    });
+    let start = Instant::now();
+    let answer = layer.layer(server).oneshot(get()).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        start.elapsed() <= Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    // The budget's two retries, paid, then the request waits each delay
+    // the server names and is refused at send: no attempt beyond them.
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+}
+
+/// A request's own `RetryLimits::max_attempts`, as its docs say: fewer than
+/// the layer's always hold; more than the layer's get what the layer's
+/// budget holds, which on a fresh layer is the layer's own `max_attempts - 1`
+/// retries, and on a layer built for that many attempts all of them.
+#[tokio::test(start_paused = true)]
+async fn a_requests_own_attempts_are_bounded_by_the_layers_budget_as_documented() {
+    async fn attempts(layer: HttpRetryLayer, limit: u32) -> u64 {
+        let calls = Arc::new(AtomicU64::new(0));
+        let count = Arc::clone(&calls);
+        let server = service_fn(move |_: Request<Full<Bytes>>| {
+            count.fetch_add(1, Ordering::Relaxed);
+            async { Ok::<_, BoxError>(response(503, DelayHeader::None)) }
+        });
+        let mut request = get();
+        request
+            .extensions_mut()
+            .insert(tower_backoff::RetryLimits::new().max_attempts(limit));
+        layer.layer(server).oneshot(request).await.unwrap();
+        calls.load(Ordering::Relaxed)
+    }
+    assert_eq!(attempts(HttpRetryLayer::new(), 2).await, 2, "fewer: held");
+    assert_eq!(
+        attempts(HttpRetryLayer::new(), 5).await,
+        3,
+        "more than the layer's 3: its budget's 2 retries"
+    );
+    let five = || HttpRetryLayer::builder().max_attempts(5).build().unwrap();
+    assert_eq!(attempts(five(), 5).await, 5, "a layer built for 5");
+    assert_eq!(
+        attempts(five(), 50).await,
+        5,
+        "50 on that layer: its 4 retries"
+    );
+}

@@ -75,9 +75,10 @@ fn grpc_client_gets_both_health_checks_served() {
 }
 
 /// 100 records at 50 a second take 2 s; 20 s leaves room for a slow machine.
-/// Every record is stored and the layer gives up on none of their writes:
-/// the retries of 429s go through the pacing, which the default budget does
-/// not charge, so the budget refuses none of them.
+/// Every record is stored in time. The budget pays for the retries of 429s
+/// too, so while the pacing measures at full speed some writes come back to
+/// the job, each after its delay, and are written again: their count is
+/// printed, and the store admitted each record once.
 #[test]
 fn paced_writers_store_every_record_with_the_default_budget() {
     let out = run(
@@ -86,7 +87,7 @@ fn paced_writers_store_every_record_with_the_default_budget() {
     );
     assert_line_starting(&out, "100 records in ");
     assert!(
-        out.contains("requests the layer gave up on (written again): 0\n"),
+        out.contains("requests the layer gave up on (written again): "),
         "{out}"
     );
     assert_line_starting(&out, "server: 100 admitted, ");

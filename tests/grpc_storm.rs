@@ -92,8 +92,15 @@ fn compare(storm: &Storm) -> [Summary; 3] {
 fn in_a_full_outage_both_keep_load_at_1x_and_add_a_few_dozen_retries_at_most() {
     let [bucket, throttle, exact] = compare(&Storm::new());
 
+    // A6's throttle holds the load at 1.01; the default bucket, shared by
+    // every client of a busy channel (250 requests a second), spends the
+    // tenth of its last 10 s of successes it holds as the outage begins,
+    // once (measured: 1.027).
+    for a6 in [&throttle, &exact] {
+        assert!(a6.amplification_during <= 1.01, "{a6:?}");
+    }
+    assert!(bucket.amplification_during <= 1.03, "{bucket:?}");
     for summary in [&bucket, &throttle, &exact] {
-        assert!(summary.amplification_during <= 1.01, "{summary:?}");
         assert!(
             summary
                 .recovery
@@ -102,11 +109,15 @@ fn in_a_full_outage_both_keep_load_at_1x_and_add_a_few_dozen_retries_at_most() {
         );
     }
     // A6 counts every failure and stops at half of 10 tokens: 5 retries in
-    // all. The default bucket holds one retry, and earns each back with a
-    // first-try success (measured: 30,126 attempts against A6's 30,083).
+    // all. The default bucket holds a tenth of 10 s of 250 successes a
+    // second, 250 retries, spent once (measured: 30,237 attempts against
+    // A6's 30,083).
     for a6 in [&throttle, &exact] {
         assert!(a6.attempts <= bucket.attempts, "{a6:?} {bucket:?}");
-        assert!(bucket.attempts <= a6.attempts + 100, "{a6:?} {bucket:?}");
+        assert!(
+            bucket.attempts <= a6.attempts + 250 + 100,
+            "{a6:?} {bucket:?}"
+        );
     }
 }
 
@@ -119,9 +130,10 @@ fn in_a_short_blip_throttling_sheds_a_little_more_load_and_fails_more_calls() {
 
     for a6 in [&throttle, &exact] {
         // Measured: A6 1.00 to 1.01 attempts per request during the blip,
-        // the default bucket 1.03, each success earning a retry back.
+        // the default bucket 1.18: the 250 retries a busy channel holds,
+        // for the 375 calls of a 1.5 s blip.
         assert!(a6.amplification_during < bucket.amplification_during);
-        assert!(bucket.amplification_during <= 1.05, "{bucket:?}");
+        assert!(bucket.amplification_during <= 1.2, "{bucket:?}");
         // The retries it did not send were the ones that would have ridden
         // the blip out.
         assert!(a6.failed > bucket.failed, "{a6:?} {bucket:?}");

@@ -33,7 +33,7 @@ async fn stop_at_cap_sleeps_1_2_4_8_seconds_then_makes_one_last_try() {
     let layer = BackoffLayer::builder()
         .schedule(Exponential::new(secs(1)).max_delay(secs(10)))
         .jitter(Jitter::None)
-        .unlimited_attempts()
+        .max_attempts(10)
         .stop_at_cap()
         .no_budget()
         .build()
@@ -83,10 +83,11 @@ async fn unlimited_attempts_go_on_until_the_time_limit() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn unlimited_attempts_are_bounded_by_the_default_budget() {
+async fn unlimited_attempts_are_bounded_by_the_default_budget_within_their_time_limit() {
     let layer = BackoffLayer::builder()
         .schedule(Constant::new(Duration::ZERO))
         .unlimited_attempts()
+        .max_elapsed(secs(60))
         .build()
         .unwrap();
     let calls = Arc::new(Mutex::new(Vec::new()));
@@ -97,27 +98,32 @@ async fn unlimited_attempts_are_bounded_by_the_default_budget() {
     assert_eq!(calls.lock().unwrap().len(), 3);
 }
 
+/// The budget bounds a fleet, not one request: unlimited attempts need a
+/// time limit, with a budget or without, and the stop at the cap is none
+/// (a server's delay restarts the schedule).
 #[test]
-fn unlimited_attempts_with_nothing_else_to_end_them_is_refused() {
-    let error = BackoffLayer::builder()
-        .unlimited_attempts()
-        .no_budget()
-        .build()
-        .unwrap_err();
-    assert_eq!(error.field(), "max_attempts");
+fn unlimited_attempts_without_a_time_limit_are_refused() {
+    for builder in [
+        BackoffLayer::builder().unlimited_attempts(),
+        BackoffLayer::builder().unlimited_attempts().no_budget(),
+        BackoffLayer::builder().unlimited_attempts().stop_at_cap(),
+    ] {
+        assert_eq!(builder.build().unwrap_err().field(), "max_attempts");
+    }
     let op = || async { Ok::<(), ()>(()) };
-    assert_eq!(
+    for helper in [
+        retry(op).unlimited_attempts(),
+        retry(op).unlimited_attempts().no_budget(),
+    ] {
+        assert_eq!(helper.validate().unwrap_err().field(), "max_attempts");
+    }
+    assert!(
         retry(op)
             .unlimited_attempts()
-            .no_budget()
+            .max_elapsed(secs(60))
             .validate()
-            .unwrap_err()
-            .field(),
-        "max_attempts"
-    );
-    assert!(
-        retry(op).unlimited_attempts().validate().is_ok(),
-        "the default budget bounds it"
+            .is_ok(),
+        "a time limit bounds it"
     );
 }
 
