@@ -344,7 +344,7 @@ fn accepted(report: &PacingReport) -> u64 {
 /// throttled retry, and a retry that gets through gets its cost back, so
 /// with the layer's default budget the job stores at least 185 of the 200
 /// records and within 3 % of what it stores with none (measured: 190 to
-/// 198, against 186 to 194 with none).
+/// 194, against 186 to 194 with none).
 #[test]
 fn eight_paced_writers_store_185_of_200_records_with_the_default_budget() {
     for latency in [Duration::from_millis(1), Duration::from_millis(50)] {
