@@ -69,7 +69,10 @@ for scenario in happy_path retry_path; do
 done
 # Issue 16 asks about 10 (11 with rustc 1.95); the slack is for toolchains,
 # which move a few instructions either way.
-DEFAULT_BUDGET_MAX=${DEFAULT_BUDGET_MAX:-15}
+# Issue 50: the default bucket counts every first-try success (one atomic
+# increment; one in 16 reads the clock) so its capacity follows traffic: 16
+# instructions before, 26 with it.
+DEFAULT_BUDGET_MAX=${DEFAULT_BUDGET_MAX:-30}
 with_budget=${per_request["happy_path/ours, default budget"]}
 without_budget=${per_request["happy_path/ours, .no_budget()"]}
 budget_cost=$(( with_budget - without_budget ))
