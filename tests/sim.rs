@@ -549,10 +549,10 @@ fn defaults_recover_from_the_storm_where_unbudgeted_retries_do_not() {
     let storm = Storm::new();
     let defaults = Strategy::Defaults.run(&storm, 1).unwrap().summary();
     assert_eq!(defaults.recovery, Some(Duration::ZERO), "{defaults:?}");
-    // The clients share one layer, busy before the outage: it spends a
-    // tenth of its last 10 s of first-try successes once, as the 10 s
-    // outage begins, and nothing more (measured: 1.09).
-    assert!(defaults.amplification_during <= 1.10, "{defaults:?}");
+    // The clients share one layer, busy before the outage: it holds a tenth
+    // of 10 s of its first-try successes, and the first retry weighed a
+    // second into the outage drops it (measured: 1.03).
+    assert!(defaults.amplification_during <= 1.05, "{defaults:?}");
     // The same layer without its budget collapses: see
     // `fixed_interval_never_recovers_where_jitter_with_a_budget_does_in_the_default_storm`
     // and the budget comparison sweep below.

@@ -471,7 +471,7 @@ fn print_amplification(rows: &[(usize, Vec<AmplificationReport>)]) {
     println!(
         "Amplification: the server is down for good; 1,000 requests/s in all for 30 s, \
          the layer's defaults (3 attempts, 100 ms doubling, full jitter); the budget columns \
-         a ratio budget of 10 % (+ a reserve of 100), \"defaults\" the layer as built with no option: \
+         a budget of 10 % of requests (+ 10 retries a second), \"defaults\" the layer as built with no option: \
          one layer for all clones, or a layer per clone (independent processes).\n"
     );
     let mut table = Table::new(

@@ -80,8 +80,8 @@ pub enum Strategy {
     Exponential,
     /// Exponential, with full jitter.
     ExponentialJitter,
-    /// Exponential with full jitter, within a [`RatioBudget`] of
-    /// [`BUDGET_RATIO`] shared by every client.
+    /// Exponential with full jitter, within a [`storm_budget`] (a
+    /// [`BUDGET_RATIO`] of requests) shared by every client.
     Budgeted,
     /// The layer's defaults (so the default budget), plus [`AdaptivePacing`]
     /// (its defaults) shared by every client: what issue 12 compares against
