@@ -13,12 +13,13 @@
 //! clones. It is built for two things at once.
 //!
 //! **A fleet gets its total bounded**, even when every process builds its
-//! own layer. Every retry costs one token, whatever its cause and whoever
-//! named its delay: a server's `Retry-After` or gRPC pushback decides *when*
-//! a retry goes, never *whether*, since a header sent to every client cannot
-//! know how many it invites back (the AWS SDKs and gRPC's retry throttling
-//! charge these retries too). Only the transparent retry of a request that
-//! never left is free. A process's retries are paid by one request's worth
+//! own layer. Every retry costs one token, whoever named its delay: a
+//! server's `Retry-After` or gRPC pushback decides *when* a retry goes,
+//! never *whether*, since a header sent to every client cannot know how
+//! many it invites back (the AWS SDKs and gRPC's retry throttling charge
+//! these retries too). Only the transparent retry of a request that never
+//! left and a [conflict](Cause::Conflict)'s retry (the server answered
+//! promptly) are free. A process's retries are paid by one request's worth
 //! (`max_attempts - 1` tokens, what the bucket starts with), by successes
 //! (one each, first try or not) or by the retry's own success (its cost
 //! back), up to a capacity that follows traffic: a tenth of 10 s of the
@@ -36,7 +37,11 @@
 //! looks quiet: each failing request asks for a retry.
 //!
 //! A retry the budget refuses returns the last attempt's real outcome at
-//! once. Tables and the commands that measure them: `docs/RESULTS.md`.
+//! once, or, when the server is up and asked for later (a throttle, a delay
+//! it named), once the retry's delay has passed and the budget still says
+//! no: a caller that sends again as soon as a request ends is never turned
+//! into a tight loop. Tables and the commands that measure them:
+//! `docs/RESULTS.md`.
 //!
 //! Pass [`TokenBucket::new`] (the AWS SDKs' standard mode) or a bucket of your
 //! own to cap the extra load at a fixed share instead; share one budget (an
@@ -61,7 +66,8 @@ pub use token_bucket::{TokenBucket, TokenBucketBuilder};
 /// The layer calls it in this order for each request: [`on_first_attempt`]
 /// once; when an attempt's outcome asks for a retry, [`would_allow`] (which
 /// charges nothing) so that a request the budget would refuse ends at once
-/// instead of after its sleep; [`try_retry`] when the retry actually goes out,
+/// instead of after its sleep (unless the server throttled or named a
+/// delay: that retry waits it out first); [`try_retry`] when the retry actually goes out,
 /// after the sleep and the service's readiness; then [`on_success`] if an
 /// attempt succeeded.
 ///
