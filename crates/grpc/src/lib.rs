@@ -78,6 +78,7 @@ mod retry;
 mod retry_config;
 mod service_config;
 mod throttle;
+mod timeout;
 
 pub use code::CodeSet;
 pub use error::{classify_transport_error, TransportFailure};
@@ -89,6 +90,7 @@ pub use retry::{GrpcResponseFuture, GrpcRetry, GrpcRetryBuilder, GrpcRetryLayer}
 pub use retry_config::RetryConfig;
 pub use service_config::{RetryThrottling, ServiceConfig};
 pub use throttle::RetryThrottle;
+pub use timeout::{parse_grpc_timeout, GRPC_TIMEOUT};
 
 // Defaults, limits and header names the docs state where they apply; out of
 // the public docs, kept for tests and power users.

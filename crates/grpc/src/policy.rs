@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use ::http::header::{HeaderMap, HeaderName, HeaderValue};
 use ::http::{Request, Response, StatusCode};
+use tokio::time::Instant;
 use tonic::Code;
 
 use super::code::CodeSet;
 use super::error::{classify_transport_error, TransportFailure};
 use super::pushback::{parse_pushback, Pushback};
 use super::throttle::RetryThrottle;
+use super::timeout::CallDeadline;
 use tower_backoff_core::policy::{Cause, Decision, Policy, PrepareRetry};
 use tower_backoff_http::{AsStdError, CloneBody};
 
@@ -185,7 +187,7 @@ impl GrpcPolicy {
 
     /// What a response with this HTTP status and these headers means.
     pub fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
-        self.judge_response(status, headers).0
+        self.judge_response(status, headers, false).0
     }
 
     /// What an error with no response means, for a call whose transparent
@@ -194,7 +196,15 @@ impl GrpcPolicy {
         self.judge_error(error, false).0
     }
 
-    fn judge_response(&self, status: StatusCode, headers: &HeaderMap) -> (Decision, Counted) {
+    /// `bounded` when the call has a deadline of its own: then it, not
+    /// `max_pushback`, bounds a pushback (the engine ends the call at once
+    /// if the pushback would end past it).
+    fn judge_response(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        bounded: bool,
+    ) -> (Decision, Counted) {
         let code = match headers.get(GRPC_STATUS) {
             Some(value) => Code::from_bytes(value.as_bytes()),
             // Headers without a status: the server started answering, and
@@ -208,7 +218,7 @@ impl GrpcPolicy {
         // As gRPC-Go reads A6: a pushback saying not to retry counts as a
         // failure whatever the code.
         let pushback = match parse_pushback(headers) {
-            Pushback::After(delay) if delay > self.max_pushback => Pushback::Stop,
+            Pushback::After(delay) if delay > self.max_pushback && !bounded => Pushback::Stop,
             pushback => pushback,
         };
         if pushback == Pushback::Stop {
@@ -318,8 +328,12 @@ where
             .extensions()
             .get::<TransparentRetry>()
             .is_some_and(TransparentRetry::is_spent);
+        let deadline = request.extensions().get::<CallDeadline>().copied();
         // Past the replay limit the call is committed (A6).
-        tower_backoff_http::parts::unless_spent(self.judge(result, spent), request.body())
+        tower_backoff_http::parts::unless_spent(
+            self.judge(result, spent, deadline),
+            request.body(),
+        )
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
@@ -333,10 +347,14 @@ where
             }
         }
         let previous = retry.args().attempt();
-        retry
-            .request_mut()
+        let request = retry.request_mut();
+        request
             .headers_mut()
             .insert(PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(previous));
+        // Each attempt carries the time left of the call's deadline.
+        if let Some(deadline) = request.extensions().get::<CallDeadline>().copied() {
+            deadline.stamp(request.headers_mut());
+        }
     }
 
     fn prepare_hedge(&self, copy: &mut Request<ReqBody>, attempt: u32) -> bool {
@@ -348,6 +366,9 @@ where
             PREVIOUS_RPC_ATTEMPTS,
             HeaderValue::from(attempt.saturating_sub(1)),
         );
+        if let Some(deadline) = copy.extensions().get::<CallDeadline>().copied() {
+            deadline.stamp(copy.headers_mut());
+        }
         copy.body_mut().mark_concurrent();
         true
     }
@@ -355,13 +376,16 @@ where
 
 impl GrpcPolicy {
     /// What an attempt's outcome means, counted by A6's throttle if on.
+    /// `deadline` is the call's own (from its `grpc-timeout`), if any.
     fn judge<B, E: AsStdError>(
         &self,
         result: &Result<Response<B>, E>,
         transparent_spent: bool,
+        deadline: Option<CallDeadline>,
     ) -> Decision {
+        let bounded = deadline.is_some();
         let (decision, counted) = match result {
-            Ok(response) => self.judge_response(response.status(), response.headers()),
+            Ok(response) => self.judge_response(response.status(), response.headers(), bounded),
             Err(error) => self.judge_error(error.as_std_error(), transparent_spent),
         };
         if let Some(throttle) = &self.throttle {
@@ -372,6 +396,11 @@ impl GrpcPolicy {
                 }
                 Counted::Failure | Counted::Neither => {}
             }
+        }
+        // A call whose deadline passed is over: nothing of it is retried, a
+        // DEADLINE_EXCEEDED least of all (gRPC's clients say so).
+        if decision.is_retry() && deadline.is_some_and(|d| d.has_passed(Instant::now())) {
+            return Decision::Final;
         }
         decision
     }
@@ -501,6 +530,70 @@ mod tests {
         assert_eq!(throttle.tokens(), 1.0);
         assert_eq!(classify(&policy, HeaderMap::new()), Decision::Success);
         assert_eq!(throttle.tokens(), 1.5);
+    }
+
+    fn classify_by(policy: &GrpcPolicy, deadline: CallDeadline, headers: HeaderMap) -> Decision {
+        let mut request = Request::new(String::new());
+        request.extensions_mut().insert(deadline);
+        let mut response = Response::new(());
+        *response.headers_mut() = headers;
+        Policy::<_, _, std::io::Error>::classify(policy, &request, &Ok(response))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_retried_once_the_calls_deadline_has_passed() {
+        let policy = GrpcPolicy::new().retry_code(Code::DeadlineExceeded);
+        let deadline = CallDeadline::after(Duration::from_millis(300)).unwrap();
+        let exceeded = || trailers_only("4", None);
+        assert!(classify_by(&policy, deadline, exceeded()).is_retry());
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(classify_by(&policy, deadline, exceeded()), Decision::Final);
+        assert_eq!(
+            classify_by(&policy, deadline, trailers_only("14", Some("0"))),
+            Decision::Final
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_deadline_not_max_pushback_bounds_a_pushback() {
+        let policy = GrpcPolicy::new().max_pushback(Duration::from_secs(10));
+        let deadline = CallDeadline::after(Duration::from_secs(3600)).unwrap();
+        // Past max_pushback: waited, for the engine to hold against the
+        // deadline.
+        assert_eq!(
+            classify_by(&policy, deadline, trailers_only("14", Some("90000"))),
+            Decision::retry_after(Duration::from_secs(90)).because(Cause::Throttled)
+        );
+        // Without a deadline of its own, the call ends.
+        assert_eq!(
+            classify(&policy, trailers_only("14", Some("90000"))),
+            Decision::Final
+        );
+        // A pushback saying not to retry still stops.
+        assert_eq!(
+            classify_by(&policy, deadline, trailers_only("14", Some("-1"))),
+            Decision::Final
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_and_hedges_carry_the_time_left() {
+        let policy = GrpcPolicy::new();
+        let deadline = CallDeadline::after(Duration::from_millis(500)).unwrap();
+        let mut request = Request::new(String::new());
+        request.extensions_mut().insert(deadline);
+        tokio::time::advance(Duration::from_millis(352)).await;
+        let replaced: Result<Response<()>, std::io::Error> = Ok(Response::new(()));
+        let args = RetryArgs::new(1, Duration::ZERO, Cause::Throttled, OutcomeKind::Response);
+        Policy::prepare_retry(&policy, PrepareRetry::new(&mut request, replaced, args));
+        assert_eq!(request.headers()[crate::GRPC_TIMEOUT], "148000u");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let mut copy = Request::new(String::new());
+        copy.extensions_mut().insert(deadline);
+        assert!(Policy::<_, Response<()>, std::io::Error>::prepare_hedge(
+            &policy, &mut copy, 2
+        ));
+        assert_eq!(copy.headers()[crate::GRPC_TIMEOUT], "48000000n");
     }
 
     #[test]

@@ -18,9 +18,11 @@ use super::replay::TonicBody;
 use super::retry_config::RetryConfig;
 use super::service_config::{MethodPolicy, ServiceConfig};
 use super::throttle::{RetryThrottle, ThrottleGate};
+use super::timeout::{parse_grpc_timeout, CallDeadline};
 use tower_backoff_core::budget::{Budget, TokenBucket};
 use tower_backoff_core::deadline::NoTimeout;
 use tower_backoff_core::error::ConfigError;
+use tower_backoff_core::RetryLimits;
 use tower_backoff_core::BackoffLayer;
 use tower_backoff_core::BackoffRetry;
 use tower_backoff_core::Stats;
@@ -378,10 +380,21 @@ where
         let limit = self.layer.replay_limit;
         let mut request = request.map(|body| ReplayBody::with_limit(body, limit));
         request.extensions_mut().insert(TransparentRetry::default());
+        // The call's deadline, read once as it starts: it bounds every
+        // attempt and hedge (the engine's per-request deadline), and the
+        // policy writes the time left into each of them.
+        let deadline = parse_grpc_timeout(request.headers()).and_then(CallDeadline::after);
         let mut method = BackoffRetry::new(readied, self.layer.route(request.uri().path()));
         // The method layers have no pacing, so the inner service's readiness
         // is all `BackoffRetry`'s own `poll_ready` would have waited for.
-        HttpResponseFuture::new(method.call(request), self.layer.record_info)
+        let future = match deadline {
+            Some(deadline) => {
+                request.extensions_mut().insert(deadline);
+                method.call_with_limits(request, RetryLimits::new().deadline(deadline.0))
+            }
+            None => method.call(request),
+        };
+        HttpResponseFuture::new(future, self.layer.record_info)
     }
 }
 
