@@ -330,10 +330,7 @@ where
             .is_some_and(TransparentRetry::is_spent);
         let deadline = request.extensions().get::<CallDeadline>().copied();
         // Past the replay limit the call is committed (A6).
-        tower_backoff_http::parts::unless_spent(
-            self.judge(result, spent, deadline),
-            request.body(),
-        )
+        tower_backoff_http::parts::unless_spent(self.judge(result, spent, deadline), request.body())
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {

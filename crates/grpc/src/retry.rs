@@ -22,9 +22,9 @@ use super::timeout::{parse_grpc_timeout, CallDeadline};
 use tower_backoff_core::budget::{Budget, TokenBucket};
 use tower_backoff_core::deadline::NoTimeout;
 use tower_backoff_core::error::ConfigError;
-use tower_backoff_core::RetryLimits;
 use tower_backoff_core::BackoffLayer;
 use tower_backoff_core::BackoffRetry;
+use tower_backoff_core::RetryLimits;
 use tower_backoff_core::Stats;
 use tower_backoff_http::{AsStdError, HttpResponseFuture, ReplayBody, DEFAULT_REPLAY_LIMIT};
 

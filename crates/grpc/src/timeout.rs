@@ -123,7 +123,10 @@ mod tests {
         assert_eq!(parse(&[b"4S"]), Some(Duration::from_secs(4)));
         assert_eq!(parse(&[b"500m"]), Some(Duration::from_millis(500)));
         assert_eq!(parse(&[b"7u"]), Some(Duration::from_micros(7)));
-        assert_eq!(parse(&[b"99999999n"]), Some(Duration::from_nanos(99_999_999)));
+        assert_eq!(
+            parse(&[b"99999999n"]),
+            Some(Duration::from_nanos(99_999_999))
+        );
         assert_eq!(parse(&[b"0m"]), Some(Duration::ZERO));
         assert_eq!(
             parse(&[b"99999999H"]),
