@@ -857,6 +857,48 @@ async fn throttling_counts_every_retryable_failure_and_pushback_stop() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_call_that_fails_after_its_headers_takes_a_token_and_never_counts_as_a_success() {
+    let (addr, script) = serve(Vec::new()).await;
+    let config = config(
+        r#"{"methodConfig": [{"name": [{}], "retryPolicy": {
+              "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+              "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+            "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.5}}"#,
+    );
+    let layer = GrpcRetryLayer::new(&config).unwrap();
+    let throttle = Arc::clone(layer.throttle().unwrap());
+    let mut grpc = tonic::client::Grpc::new(layer.layer(channel(addr).await));
+    let mut watch = async || {
+        grpc.ready().await.unwrap();
+        let response = grpc
+            .server_streaming(
+                tonic::Request::new("watch".to_owned()),
+                PathAndQuery::from_static("/test.Upload/Watch"),
+                codec(),
+            )
+            .await
+            .expect("headers without a status commit the call");
+        let mut stream = response.into_inner();
+        assert_eq!(stream.message().await.unwrap().as_deref(), Some("first"));
+        stream.message().await.unwrap_err()
+    };
+
+    // Headers, a message, then UNAVAILABLE in the trailers: a failed call,
+    // one token less (A6), where counting its headers added tokenRatio.
+    for expected in [9.0, 8.0, 7.0] {
+        assert_eq!(watch().await.code(), Code::Unavailable);
+        assert_eq!(throttle.tokens(), expected);
+    }
+    assert_eq!(script.seen().len(), 3, "committed: never retried");
+    // A committed call that ends OK in its trailers adds tokenRatio.
+    HealthClient::new(layer.layer(channel(addr).await))
+        .check(health_check())
+        .await
+        .unwrap();
+    assert_eq!(throttle.tokens(), 7.5);
+}
+
+#[tokio::test(start_paused = true)]
 async fn refused_connection_is_retried_transparently_without_counting() {
     // A port nobody listens on.
     let addr = TcpListener::bind("127.0.0.1:0")

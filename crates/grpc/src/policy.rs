@@ -50,7 +50,16 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///   non-negative value is the delay before the retry, exactly; a negative,
 ///   malformed or repeated value means "do not retry". A value longer than
 ///   [`max_pushback`](Self::max_pushback) ends the call too, so a hostile
-///   server cannot park a caller for 24 days.
+///   server cannot park a caller for 24 days; unless the call has a
+///   deadline of its own (`grpc-timeout`, behind a
+///   [`GrpcRetryLayer`](crate::GrpcRetryLayer)): then the deadline bounds
+///   it, as in gRPC's clients: a pushback that ends before it is waited,
+///   one that ends past it ends the call at once with its status.
+/// - **The call's deadline** (behind a
+///   [`GrpcRetryLayer`](crate::GrpcRetryLayer)): each retry and hedge
+///   carries the time left in its `grpc-timeout`, and no outcome is
+///   retried once the deadline has passed (a `DEADLINE_EXCEEDED` least of
+///   all).
 /// - **Transport errors** get the status gRPC gives them
 ///   ([`classify_transport_error`]): a dropped connection is `UNAVAILABLE`
 ///   and retried by default; a stream the server reset gets its code's
@@ -111,12 +120,18 @@ pub struct GrpcPolicy {
     /// failure of that copy, so the copies still pending run on (A6); the
     /// layer's budget then refuses what follows.
     hedging: bool,
+    /// A committed call is counted by its trailers
+    /// ([`GrpcBody`](crate::GrpcBody), behind a
+    /// [`GrpcRetryLayer`](crate::GrpcRetryLayer)), not by its headers.
+    trailers_counted: bool,
 }
 
 /// How an outcome counts for gRFC A6's retry throttling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Counted {
     Success,
+    /// Headers without a status: how the call ends is in its trailers.
+    Committed,
     /// A retryable status, or a pushback that says not to retry.
     Failure,
     /// A final status, or a call that never reached the server.
@@ -131,7 +146,34 @@ impl GrpcPolicy {
             max_pushback: DEFAULT_MAX_PUSHBACK,
             throttle: None,
             hedging: false,
+            trailers_counted: false,
         }
+    }
+
+    /// A committed call's throttle accounting is left to its trailers.
+    pub(crate) fn trailers_counted(mut self) -> Self {
+        self.trailers_counted = true;
+        self
+    }
+
+    /// Counts a committed call's trailers for the throttle, if any: as a
+    /// trailers-only answer with that status would count.
+    pub(crate) fn count_trailers(&self, trailers: &HeaderMap) {
+        let Some(throttle) = &self.throttle else {
+            return;
+        };
+        match self.judge_response(StatusCode::OK, trailers, false).1 {
+            Counted::Success | Counted::Committed => throttle.record_success(),
+            Counted::Failure => {
+                throttle.record_failure();
+            }
+            Counted::Neither => {}
+        }
+    }
+
+    /// Whether it counts a throttle.
+    pub(crate) fn has_throttle(&self) -> bool {
+        self.throttle.is_some()
     }
 
     /// The policy of a hedged method: with a throttle, a counted failure is
@@ -164,7 +206,9 @@ impl GrpcPolicy {
 
     /// Longest `grpc-retry-pushback-ms` waited for (default
     /// [`DEFAULT_MAX_PUSHBACK`]); a longer one ends the call with its status,
-    /// as a negative one does.
+    /// as a negative one does. A call with a deadline of its own
+    /// (`grpc-timeout`, behind a [`GrpcRetryLayer`](crate::GrpcRetryLayer))
+    /// is bounded by that deadline instead.
     pub fn max_pushback(mut self, max: Duration) -> Self {
         self.max_pushback = max;
         self
@@ -179,7 +223,10 @@ impl GrpcPolicy {
     /// accounting exactly. Give the layer no other budget for the same
     /// throttle, or failures count twice.
     /// [`GrpcRetryLayer`](super::GrpcRetryLayer) does this with a service
-    /// config's `retryThrottling`.
+    /// config's `retryThrottling`, and counts a committed call (headers
+    /// without a status) by its trailers ([`GrpcBody`](crate::GrpcBody));
+    /// behind a plain layer, which never sees the trailers, this policy
+    /// counts such a call a success as its headers arrive.
     pub fn throttle(mut self, throttle: Arc<RetryThrottle>) -> Self {
         self.throttle = Some(throttle);
         self
@@ -209,7 +256,7 @@ impl GrpcPolicy {
             Some(value) => Code::from_bytes(value.as_bytes()),
             // Headers without a status: the server started answering, and
             // the call is committed (A6).
-            None if status == StatusCode::OK => return (Decision::Success, Counted::Success),
+            None if status == StatusCode::OK => return (Decision::Success, Counted::Committed),
             None => code_of_http_status(status),
         };
         if code == Code::Ok {
@@ -388,10 +435,13 @@ impl GrpcPolicy {
         if let Some(throttle) = &self.throttle {
             match counted {
                 Counted::Success => throttle.record_success(),
+                // Without a layer to read its trailers, a committed call
+                // can only count as the success its headers look like.
+                Counted::Committed if !self.trailers_counted => throttle.record_success(),
                 Counted::Failure if !throttle.record_failure() && !self.hedging => {
                     return Decision::Final;
                 }
-                Counted::Failure | Counted::Neither => {}
+                Counted::Failure | Counted::Committed | Counted::Neither => {}
             }
         }
         // A call whose deadline passed is over: nothing of it is retried, a
