@@ -97,7 +97,7 @@ mod throttle;
 mod timeout;
 
 pub use code::CodeSet;
-pub use committed::{Committed, GrpcBody};
+pub use committed::GrpcBody;
 pub use error::{classify_transport_error, TransportFailure};
 pub use hedging_config::HedgingConfig;
 pub use policy::GrpcPolicy;
@@ -107,7 +107,7 @@ pub use retry::{GrpcResponseFuture, GrpcRetry, GrpcRetryBuilder, GrpcRetryLayer}
 pub use retry_config::RetryConfig;
 pub use service_config::{RetryThrottling, ServiceConfig};
 pub use throttle::RetryThrottle;
-pub use timeout::{parse_grpc_timeout, GRPC_TIMEOUT};
+pub use timeout::parse_grpc_timeout;
 
 // Defaults, limits and header names the docs state where they apply; out of
 // the public docs, kept for tests and power users.
@@ -115,5 +115,10 @@ pub use timeout::{parse_grpc_timeout, GRPC_TIMEOUT};
 pub use policy::{DEFAULT_MAX_PUSHBACK, PREVIOUS_RPC_ATTEMPTS};
 #[doc(hidden)]
 pub use pushback::RETRY_PUSHBACK_MS;
+#[doc(hidden)]
+pub use timeout::GRPC_TIMEOUT;
+// Named by `GrpcResponseFuture`, never by a user.
+#[doc(hidden)]
+pub use committed::Committed;
 #[doc(hidden)]
 pub use retry_config::{MAX_ATTEMPTS_LIMIT, RETRY_CONFIG_JITTER};
