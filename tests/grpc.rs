@@ -27,8 +27,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_prost::ProstCodec;
 use tower::{Layer, Service, ServiceBuilder};
 use tower_backoff::grpc::{
-    GrpcPolicy, GrpcRetryLayer, ReplayLayer, ServiceConfig, TonicBodyLayer, PREVIOUS_RPC_ATTEMPTS,
-    RETRY_PUSHBACK_MS,
+    parse_grpc_timeout, GrpcPolicy, GrpcRetryLayer, ReplayLayer, ServiceConfig, TonicBodyLayer,
+    GRPC_TIMEOUT, PREVIOUS_RPC_ATTEMPTS, RETRY_PUSHBACK_MS,
 };
 use tower_backoff::http::RetryInfo;
 use tower_backoff::{BackoffLayer, Constant, Stats};
@@ -43,6 +43,8 @@ use tower_backoff::{BackoffLayer, Constant, Stats};
 struct Seen {
     path: String,
     previous_attempts: Option<String>,
+    /// The `grpc-timeout` the attempt carried.
+    timeout: Option<String>,
     body: Bytes,
     at: Instant,
 }
@@ -54,6 +56,8 @@ struct Reply {
     message: &'static str,
     metadata: Vec<(&'static str, &'static str)>,
     pushback: Option<&'static str>,
+    /// How long the server takes before it answers.
+    after: Duration,
 }
 
 fn reply(code: Code) -> Reply {
@@ -62,7 +66,13 @@ fn reply(code: Code) -> Reply {
         message: "scripted",
         metadata: Vec::new(),
         pushback: None,
+        after: Duration::ZERO,
     }
+}
+
+fn after(mut reply: Reply, delay: Duration) -> Reply {
+    reply.after = delay;
+    reply
 }
 
 fn with_pushback(mut reply: Reply, pushback: &'static str) -> Reply {
@@ -135,11 +145,16 @@ where
                     .headers
                     .get(PREVIOUS_RPC_ATTEMPTS)
                     .map(|v| v.to_str().unwrap().to_owned()),
+                timeout: parts
+                    .headers
+                    .get("grpc-timeout")
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
                 body: body.clone(),
                 at: Instant::now(),
             });
             let next = script.plan.lock().unwrap().pop_front();
             if let Some(reply) = next {
+                tokio::time::sleep(reply.after).await;
                 let mut metadata = MetadataMap::new();
                 for (key, value) in reply.metadata {
                     metadata.insert(key, value.parse().unwrap());
@@ -467,6 +482,211 @@ async fn hostile_pushback_ends_the_call_at_once() {
 }
 
 // ---------------------------------------------------------------------------
+// The call's deadline (grpc-timeout, issue 51)
+// ---------------------------------------------------------------------------
+
+/// A health check whose deadline, sent as `grpc-timeout`, is `timeout` away.
+fn check_within(timeout: Duration) -> tonic::Request<HealthCheckRequest> {
+    let mut request = tonic::Request::new(health_check());
+    request.set_timeout(timeout);
+    request
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The time a `grpc-timeout` the server saw names.
+fn carried(seen: &Seen) -> Duration {
+    let mut headers = http::HeaderMap::new();
+    let value = seen
+        .timeout
+        .as_deref()
+        .expect("the attempt carries grpc-timeout");
+    headers.insert(GRPC_TIMEOUT, value.parse().unwrap());
+    parse_grpc_timeout(&headers).expect("a well-formed grpc-timeout")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_whose_backoff_would_end_past_the_calls_deadline_is_not_sent() {
+    // Deadline 500 ms, backoff 1.6 to 2.4 s, a server always UNAVAILABLE.
+    let (addr, script) = serve(vec![reply(Code::Unavailable); 5]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(5, "2s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+    let started = Instant::now();
+
+    let status = client.check(check_within(ms(500))).await.unwrap_err();
+
+    // The last real outcome, at once: no sleep that could not end in time.
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "scripted");
+    assert_eq!(script.seen().len(), 1);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_retry_carries_the_time_left_and_the_call_ends_at_its_deadline() {
+    // Deadline 500 ms; the server fails after 300 ms; backoff 80 to 120 ms.
+    let slow = after(reply(Code::Unavailable), ms(300));
+    let (addr, script) = serve(vec![slow; 5]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(5, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+    let started = Instant::now();
+
+    let status = client.check(check_within(ms(500))).await.unwrap_err();
+
+    // The second attempt is cut at the deadline by the channel's own timer
+    // (its grpc-timeout is the time left); no third goes out.
+    let elapsed = started.elapsed();
+    assert!(elapsed >= ms(500) && elapsed <= ms(502), "{elapsed:?}");
+    assert_ne!(status.code(), Code::Ok);
+    let seen = script.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(carried(&seen[0]), ms(500));
+    let left = ms(500) - (seen[1].at - started);
+    let second = carried(&seen[1]);
+    assert!(
+        second <= left && second + ms(1) >= left,
+        "{second:?}, {left:?} left"
+    );
+    assert!(second < ms(150), "{second:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_call_past_its_deadline_is_not_retried_even_with_deadline_exceeded_retryable() {
+    // Deadline 300 ms; the server takes a second, then says DEADLINE_EXCEEDED.
+    let slow = after(reply(Code::DeadlineExceeded), Duration::from_secs(1));
+    let (addr, script) = serve(vec![slow; 5]).await;
+    let codes = r#"["UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"]"#;
+    let layer = GrpcRetryLayer::new(&retry_config(5, "0.01s", codes)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+    let started = Instant::now();
+
+    let status = client.check(check_within(ms(300))).await.unwrap_err();
+
+    let elapsed = started.elapsed();
+    assert!(elapsed >= ms(300) && elapsed <= ms(302), "{elapsed:?}");
+    // The channel's timer cut the attempt at the deadline: tonic's own
+    // status for it, the last real outcome.
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(script.seen().len(), 1, "an expired call is never retried");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pushback_over_max_pushback_is_waited_when_it_ends_before_the_calls_deadline() {
+    // 90 s is past the default max_pushback (60 s), within the call's 120 s.
+    let (addr, script) = serve(vec![with_pushback(reply(Code::Unavailable), "90000")]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(3, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    let response = client
+        .check(check_within(Duration::from_secs(120)))
+        .await
+        .unwrap();
+
+    assert_eq!(response.get_ref().status, 1);
+    let seen = script.seen();
+    assert_eq!(seen.len(), 2);
+    let gap = seen[1].at - seen[0].at;
+    assert!(
+        gap >= Duration::from_secs(90) && gap < ms(90_100),
+        "{gap:?}"
+    );
+    let second = carried(&seen[1]);
+    assert!(
+        second <= Duration::from_secs(30) && second >= ms(29_900),
+        "{second:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pushback_past_the_calls_deadline_ends_the_call_at_once_with_its_status() {
+    let (addr, script) = serve(vec![with_pushback(reply(Code::Unavailable), "20000")]).await;
+    let layer = GrpcRetryLayer::new(&retry_config(3, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+    let started = Instant::now();
+
+    let status = client
+        .check(check_within(Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(script.seen().len(), 1);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_grpc_timeouts_are_ignored_and_passed_on_untouched() {
+    let hostile: [&[u8]; 8] = [
+        b"123456789m",
+        b"-5m",
+        b"5x",
+        b"m",
+        b"",
+        b"1.5S",
+        b"\xff5m",
+        b"18446744073709551616n",
+    ];
+    let (addr, script) = serve(Vec::new()).await;
+    let layer = GrpcRetryLayer::new(&retry_config(3, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let connected = channel(addr).await;
+
+    for (n, value) in hostile.into_iter().enumerate() {
+        // tonic strips grpc-timeout from metadata: set it below the client.
+        let raw = http::HeaderValue::from_bytes(value).unwrap();
+        let svc = ServiceBuilder::new()
+            .map_request(move |mut request: http::Request<Body>| {
+                request.headers_mut().insert(GRPC_TIMEOUT, raw.clone());
+                request
+            })
+            .layer(layer.clone())
+            .service(connected.clone());
+        let mut client = HealthClient::new(svc);
+        script
+            .plan
+            .lock()
+            .unwrap()
+            .push_back(reply(Code::Unavailable));
+        client
+            .check(health_check())
+            .await
+            .expect("retried as a call without a deadline");
+        let seen = script.seen();
+        assert_eq!(seen.len(), 2 * (n + 1), "{value:?}");
+        for attempt in &seen[2 * n..] {
+            let expected = String::from_utf8_lossy(value).into_owned();
+            assert_eq!(attempt.timeout.as_deref(), Some(&*expected), "{value:?}");
+        }
+    }
+    // The longest valid value (tonic's `set_timeout` panics on it) is a
+    // deadline 11,400 years away, without overflow; the retry carries the
+    // time left, in hours.
+    let svc = ServiceBuilder::new()
+        .map_request(|mut request: http::Request<Body>| {
+            let longest = http::HeaderValue::from_static("99999999H");
+            request.headers_mut().insert(GRPC_TIMEOUT, longest);
+            request
+        })
+        .layer(layer.clone())
+        .service(connected.clone());
+    script
+        .plan
+        .lock()
+        .unwrap()
+        .push_back(reply(Code::Unavailable));
+    HealthClient::new(svc).check(health_check()).await.unwrap();
+    let seen = script.seen();
+    let last = seen.last().unwrap();
+    assert_eq!(last.previous_attempts.as_deref(), Some("1"));
+    assert!(carried(last) > Duration::from_secs(99_999_990 * 3600));
+}
+
+// ---------------------------------------------------------------------------
 // Streaming
 // ---------------------------------------------------------------------------
 
@@ -634,6 +854,48 @@ async fn throttling_counts_every_retryable_failure_and_pushback_stop() {
     assert_eq!(throttle.tokens(), 7.0);
     client.check(health_check()).await.unwrap();
     assert_eq!(throttle.tokens(), 7.1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_fails_after_its_headers_takes_a_token_and_never_counts_as_a_success() {
+    let (addr, script) = serve(Vec::new()).await;
+    let config = config(
+        r#"{"methodConfig": [{"name": [{}], "retryPolicy": {
+              "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+              "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+            "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.5}}"#,
+    );
+    let layer = GrpcRetryLayer::new(&config).unwrap();
+    let throttle = Arc::clone(layer.throttle().unwrap());
+    let mut grpc = tonic::client::Grpc::new(layer.layer(channel(addr).await));
+    let mut watch = async || {
+        grpc.ready().await.unwrap();
+        let response = grpc
+            .server_streaming(
+                tonic::Request::new("watch".to_owned()),
+                PathAndQuery::from_static("/test.Upload/Watch"),
+                codec(),
+            )
+            .await
+            .expect("headers without a status commit the call");
+        let mut stream = response.into_inner();
+        assert_eq!(stream.message().await.unwrap().as_deref(), Some("first"));
+        stream.message().await.unwrap_err()
+    };
+
+    // Headers, a message, then UNAVAILABLE in the trailers: a failed call,
+    // one token less (A6), where counting its headers added tokenRatio.
+    for expected in [9.0, 8.0, 7.0] {
+        assert_eq!(watch().await.code(), Code::Unavailable);
+        assert_eq!(throttle.tokens(), expected);
+    }
+    assert_eq!(script.seen().len(), 3, "committed: never retried");
+    // A committed call that ends OK in its trailers adds tokenRatio.
+    HealthClient::new(layer.layer(channel(addr).await))
+        .check(health_check())
+        .await
+        .unwrap();
+    assert_eq!(throttle.tokens(), 7.5);
 }
 
 #[tokio::test(start_paused = true)]

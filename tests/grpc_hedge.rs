@@ -29,7 +29,7 @@ use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
 use tower::{Layer, Service};
 use tower_backoff::grpc::{
-    GrpcRetryLayer, ServiceConfig, PREVIOUS_RPC_ATTEMPTS, RETRY_PUSHBACK_MS,
+    parse_grpc_timeout, GrpcRetryLayer, ServiceConfig, PREVIOUS_RPC_ATTEMPTS, RETRY_PUSHBACK_MS,
 };
 
 /// What the server does with one copy, in the order copies arrive.
@@ -47,6 +47,8 @@ enum Copy {
 #[derive(Debug, Clone)]
 struct Seen {
     previous_attempts: Option<String>,
+    /// The `grpc-timeout` the copy carried.
+    timeout: Option<Duration>,
     at: Instant,
 }
 
@@ -118,11 +120,13 @@ impl Service<http::Request<Body>> for Server {
                 .headers()
                 .get(PREVIOUS_RPC_ATTEMPTS)
                 .map(|v| v.to_str().unwrap().to_owned());
+            let timeout = parse_grpc_timeout(request.headers());
             let _ = request.into_body().collect().await;
             let n = {
                 let mut seen = server.seen.lock().unwrap();
                 seen.push(Seen {
                     previous_attempts,
+                    timeout,
                     at: Instant::now(),
                 });
                 seen.len()
@@ -537,4 +541,48 @@ async fn a_pushback_on_one_copy_holds_when_another_fails_without_one() {
         "answered within a second of a 5 s pushback; copies at {sent:?}"
     );
     assert_eq!(sent.len(), 2, "the hedge and the first copy: {sent:?}");
+}
+
+#[tokio::test]
+async fn every_hedge_carries_the_time_left_and_none_starts_past_the_calls_deadline() {
+    // Copies every 50 ms, up to 5, that never answer; the call's deadline
+    // is 120 ms: copies at 0, 50 and 100 ms, none at 150.
+    let policy =
+        r#""maxAttempts": 5, "hedgingDelay": "0.05s", "nonFatalStatusCodes": ["UNAVAILABLE"]"#;
+    let (addr, server) = serve(vec![Copy::Hang; 5]).await;
+    let mut grpc = client(addr, &config(policy, "")).await;
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new("hello".to_owned());
+    request.set_timeout(ms(120));
+
+    let started = Instant::now();
+    let status = grpc
+        .unary(
+            request,
+            PathAndQuery::from_static("/test.Hedge/Call"),
+            ProstCodec::<String, String>::default(),
+        )
+        .await
+        .unwrap_err();
+
+    // Cut at the deadline by the channel's own timer: tonic says CANCELLED.
+    let elapsed = started.elapsed();
+    assert!(elapsed >= ms(120) && elapsed < ms(200), "{elapsed:?}");
+    assert!(
+        matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded),
+        "{status:?}"
+    );
+    tokio::time::sleep(ms(100)).await;
+    let seen = server.seen();
+    assert_eq!(seen.len(), 3, "no copy after the deadline: {seen:?}");
+    assert_eq!(seen[0].timeout, Some(ms(120)));
+    for copy in &seen[1..] {
+        let left = ms(120).saturating_sub(copy.at - started);
+        let carried = copy.timeout.expect("each hedge carries grpc-timeout");
+        // Stamped as the hedge is readied, a moment before the server sees it.
+        assert!(
+            carried >= left && carried <= left + ms(15),
+            "{carried:?}, {left:?} left"
+        );
+    }
 }

@@ -52,8 +52,23 @@
 //!   failures the layer asks it about, those that could still be retried: a
 //!   retryable failure of a call's last allowed attempt, and a pushback that
 //!   says not to retry, are not counted there (gRPC counts both).
-//! - A committed call (headers received) counts as a success for the budget,
-//!   whatever status its trailers bring later.
+//! - A committed call (headers received, so never retried) is counted for
+//!   A6's `retryThrottling` by its trailers ([`GrpcBody`]): `OK` adds
+//!   `tokenRatio`, a retryable status takes a token, as A6 counts every
+//!   failed call. Only a [`GrpcPolicy::throttle`] behind a plain layer,
+//!   which never sees trailers, counts it a success as its headers arrive;
+//!   so does any other budget (the default one, or one given with
+//!   [`GrpcRetryBuilder::budget`]), whatever status the trailers bring.
+//! - The call's deadline is its `grpc-timeout` ([`parse_grpc_timeout`]),
+//!   read once as the call starts: no retry or hedge starts whose backoff
+//!   would end past it, and each carries the time left. A call whose next
+//!   retry would end past its deadline ends at once with the last real
+//!   status, where gRPC's own clients wait until the deadline and say
+//!   `DEADLINE_EXCEEDED`: the crate never returns an outcome it made up,
+//!   and a caller told "unavailable" early can act on it. An attempt still
+//!   running at the deadline is cut there by tonic's channel (whose status
+//!   for that is `CANCELLED`), and nothing is retried once the deadline has
+//!   passed. A malformed `grpc-timeout` is ignored and passed on as is.
 //! - Hedging ([`HedgingConfig`]) is capped in extra load: in any second, at
 //!   most a share of a hedged method's calls (10 % by default,
 //!   [`GrpcRetryBuilder::hedge_load_cap`]) get a hedge, and none while the
@@ -66,6 +81,7 @@
 //! - There is a per-call replay limit, no per-channel one.
 
 mod code;
+mod committed;
 mod duration;
 mod error;
 mod hedging_config;
@@ -78,8 +94,10 @@ mod retry;
 mod retry_config;
 mod service_config;
 mod throttle;
+mod timeout;
 
 pub use code::CodeSet;
+pub use committed::GrpcBody;
 pub use error::{classify_transport_error, TransportFailure};
 pub use hedging_config::HedgingConfig;
 pub use policy::GrpcPolicy;
@@ -89,6 +107,7 @@ pub use retry::{GrpcResponseFuture, GrpcRetry, GrpcRetryBuilder, GrpcRetryLayer}
 pub use retry_config::RetryConfig;
 pub use service_config::{RetryThrottling, ServiceConfig};
 pub use throttle::RetryThrottle;
+pub use timeout::parse_grpc_timeout;
 
 // Defaults, limits and header names the docs state where they apply; out of
 // the public docs, kept for tests and power users.
@@ -96,5 +115,10 @@ pub use throttle::RetryThrottle;
 pub use policy::{DEFAULT_MAX_PUSHBACK, PREVIOUS_RPC_ATTEMPTS};
 #[doc(hidden)]
 pub use pushback::RETRY_PUSHBACK_MS;
+#[doc(hidden)]
+pub use timeout::GRPC_TIMEOUT;
+// Named by `GrpcResponseFuture`, never by a user.
+#[doc(hidden)]
+pub use committed::Committed;
 #[doc(hidden)]
 pub use retry_config::{MAX_ATTEMPTS_LIMIT, RETRY_CONFIG_JITTER};

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use ::http::header::{HeaderMap, HeaderName, HeaderValue};
 use ::http::{Request, Response, StatusCode};
+use tokio::time::Instant;
 use tonic::Code;
 
 use super::code::CodeSet;
 use super::error::{classify_transport_error, TransportFailure};
 use super::pushback::{parse_pushback, Pushback};
 use super::throttle::RetryThrottle;
+use super::timeout::CallDeadline;
 use tower_backoff_core::policy::{Cause, Decision, Policy, PrepareRetry};
 use tower_backoff_http::{AsStdError, CloneBody};
 
@@ -48,7 +50,16 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///   non-negative value is the delay before the retry, exactly; a negative,
 ///   malformed or repeated value means "do not retry". A value longer than
 ///   [`max_pushback`](Self::max_pushback) ends the call too, so a hostile
-///   server cannot park a caller for 24 days.
+///   server cannot park a caller for 24 days; unless the call has a
+///   deadline of its own (`grpc-timeout`, behind a
+///   [`GrpcRetryLayer`](crate::GrpcRetryLayer)): then the deadline bounds
+///   it, as in gRPC's clients: a pushback that ends before it is waited,
+///   one that ends past it ends the call at once with its status.
+/// - **The call's deadline** (behind a
+///   [`GrpcRetryLayer`](crate::GrpcRetryLayer)): each retry and hedge
+///   carries the time left in its `grpc-timeout`, and no outcome is
+///   retried once the deadline has passed (a `DEADLINE_EXCEEDED` least of
+///   all).
 /// - **Transport errors** get the status gRPC gives them
 ///   ([`classify_transport_error`]): a dropped connection is `UNAVAILABLE`
 ///   and retried by default; a stream the server reset gets its code's
@@ -109,12 +120,18 @@ pub struct GrpcPolicy {
     /// failure of that copy, so the copies still pending run on (A6); the
     /// layer's budget then refuses what follows.
     hedging: bool,
+    /// A committed call is counted by its trailers
+    /// ([`GrpcBody`](crate::GrpcBody), behind a
+    /// [`GrpcRetryLayer`](crate::GrpcRetryLayer)), not by its headers.
+    trailers_counted: bool,
 }
 
 /// How an outcome counts for gRFC A6's retry throttling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Counted {
     Success,
+    /// Headers without a status: how the call ends is in its trailers.
+    Committed,
     /// A retryable status, or a pushback that says not to retry.
     Failure,
     /// A final status, or a call that never reached the server.
@@ -129,7 +146,34 @@ impl GrpcPolicy {
             max_pushback: DEFAULT_MAX_PUSHBACK,
             throttle: None,
             hedging: false,
+            trailers_counted: false,
         }
+    }
+
+    /// A committed call's throttle accounting is left to its trailers.
+    pub(crate) fn trailers_counted(mut self) -> Self {
+        self.trailers_counted = true;
+        self
+    }
+
+    /// Counts a committed call's trailers for the throttle, if any: as a
+    /// trailers-only answer with that status would count.
+    pub(crate) fn count_trailers(&self, trailers: &HeaderMap) {
+        let Some(throttle) = &self.throttle else {
+            return;
+        };
+        match self.judge_response(StatusCode::OK, trailers, false).1 {
+            Counted::Success | Counted::Committed => throttle.record_success(),
+            Counted::Failure => {
+                throttle.record_failure();
+            }
+            Counted::Neither => {}
+        }
+    }
+
+    /// Whether it counts a throttle.
+    pub(crate) fn has_throttle(&self) -> bool {
+        self.throttle.is_some()
     }
 
     /// The policy of a hedged method: with a throttle, a counted failure is
@@ -162,7 +206,9 @@ impl GrpcPolicy {
 
     /// Longest `grpc-retry-pushback-ms` waited for (default
     /// [`DEFAULT_MAX_PUSHBACK`]); a longer one ends the call with its status,
-    /// as a negative one does.
+    /// as a negative one does. A call with a deadline of its own
+    /// (`grpc-timeout`, behind a [`GrpcRetryLayer`](crate::GrpcRetryLayer))
+    /// is bounded by that deadline instead.
     pub fn max_pushback(mut self, max: Duration) -> Self {
         self.max_pushback = max;
         self
@@ -177,7 +223,10 @@ impl GrpcPolicy {
     /// accounting exactly. Give the layer no other budget for the same
     /// throttle, or failures count twice.
     /// [`GrpcRetryLayer`](super::GrpcRetryLayer) does this with a service
-    /// config's `retryThrottling`.
+    /// config's `retryThrottling`, and counts a committed call (headers
+    /// without a status) by its trailers ([`GrpcBody`](crate::GrpcBody));
+    /// behind a plain layer, which never sees the trailers, this policy
+    /// counts such a call a success as its headers arrive.
     pub fn throttle(mut self, throttle: Arc<RetryThrottle>) -> Self {
         self.throttle = Some(throttle);
         self
@@ -185,7 +234,7 @@ impl GrpcPolicy {
 
     /// What a response with this HTTP status and these headers means.
     pub fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
-        self.judge_response(status, headers).0
+        self.judge_response(status, headers, false).0
     }
 
     /// What an error with no response means, for a call whose transparent
@@ -194,12 +243,20 @@ impl GrpcPolicy {
         self.judge_error(error, false).0
     }
 
-    fn judge_response(&self, status: StatusCode, headers: &HeaderMap) -> (Decision, Counted) {
+    /// `bounded` when the call has a deadline of its own: then it, not
+    /// `max_pushback`, bounds a pushback (the engine ends the call at once
+    /// if the pushback would end past it).
+    fn judge_response(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        bounded: bool,
+    ) -> (Decision, Counted) {
         let code = match headers.get(GRPC_STATUS) {
             Some(value) => Code::from_bytes(value.as_bytes()),
             // Headers without a status: the server started answering, and
             // the call is committed (A6).
-            None if status == StatusCode::OK => return (Decision::Success, Counted::Success),
+            None if status == StatusCode::OK => return (Decision::Success, Counted::Committed),
             None => code_of_http_status(status),
         };
         if code == Code::Ok {
@@ -208,7 +265,7 @@ impl GrpcPolicy {
         // As gRPC-Go reads A6: a pushback saying not to retry counts as a
         // failure whatever the code.
         let pushback = match parse_pushback(headers) {
-            Pushback::After(delay) if delay > self.max_pushback => Pushback::Stop,
+            Pushback::After(delay) if delay > self.max_pushback && !bounded => Pushback::Stop,
             pushback => pushback,
         };
         if pushback == Pushback::Stop {
@@ -318,8 +375,9 @@ where
             .extensions()
             .get::<TransparentRetry>()
             .is_some_and(TransparentRetry::is_spent);
+        let deadline = request.extensions().get::<CallDeadline>().copied();
         // Past the replay limit the call is committed (A6).
-        tower_backoff_http::parts::unless_spent(self.judge(result, spent), request.body())
+        tower_backoff_http::parts::unless_spent(self.judge(result, spent, deadline), request.body())
     }
 
     fn clone_request(&self, request: &Request<ReqBody>) -> Option<Request<ReqBody>> {
@@ -333,10 +391,14 @@ where
             }
         }
         let previous = retry.args().attempt();
-        retry
-            .request_mut()
+        let request = retry.request_mut();
+        request
             .headers_mut()
             .insert(PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(previous));
+        // Each attempt carries the time left of the call's deadline.
+        if let Some(deadline) = request.extensions().get::<CallDeadline>().copied() {
+            deadline.stamp(request.headers_mut());
+        }
     }
 
     fn prepare_hedge(&self, copy: &mut Request<ReqBody>, attempt: u32) -> bool {
@@ -348,6 +410,9 @@ where
             PREVIOUS_RPC_ATTEMPTS,
             HeaderValue::from(attempt.saturating_sub(1)),
         );
+        if let Some(deadline) = copy.extensions().get::<CallDeadline>().copied() {
+            deadline.stamp(copy.headers_mut());
+        }
         copy.body_mut().mark_concurrent();
         true
     }
@@ -355,23 +420,34 @@ where
 
 impl GrpcPolicy {
     /// What an attempt's outcome means, counted by A6's throttle if on.
+    /// `deadline` is the call's own (from its `grpc-timeout`), if any.
     fn judge<B, E: AsStdError>(
         &self,
         result: &Result<Response<B>, E>,
         transparent_spent: bool,
+        deadline: Option<CallDeadline>,
     ) -> Decision {
+        let bounded = deadline.is_some();
         let (decision, counted) = match result {
-            Ok(response) => self.judge_response(response.status(), response.headers()),
+            Ok(response) => self.judge_response(response.status(), response.headers(), bounded),
             Err(error) => self.judge_error(error.as_std_error(), transparent_spent),
         };
         if let Some(throttle) = &self.throttle {
             match counted {
                 Counted::Success => throttle.record_success(),
+                // Without a layer to read its trailers, a committed call
+                // can only count as the success its headers look like.
+                Counted::Committed if !self.trailers_counted => throttle.record_success(),
                 Counted::Failure if !throttle.record_failure() && !self.hedging => {
                     return Decision::Final;
                 }
-                Counted::Failure | Counted::Neither => {}
+                Counted::Failure | Counted::Committed | Counted::Neither => {}
             }
+        }
+        // A call whose deadline passed is over: nothing of it is retried, a
+        // DEADLINE_EXCEEDED least of all (gRPC's clients say so).
+        if decision.is_retry() && deadline.is_some_and(|d| d.has_passed(Instant::now())) {
+            return Decision::Final;
         }
         decision
     }
@@ -501,6 +577,70 @@ mod tests {
         assert_eq!(throttle.tokens(), 1.0);
         assert_eq!(classify(&policy, HeaderMap::new()), Decision::Success);
         assert_eq!(throttle.tokens(), 1.5);
+    }
+
+    fn classify_by(policy: &GrpcPolicy, deadline: CallDeadline, headers: HeaderMap) -> Decision {
+        let mut request = Request::new(String::new());
+        request.extensions_mut().insert(deadline);
+        let mut response = Response::new(());
+        *response.headers_mut() = headers;
+        Policy::<_, _, std::io::Error>::classify(policy, &request, &Ok(response))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_retried_once_the_calls_deadline_has_passed() {
+        let policy = GrpcPolicy::new().retry_code(Code::DeadlineExceeded);
+        let deadline = CallDeadline::after(Duration::from_millis(300)).unwrap();
+        let exceeded = || trailers_only("4", None);
+        assert!(classify_by(&policy, deadline, exceeded()).is_retry());
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(classify_by(&policy, deadline, exceeded()), Decision::Final);
+        assert_eq!(
+            classify_by(&policy, deadline, trailers_only("14", Some("0"))),
+            Decision::Final
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_deadline_not_max_pushback_bounds_a_pushback() {
+        let policy = GrpcPolicy::new().max_pushback(Duration::from_secs(10));
+        let deadline = CallDeadline::after(Duration::from_secs(3600)).unwrap();
+        // Past max_pushback: waited, for the engine to hold against the
+        // deadline.
+        assert_eq!(
+            classify_by(&policy, deadline, trailers_only("14", Some("90000"))),
+            Decision::retry_after(Duration::from_secs(90)).because(Cause::Throttled)
+        );
+        // Without a deadline of its own, the call ends.
+        assert_eq!(
+            classify(&policy, trailers_only("14", Some("90000"))),
+            Decision::Final
+        );
+        // A pushback saying not to retry still stops.
+        assert_eq!(
+            classify_by(&policy, deadline, trailers_only("14", Some("-1"))),
+            Decision::Final
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_and_hedges_carry_the_time_left() {
+        let policy = GrpcPolicy::new();
+        let deadline = CallDeadline::after(Duration::from_millis(500)).unwrap();
+        let mut request = Request::new(String::new());
+        request.extensions_mut().insert(deadline);
+        tokio::time::advance(Duration::from_millis(352)).await;
+        let replaced: Result<Response<()>, std::io::Error> = Ok(Response::new(()));
+        let args = RetryArgs::new(1, Duration::ZERO, Cause::Throttled, OutcomeKind::Response);
+        Policy::prepare_retry(&policy, PrepareRetry::new(&mut request, replaced, args));
+        assert_eq!(request.headers()[crate::GRPC_TIMEOUT], "148000u");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let mut copy = Request::new(String::new());
+        copy.extensions_mut().insert(deadline);
+        assert!(Policy::<_, Response<()>, std::io::Error>::prepare_hedge(
+            &policy, &mut copy, 2
+        ));
+        assert_eq!(copy.headers()[crate::GRPC_TIMEOUT], "48000000n");
     }
 
     #[test]

@@ -13,16 +13,19 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::committed::{Committed, GrpcBody};
 use super::policy::{GrpcPolicy, TransparentRetry};
 use super::replay::TonicBody;
 use super::retry_config::RetryConfig;
 use super::service_config::{MethodPolicy, ServiceConfig};
 use super::throttle::{RetryThrottle, ThrottleGate};
+use super::timeout::{parse_grpc_timeout, CallDeadline};
 use tower_backoff_core::budget::{Budget, TokenBucket};
 use tower_backoff_core::deadline::NoTimeout;
 use tower_backoff_core::error::ConfigError;
 use tower_backoff_core::BackoffLayer;
 use tower_backoff_core::BackoffRetry;
+use tower_backoff_core::RetryLimits;
 use tower_backoff_core::Stats;
 use tower_backoff_http::{AsStdError, HttpResponseFuture, ReplayBody, DEFAULT_REPLAY_LIMIT};
 
@@ -41,7 +44,10 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// by each method's policy, so every attempt counts, as A6 says), else the
 /// crate's default ([`TokenBucket::fleet_safe`], for the most attempts any
 /// method allows); [`budget`](GrpcRetryBuilder::budget)
-/// replaces either. Request bodies are recorded up to
+/// replaces either. A call's `grpc-timeout` is its deadline across every
+/// attempt and hedge: each carries the time left, and none starts whose
+/// backoff would end past it (see the crate docs for what a call whose
+/// deadline stops its retry returns). Request bodies are recorded up to
 /// [`replay_limit`](GrpcRetryBuilder::replay_limit) bytes per call; a call
 /// that sends more is committed and not retried.
 ///
@@ -169,10 +175,10 @@ impl GrpcRetryBuilder {
         self
     }
 
-    /// Time limit for a whole call, from its first attempt: no retry starts
-    /// whose sleep would end past it. gRPC's deadline spans every attempt;
-    /// tonic's per-call timeout (`grpc-timeout`) applies to each attempt
-    /// alone, so set the call's overall limit here.
+    /// Time limit for every call, from its first attempt: no retry starts
+    /// whose sleep would end past it. A call's own deadline, its
+    /// `grpc-timeout` (tonic's `Request::set_timeout`), spans its attempts
+    /// too; the sooner of the two applies.
     pub fn max_elapsed(mut self, limit: Duration) -> Self {
         self.max_elapsed = Some(limit);
         self
@@ -266,7 +272,9 @@ impl GrpcRetryBuilder {
                 ),
             };
             if let Some(throttle) = &throttle {
-                policy = policy.throttle(Arc::clone(throttle));
+                // Its committed calls are counted by their trailers
+                // (`GrpcBody`), as A6 counts every call by how it ended.
+                policy = policy.throttle(Arc::clone(throttle)).trailers_counted();
             }
             let mut builder = builder.policy(policy);
             builder = match budget.take() {
@@ -329,9 +337,11 @@ pub struct GrpcRetry<S> {
 }
 
 /// The response future of [`GrpcRetry`]: its method's [`BackoffRetry`] future,
-/// whose response gets a [`RetryInfo`](tower_backoff_http::RetryInfo).
+/// whose response gets a [`RetryInfo`](tower_backoff_http::RetryInfo) and a
+/// [`GrpcBody`] (which counts a committed call's trailers for the
+/// config's `retryThrottling`).
 pub type GrpcResponseFuture<S, B> =
-    HttpResponseFuture<TonicBody<S>, Request<ReplayBody<B>>, NoTimeout, GrpcPolicy>;
+    Committed<HttpResponseFuture<TonicBody<S>, Request<ReplayBody<B>>, NoTimeout, GrpcPolicy>>;
 
 impl<S> GrpcRetry<S> {
     /// The wrapped service.
@@ -362,7 +372,7 @@ where
     B::Error: Into<BoxError>,
     ResBody: 'static,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<GrpcBody<ResBody>>;
     type Error = S::Error;
     type Future = GrpcResponseFuture<S, B>;
 
@@ -378,10 +388,29 @@ where
         let limit = self.layer.replay_limit;
         let mut request = request.map(|body| ReplayBody::with_limit(body, limit));
         request.extensions_mut().insert(TransparentRetry::default());
-        let mut method = BackoffRetry::new(readied, self.layer.route(request.uri().path()));
+        // The call's deadline, read once as it starts: it bounds every
+        // attempt and hedge (the engine's per-request deadline), and the
+        // policy writes the time left into each of them.
+        let deadline = parse_grpc_timeout(request.headers()).and_then(CallDeadline::after);
+        let route = self.layer.route(request.uri().path());
+        let counts = route
+            .policy()
+            .has_throttle()
+            .then(|| route.policy().clone());
+        let mut method = BackoffRetry::new(readied, route);
         // The method layers have no pacing, so the inner service's readiness
         // is all `BackoffRetry`'s own `poll_ready` would have waited for.
-        HttpResponseFuture::new(method.call(request), self.layer.record_info)
+        let future = match deadline {
+            Some(deadline) => {
+                request.extensions_mut().insert(deadline);
+                method.call_with_limits(request, RetryLimits::new().deadline(deadline.0))
+            }
+            None => method.call(request),
+        };
+        Committed::new(
+            HttpResponseFuture::new(future, self.layer.record_info),
+            counts,
+        )
     }
 }
 

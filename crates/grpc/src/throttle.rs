@@ -33,12 +33,15 @@ const MAX_TOKENS: f64 = 1000.0;
 ///   retry is sent (other calls may have failed meanwhile);
 /// - a transparent retry of a call that never left ([`Cause::NotSent`]) is
 ///   neither counted nor checked, as A6 says;
-/// - every success adds `tokenRatio`.
+/// - every success adds `tokenRatio`: a committed call (headers without a
+///   status) included, as its headers arrive, whatever its trailers say.
 ///
 /// The layer does not ask a budget about a failure it cannot retry anyway
 /// (the call's last allowed attempt, a pushback saying not to retry), so
 /// those are not counted this way. For A6's accounting exactly, let the
-/// policy count instead: [`GrpcPolicy::throttle`](super::GrpcPolicy::throttle).
+/// policy count instead: [`GrpcPolicy::throttle`](super::GrpcPolicy::throttle),
+/// as [`GrpcRetryLayer`](super::GrpcRetryLayer) does, which also counts a
+/// committed call by its trailers ([`GrpcBody`](super::GrpcBody)).
 ///
 /// Lock-free: each call is one atomic read or one compare-and-swap loop on
 /// one word.
