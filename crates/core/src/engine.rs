@@ -112,9 +112,18 @@ impl Retry {
             cause,
             delay: Duration::ZERO,
             transparent: false,
-            paid: true,
+            paid: Self::pays(cause, false),
             due: None,
         }
+    }
+
+    /// Whether the budget pays for a retry for `cause`: every one a server
+    /// saw, whoever named its delay, but a conflict's (the server answered
+    /// promptly, so it adds no load to an outage, and a racer the budget
+    /// refused would only send again at once, without the backoff that
+    /// spreads them) and the transparent one.
+    fn pays(cause: Cause, transparent: bool) -> bool {
+        !transparent && cause != Cause::Conflict
     }
 }
 
@@ -308,10 +317,7 @@ impl Session {
                 _ => return Err(Ending::OutOfTime),
             }
         }
-        // A conflict's retry is free: the server answered promptly, so it
-        // adds no load to an outage, and a racer the budget refused would
-        // only send again at once, without the backoff that spreads them.
-        let paid = !transparent && cause != Cause::Conflict;
+        let paid = Retry::pays(cause, transparent);
         // A retry the budget would refuse ends at once, unless the server is
         // up and asked to wait (a throttle, or a delay it named): then the
         // request waits its delay out and the budget is asked again at send,
@@ -949,6 +955,16 @@ mod tests {
                 .decide(&rules, Some(after), Cause::Throttled, true, never, rng)
                 .unwrap();
             assert_eq!(retry.delay, after);
+        }
+    }
+
+    /// A planned retry (the poller's re-probe) pays as a decided one does:
+    /// a conflict's is free, every other cause's paid.
+    #[test]
+    fn a_planned_retry_pays_as_a_decided_one_does() {
+        assert!(!Retry::planned(Cause::Conflict).paid);
+        for cause in [Cause::Transient, Cause::Timeout, Cause::Throttled] {
+            assert!(Retry::planned(cause).paid, "{cause:?}");
         }
     }
 
