@@ -399,7 +399,7 @@ where
                         schedule: &settings.schedule,
                         jitter: settings.limits.jitter,
                         stop_at_cap: settings.limits.stop_at_cap,
-                        exact_server_delays: false,
+                        exact_server_delays: settings.limits.exact_server_delays,
                         budget: this.budget.as_deref(),
                     };
                     let decided = this.session.decide(
