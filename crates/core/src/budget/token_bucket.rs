@@ -93,6 +93,9 @@ pub struct TokenBucket {
     /// Thousandths of a token it started with: what a [fresh](Self::fresh)
     /// copy starts with.
     initial: u64,
+    /// What the refill, the growth and the quiet restore count their
+    /// milliseconds from: one clock read serves them all.
+    origin: Instant,
     refill: Option<Refill>,
     growth: Option<Growth>,
     quiet: Option<Quiet>,
@@ -114,8 +117,8 @@ struct Growth {
     floor: u64,
     /// Thousandths of a token of capacity per first-try success per second.
     per_rate: u64,
-    origin: Instant,
-    /// The millisecond after `origin` at which the open measurement began.
+    /// The millisecond after the bucket's origin at which the open
+    /// measurement began.
     since: AtomicU64,
     /// First-try successes the open measurement has counted.
     successes: AtomicU64,
@@ -135,16 +138,16 @@ const MEASURE_AT_LEAST_MS: u64 = 1_000;
 /// Only the retry path reads its clock.
 struct Quiet {
     after_ms: u64,
-    origin: Instant,
-    /// The millisecond after `origin` at which a retry was last asked for.
+    /// The millisecond after the bucket's origin at which a retry was last
+    /// asked for.
     last_asked: AtomicU64,
 }
 
 struct Refill {
     /// Thousandths of a token per millisecond, which is tokens per second.
     per_ms: u64,
-    origin: Instant,
-    /// Milliseconds after `origin` up to which the refill has been added. Only
+    /// Milliseconds after the bucket's origin up to which the refill has
+    /// been added. Only
     /// the thread that moves it forward adds the tokens for that span, so each
     /// millisecond is paid exactly once however many threads race.
     until_ms: AtomicU64,
@@ -214,6 +217,7 @@ impl TokenBucket {
             retried_success_refund: self.retried_success_refund,
             request_deposit: self.request_deposit,
             initial: self.initial,
+            origin: Instant::now(),
             refill: self.refill.as_ref().map(|r| Refill::starting(r.per_ms)),
             growth: self
                 .growth
@@ -231,7 +235,9 @@ impl TokenBucket {
 
     /// Whole tokens in the bucket now.
     pub fn available(&self) -> u64 {
-        self.refill_now();
+        if let Some(now) = self.now_ms() {
+            self.refill_to(now);
+        }
         self.held() / MILLI
     }
 
@@ -268,7 +274,6 @@ impl TokenBucket {
 
     /// Takes `amount` out if the bucket holds that much.
     fn withdraw(&self, amount: u64) -> bool {
-        self.decay();
         // One location, read-modify-write: the compare-and-swap alone makes
         // it exact.
         self.tokens
@@ -321,8 +326,15 @@ impl TokenBucket {
     #[inline]
     fn count_success(&self) {
         if let Some(growth) = &self.growth {
-            if let Some(capacity) = growth.count() {
-                self.resize(capacity);
+            let count = growth
+                .successes
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1);
+            // The clock is read for one success in `MEASURE_EVERY`.
+            if count.is_multiple_of(MEASURE_EVERY) {
+                if let Some(capacity) = growth.close(millis_since(self.origin), count) {
+                    self.resize(capacity);
+                }
             }
         }
     }
@@ -332,9 +344,10 @@ impl TokenBucket {
     /// successes) brings the capacity down within a second or two. Asked
     /// only when a retry is weighed, so the happy path never reads the
     /// clock for it.
-    fn decay(&self) {
+    fn decay(&self, now_ms: u64) {
         if let Some(growth) = &self.growth {
-            if let Some(capacity) = growth.close(growth.successes.load(Ordering::Relaxed)) {
+            let count = growth.successes.load(Ordering::Relaxed);
+            if let Some(capacity) = growth.close(now_ms, count) {
                 self.resize(capacity);
             }
         }
@@ -351,20 +364,32 @@ impl TokenBucket {
         self.tokens.fetch_min(capacity, Ordering::Release);
     }
 
-    /// A retry is asked for: a bucket that has been quiet long enough holds
-    /// what it started with again.
-    fn wake(&self) {
+    /// A retry is asked for at `now_ms`: a bucket that has been quiet long
+    /// enough holds what it started with again.
+    fn wake(&self, now_ms: u64) {
         if let Some(quiet) = &self.quiet {
-            if quiet.ended_now() {
+            if quiet.ended_at(now_ms) {
                 let floor = self.initial.min(self.capacity.load(Ordering::Relaxed));
                 self.tokens.fetch_max(floor, Ordering::Relaxed);
             }
         }
     }
 
-    fn refill_now(&self) {
-        if let Some(refill) = &self.refill {
-            self.refill_to(millis_since(refill.origin));
+    /// Milliseconds since the bucket was built, read only by a bucket that
+    /// keeps time (a refill, a growing capacity, a quiet restore): an AWS
+    /// standard bucket never reads the clock.
+    fn now_ms(&self) -> Option<u64> {
+        let keeps_time = self.refill.is_some() || self.growth.is_some() || self.quiet.is_some();
+        keeps_time.then(|| millis_since(self.origin))
+    }
+
+    /// A retry is weighed or sent: what time does to the bucket, from one
+    /// clock read.
+    fn catch_up(&self) {
+        if let Some(now) = self.now_ms() {
+            self.wake(now);
+            self.refill_to(now);
+            self.decay(now);
         }
     }
 
@@ -396,7 +421,6 @@ impl Refill {
     fn starting(per_ms: u64) -> Self {
         Self {
             per_ms,
-            origin: Instant::now(),
             until_ms: AtomicU64::new(0),
         }
     }
@@ -408,32 +432,14 @@ impl Growth {
         Self {
             floor,
             per_rate,
-            origin: Instant::now(),
             since: AtomicU64::new(0),
             successes: AtomicU64::new(0),
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        millis_since(self.origin)
-    }
-
-    /// Counts a first-try success; when the measurement has seen a second
-    /// or more, closes it and returns the capacity it measured.
-    #[inline]
-    fn count(&self) -> Option<u64> {
-        let count = self
-            .successes
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_add(1);
-        if !count.is_multiple_of(MEASURE_EVERY) {
-            return None;
-        }
-        self.close(count)
-    }
-
-    fn close(&self, count: u64) -> Option<u64> {
-        let now = self.now_ms();
+    /// Closes the open measurement at `now` with `count` successes if it
+    /// has spanned a second or more: the capacity their rate gives.
+    fn close(&self, now: u64, count: u64) -> Option<u64> {
         let since = self.since.load(Ordering::Relaxed);
         let elapsed = now.saturating_sub(since);
         if elapsed < MEASURE_AT_LEAST_MS {
@@ -460,14 +466,13 @@ impl Quiet {
     fn starting(after_ms: u64) -> Self {
         Self {
             after_ms,
-            origin: Instant::now(),
             last_asked: AtomicU64::new(0),
         }
     }
 
-    /// A retry is asked for now: whether none was for `after_ms` before it.
-    fn ended_now(&self) -> bool {
-        let now = millis_since(self.origin);
+    /// A retry is asked for at `now`: whether none was for `after_ms` before
+    /// it.
+    fn ended_at(&self, now: u64) -> bool {
         let last = self.last_asked.swap(now, Ordering::Relaxed);
         now.saturating_sub(last) >= self.after_ms
     }
@@ -498,15 +503,13 @@ impl Budget for TokenBucket {
     }
 
     fn would_allow(&self, cause: Cause) -> bool {
-        self.wake();
-        self.refill_now();
-        self.decay();
+        self.catch_up();
         self.held() >= self.cost(cause)
     }
 
     #[inline]
     fn try_retry(&self, cause: Cause) -> bool {
-        self.refill_now();
+        self.catch_up();
         self.withdraw(self.cost(cause))
     }
 
@@ -763,6 +766,7 @@ impl TokenBucketBuilder {
             retried_success_refund: self.retried_success_refund * MILLI,
             request_deposit: self.request_deposit * MILLI,
             initial: initial * MILLI,
+            origin: Instant::now(),
             refill,
             growth,
             quiet,
