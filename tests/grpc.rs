@@ -694,13 +694,10 @@ fn codec() -> ProstCodec<String, String> {
     ProstCodec::default()
 }
 
-#[tokio::test(start_paused = true)]
-async fn committed_streaming_response_is_not_retried() {
-    let (addr, script) = serve(Vec::new()).await;
-    let layer = GrpcRetryLayer::new(&retry_config(5, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
-    let mut grpc = tonic::client::Grpc::new(layer.layer(channel(addr).await));
+/// One call of the scripted `/test.Upload/Watch`: its headers and first
+/// message come, then the status its trailers carry.
+async fn watch(grpc: &mut tonic::client::Grpc<tower_backoff::grpc::GrpcRetry<Channel>>) -> Status {
     grpc.ready().await.unwrap();
-
     let response = grpc
         .server_streaming(
             tonic::Request::new("watch".to_owned()),
@@ -711,7 +708,16 @@ async fn committed_streaming_response_is_not_retried() {
         .expect("headers without a status commit the call");
     let mut stream = response.into_inner();
     assert_eq!(stream.message().await.unwrap().as_deref(), Some("first"));
-    let status = stream.message().await.unwrap_err();
+    stream.message().await.unwrap_err()
+}
+
+#[tokio::test(start_paused = true)]
+async fn committed_streaming_response_is_not_retried() {
+    let (addr, script) = serve(Vec::new()).await;
+    let layer = GrpcRetryLayer::new(&retry_config(5, "0.1s", r#"["UNAVAILABLE"]"#)).unwrap();
+    let mut grpc = tonic::client::Grpc::new(layer.layer(channel(addr).await));
+
+    let status = watch(&mut grpc).await;
 
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(status.message(), "gone");
@@ -868,25 +874,11 @@ async fn a_call_that_fails_after_its_headers_takes_a_token_and_never_counts_as_a
     let layer = GrpcRetryLayer::new(&config).unwrap();
     let throttle = Arc::clone(layer.throttle().unwrap());
     let mut grpc = tonic::client::Grpc::new(layer.layer(channel(addr).await));
-    let mut watch = async || {
-        grpc.ready().await.unwrap();
-        let response = grpc
-            .server_streaming(
-                tonic::Request::new("watch".to_owned()),
-                PathAndQuery::from_static("/test.Upload/Watch"),
-                codec(),
-            )
-            .await
-            .expect("headers without a status commit the call");
-        let mut stream = response.into_inner();
-        assert_eq!(stream.message().await.unwrap().as_deref(), Some("first"));
-        stream.message().await.unwrap_err()
-    };
 
     // Headers, a message, then UNAVAILABLE in the trailers: a failed call,
     // one token less (A6), where counting its headers added tokenRatio.
     for expected in [9.0, 8.0, 7.0] {
-        assert_eq!(watch().await.code(), Code::Unavailable);
+        assert_eq!(watch(&mut grpc).await.code(), Code::Unavailable);
         assert_eq!(throttle.tokens(), expected);
     }
     assert_eq!(script.seen().len(), 3, "committed: never retried");
