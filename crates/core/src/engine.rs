@@ -958,6 +958,37 @@ mod tests {
         }
     }
 
+    /// A throttled retry the budget refuses waits its delay only when the
+    /// request's deadline leaves the time: past it, the request ends at
+    /// once, out of time, and nothing is charged.
+    #[test]
+    fn a_refused_throttle_whose_delay_passes_the_deadline_ends_at_once() {
+        let bucket = emptied_bucket();
+        let schedule = Constant::new(ms(10));
+        let rules = Rules {
+            budget: Some(&bucket),
+            ..rules(&schedule)
+        };
+        let start = Instant::now();
+        let mut session = Session::new(3, Some(start + ms(500)));
+        assert_eq!(
+            session.decide(
+                &rules,
+                Some(ms(1000)),
+                Cause::Throttled,
+                true,
+                || start,
+                rng
+            ),
+            Err(Ending::OutOfTime)
+        );
+        let waits = session
+            .decide(&rules, Some(ms(400)), Cause::Throttled, true, || start, rng)
+            .unwrap();
+        assert_eq!(waits.due, Some(start + ms(400)));
+        assert_eq!(bucket.available(), 0, "nothing charged");
+    }
+
     /// A planned retry (the poller's re-probe) pays as a decided one does:
     /// a conflict's is free, every other cause's paid.
     #[test]

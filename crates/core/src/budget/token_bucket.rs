@@ -928,6 +928,14 @@ mod tests {
             2,
             "its initial tokens, not its capacity"
         );
+        // A fresh copy (a host of a per-host stack) restores after its own
+        // quiet span.
+        let fresh = bucket.fresh();
+        assert!(fresh.try_retry(Cause::Transient));
+        assert!(fresh.try_retry(Cause::Transient));
+        assert!(!fresh.would_allow(Cause::Transient));
+        tokio::time::advance(std::time::Duration::from_secs(600)).await;
+        assert!(fresh.would_allow(Cause::Transient));
         // Asked every second (an outage goes on), it is never quiet.
         assert!(bucket.try_retry(Cause::Transient));
         assert!(bucket.try_retry(Cause::Transient));
