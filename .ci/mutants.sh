@@ -56,71 +56,95 @@ CORE=(
     crates/grpc/src/policy.rs
 )
 
-# The test binaries that exercise each file (`cargo test` target options).
+# The tests that exercise each file: `--lib` for the crate's unit tests, then
+# the modules of the integration binaries (each file of tests/ is a module of
+# tests/suite or tests/repo; the words below are turned into `--test suite`,
+# `--test repo` and test-name filters by `cargo_args` and `filters`).
 tests_for() {
     case "$1" in
         crates/core/src/jitter.rs | crates/core/src/schedule/)
-            echo "--test schedule --test proptest_schedule --test layer --test proptest_layer"
+            echo "--lib schedule proptest_schedule layer proptest_layer"
             ;;
         crates/core/src/budget/ | crates/core/src/budget/*)
-            # The simulation (`--test sim`) checks the budgets too, but costs
+            # The simulation (`sim`) checks the budgets too, but costs
             # about a minute a mutant: MUTANTS_SIM=1 adds it.
-            echo "--lib --test budget --test proptest_budget --test layer${MUTANTS_SIM:+ --test sim}"
+            echo "--lib budget proptest_budget layer${MUTANTS_SIM:+ sim}"
             ;;
         crates/core/src/hedge/ | crates/core/src/hedge/*)
             # the cap, the latency tracker and the copies: their unit tests,
             # the hedging tests and the metrics they report.
-            echo "--lib --test hedge --test metrics --test hedge_seams --test http_hedge"
+            echo "--lib hedge metrics hedge_seams http_hedge"
             ;;
         crates/core/src/hedged.rs)
             # The hedged attempt's transitions: only a layer that hedges
-            # reaches them, so the binaries that build one (`.hedge(`,
-            # `Hedging::`), not every binary (the default case: about 110 s
-            # a mutant). Not `--test grpc_hedge`: its calls over real sockets
+            # reaches them, so the modules that build one (`.hedge(`,
+            # `Hedging::`), not every test (the default case: about 110 s
+            # a mutant). Not `grpc_hedge`: its calls over real sockets
             # have no time limit, so a mutant that stops or spins the hedging
-            # hangs it, and cargo runs it before `hedge`, whose tests fail on
-            # the same mutant: the mutant read as a timeout, not caught. The
-            # simulation (`--test sim_hedge`) only with MUTANTS_SIM=1.
-            echo "--lib --test hedge --test hedge_seams --test http_hedge --test metrics --test matrix_cells --test allocations --test http2 --test nameable --test reqwest_parity --test shed_pair${MUTANTS_SIM:+ --test sim_hedge}"
+            # hangs it: the mutant read as a timeout, not caught. The
+            # simulation (`sim_hedge`) only with MUTANTS_SIM=1.
+            echo "--lib hedge hedge_seams http_hedge metrics matrix_cells allocations http2 nameable reqwest_parity shed_pair${MUTANTS_SIM:+ sim_hedge}"
             ;;
         crates/core/src/breaker/ | crates/core/src/breaker/*)
             # The breaker and its window: their unit tests, the layer's and
             # the HTTP hosts' breaker tests, and the matrix cells it decides.
-            # The simulation (`--test sim_breaker`) only with MUTANTS_SIM=1.
-            echo "--lib --test breaker --test http_breaker_hosts --test host_labels --test matrix_cells${MUTANTS_SIM:+ --test sim_breaker}"
+            # The simulation (`sim_breaker`) only with MUTANTS_SIM=1.
+            echo "--lib breaker http_breaker_hosts host_labels matrix_cells${MUTANTS_SIM:+ sim_breaker}"
             ;;
         crates/http/src/retry_after.rs | crates/http/src/delay_headers.rs)
-            echo "--lib --test http --test http_signals --test proptest_parsers"
+            echo "--lib http http_signals proptest_parsers"
             ;;
         crates/core/src/policy.rs)
-            echo "--lib --test layer --test observability --test commit_at_send --test last_attempt --test deadline --test hedge"
+            echo "--lib layer observability commit_at_send last_attempt deadline hedge"
             ;;
         crates/grpc/src/policy.rs)
-            echo "--lib --test grpc --test grpc_hedge"
+            echo "--lib grpc grpc_hedge"
             ;;
         crates/http/src/policy.rs)
-            echo "--lib --test http --test hyper_client --test reqwest --test http_hedge"
+            echo "--lib http hyper_client reqwest http_hedge"
             ;;
         crates/http/src/replay.rs)
-            echo "--lib --test replay --test http"
+            echo "--lib replay http"
             ;;
         *)
-            # The engine, the future and anything else: every test binary,
-            # the simulations only with MUTANTS_SIM=1. In a debug build they
+            # The engine, the future and anything else: every test, the
+            # simulations only with MUTANTS_SIM=1. In a debug build they
             # take about 110 s of the suite's 130, past a mutant's timeout:
-            # a mutant the earlier binaries missed showed as a timeout, not
+            # a mutant the earlier tests missed showed as a timeout, not
             # as missed, and hid a missing test.
-            local targets="--lib"
-            for test in tests/*.rs; do
-                name=$(basename "$test" .rs)
-                case "$name" in
-                    sim*) [ -z "${MUTANTS_SIM:-}" ] || targets+=" --test $name" ;;
-                    *) targets+=" --test $name" ;;
-                esac
-            done
-            echo "$targets"
+            echo "--lib all${MUTANTS_SIM:+ sim sim_breaker sim_hedge sim_pacing sim_shed grpc_storm}"
             ;;
     esac
+}
+
+# The binaries to build for those words: `--lib`, `--test suite`, `--test repo`.
+cargo_args() {
+    local suite="" repo=""
+    for word in $(tests_for "$1"); do
+        case "$word" in
+            --lib) echo "--lib" ;;
+            sim* | grpc_storm) repo=1 ;;
+            *) suite=1 ;;
+        esac
+    done
+    [ -z "$suite" ] || echo "--test suite"
+    [ -z "$repo" ] || echo "--test repo"
+}
+
+# The test-name filters for those words, ORed by libtest: each module of the
+# binaries, plus the mutated file's own module for the crate's unit tests
+# (`budget::`, `engine::`). None for `all`: every test runs.
+filters() {
+    local words
+    words=$(tests_for "$1")
+    case " $words " in *" all "*) return ;; esac
+    for word in $words; do
+        [ "$word" = --lib ] || echo "$word::"
+    done
+    local module=${1#crates/*/src/}
+    module=${module%/}
+    module=${module%.rs}
+    echo "${module//\//::}::"
 }
 
 files=("$@")
@@ -135,7 +159,8 @@ for file in "${files[@]}"; do
     # As --cargo-arg, not after `--`: so the build step (`cargo test --no-run`)
     # builds only these test binaries too, not every one.
     targets=()
-    for arg in $(tests_for "$file"); do targets+=("--cargo-arg=$arg"); done
+    for arg in $(cargo_args "$file"); do targets+=("--cargo-arg=$arg"); done
+    mapfile -t names < <(filters "$file")
     echo "== cargo mutants: $file (${targets[*]})"
     # shellcheck disable=SC2086  # MUTANTS_ARGS is split into arguments on purpose
     # After cargo-mutants' `--` come cargo test's arguments; after the second,
@@ -152,7 +177,7 @@ for file in "${files[@]}"; do
     # that already fails would count every mutant as caught, so check first.
     # shellcheck disable=SC2046  # the test options are split on purpose
     if ! cargo test --all-features --package "$package" --package tower-backoff \
-        $(tests_for "$file") -- ${MUTANTS_TEST_ARGS:-} >"$out/baseline.log" 2>&1; then
+        $(cargo_args "$file") -- "${names[@]}" ${MUTANTS_TEST_ARGS:-} >"$out/baseline.log" 2>&1; then
         echo "the tests of $file fail before any mutation: see $out/baseline.log" >&2
         exit 1
     fi
@@ -165,7 +190,7 @@ for file in "${files[@]}"; do
         --package "$package" --test-package "$package" --test-package tower-backoff \
         --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout "${MUTANTS_BUILD_TIMEOUT:-900}" \
         --file "$glob" --exclude '**/loom.rs' --exclude-re '\btests::' \
-        --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} -- -- ${MUTANTS_TEST_ARGS:-} ||
+        --output "$out" "${targets[@]}" ${MUTANTS_ARGS:-} -- -- "${names[@]}" ${MUTANTS_TEST_ARGS:-} ||
         true # a missed mutant is a finding to report, not a script failure
     for outcome in caught missed unviable timeout; do
         printf '%-9s %s\n' "$outcome" "$(wc -l <"$out/mutants.out/$outcome.txt" 2>/dev/null || echo 0)"

@@ -2,7 +2,7 @@
 //! layer must keep, and an attempt that cannot be retried is sent without
 //! one. Counted, not timed: a regression fails CI.
 
-mod common;
+use crate::common;
 
 use std::future::{ready, Future, Ready};
 use std::pin::pin;
@@ -14,10 +14,7 @@ use http::{Request, Response};
 use tower::Service;
 use tower_backoff::{BackoffLayer, Constant, Exponential, Jitter, TokenBucket};
 
-use common::{allocations, Counting};
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+use common::allocations;
 
 fn allocations_of(f: impl FnOnce()) -> u64 {
     let before = allocations();

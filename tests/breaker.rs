@@ -5,7 +5,7 @@
 //! and is per host under a `PerHostLayer`.
 
 #[cfg(feature = "hyper")]
-mod http_server;
+use crate::http_server;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

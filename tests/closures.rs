@@ -3,7 +3,7 @@
 //! the service.
 #![cfg(feature = "reqwest")]
 
-mod http_server;
+use crate::http_server;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

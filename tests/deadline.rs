@@ -173,7 +173,7 @@ async fn a_retry_waiting_for_readiness_ends_at_max_elapsed_with_the_kept_outcome
 }
 
 #[cfg(feature = "hyper")]
-mod http_server;
+use crate::http_server;
 
 #[cfg(feature = "hyper")]
 type HangingLayer = BackoffLayer<tower_backoff::http::HttpPolicy, tower_backoff::deadline::Guarded>;

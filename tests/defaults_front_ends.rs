@@ -4,7 +4,7 @@
 //! no more than that one request's retries.
 #![cfg(all(feature = "reqwest-middleware", feature = "grpc"))]
 
-mod http_server;
+use crate::http_server;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,6 +1,6 @@
 //! `Delays`: a schedule's jittered delays one by one, for loops written by hand.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -231,10 +231,7 @@ fn check_extremes<S: Schedule + Clone + Send + Sync + 'static>(schedule: S) {
     }
 }
 
-use common::{allocations, Counting};
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+use common::allocations;
 
 #[test]
 fn delays_allocate_nothing() {

@@ -4,7 +4,7 @@
 //! fails its own requests is a defect of the defaults.
 //!
 //! Each example talks to its own server on 127.0.0.1. The first test to run
-//! builds the examples: `cargo test --test examples` alone builds none, and
+//! builds the examples: `cargo test --test suite examples::` alone builds none, and
 //! would run whatever binaries an older build left.
 #![cfg(feature = "hyper")]
 

@@ -4,10 +4,11 @@
 //! hedges obey the attempt limit, the budget, the per-second load cap and
 //! the policy. The tail-latency tables are in `tests/sim_hedge.rs`.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -89,30 +90,44 @@ impl Host {
     }
 }
 
-/// How long the binary may run, in real time, before the watchdog fails it.
-/// Its tests take milliseconds on the paused clock; a minute leaves room for
-/// a loaded CI machine, and is still under `.ci/mutants.sh`'s default
+/// How long one test may run, in real time, before the watchdog fails the
+/// binary. Its tests take milliseconds on the paused clock; a minute leaves
+/// room for a loaded CI machine, and is still under `.ci/mutants.sh`'s default
 /// timeout of 120 s, so that a mutant that spins fails rather than times out.
 const WATCHDOG: Duration = Duration::from_secs(60);
 
-/// Fails the whole binary once it has run for `WATCHDOG`: a hedged
-/// attempt whose poll never returns (its state machine going round without
-/// end) would hang the test in that poll, where no timeout of tokio's can
-/// reach it, and with it the binary, instead of failing. Started by the
-/// first host a test makes.
+thread_local! {
+    /// Lives as long as the thread of the test that started a watchdog:
+    /// libtest runs each test on a thread of its own, so the watchdog knows
+    /// the test has ended when this is gone.
+    static RUNNING: Arc<()> = Arc::new(());
+    static WATCHED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Fails the whole binary once the test that calls this has run for
+/// `WATCHDOG`: a hedged attempt whose poll never returns (its state machine
+/// going round without end) would hang the test in that poll, where no
+/// timeout of tokio's can reach it, and with it the binary, instead of
+/// failing. Per test, not per binary: these tests share their binary with
+/// the rest of the suite, which runs for minutes. Started by the first host
+/// a test makes.
 fn watchdog() {
-    static STARTED: Once = Once::new();
-    STARTED.call_once(|| {
-        std::thread::spawn(|| {
-            std::thread::sleep(WATCHDOG);
-            // Not `eprintln!`: the test that started this thread would
-            // capture it, and its output is lost with the process.
-            let _ = writeln!(
-                std::io::stderr(),
-                "tests/hedge.rs still running after {WATCHDOG:?}: a poll that never returns?"
-            );
-            std::process::exit(101);
-        });
+    if WATCHED.with(|watched| watched.replace(true)) {
+        return;
+    }
+    let running = RUNNING.with(Arc::downgrade);
+    std::thread::spawn(move || {
+        std::thread::sleep(WATCHDOG);
+        if running.upgrade().is_none() {
+            return;
+        }
+        // Not `eprintln!`: the test that started this thread would
+        // capture it, and its output is lost with the process.
+        let _ = writeln!(
+            std::io::stderr(),
+            "tests/hedge.rs: a test still running after {WATCHDOG:?}: a poll that never returns?"
+        );
+        std::process::exit(101);
     });
 }
 

@@ -6,7 +6,7 @@
 //! paused clock where time is all that matters.
 
 #[cfg(feature = "hyper")]
-mod http_server;
+use crate::http_server;
 
 use std::future::Future;
 use std::io;

@@ -5,7 +5,7 @@
 //! back with `metrics-util`'s debugging recorder and an observer.
 #![cfg(all(feature = "hyper", feature = "metrics"))]
 
-mod http_server;
+use crate::http_server;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! hyper-util's client, on tokio's paused clock.
 #![cfg(feature = "hyper")]
 
-mod http_server;
+use crate::http_server;
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;

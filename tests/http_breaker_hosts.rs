@@ -4,7 +4,7 @@
 //! opens and stops its calls while the healthy host is never rejected.
 #![cfg(feature = "hyper")]
 
-mod http_server;
+use crate::http_server;
 
 use std::time::Duration;
 

@@ -14,7 +14,7 @@
 //! runs are not made.
 #![cfg(feature = "hyper")]
 
-mod http_server;
+use crate::http_server;
 
 use std::convert::Infallible;
 use std::error::Error as StdError;

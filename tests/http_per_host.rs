@@ -3,7 +3,7 @@
 //! clock: one host's outage cannot spend the other's retries.
 #![cfg(feature = "hyper")]
 
-mod http_server;
+use crate::http_server;
 
 use std::sync::{Arc, Mutex};
 

@@ -2,7 +2,7 @@
 //! 127.0.0.1 through hyper-util's client, on tokio's paused clock.
 #![cfg(feature = "hyper")]
 
-mod http_server;
+use crate::http_server;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

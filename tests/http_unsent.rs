@@ -6,7 +6,7 @@
 //! connection ended.
 #![cfg(feature = "reqwest")]
 
-mod http_server;
+use crate::http_server;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

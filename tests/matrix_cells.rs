@@ -4,7 +4,7 @@
 //! core; a hyper server on 127.0.0.1 for HTTP.
 
 #[cfg(feature = "hyper")]
-mod http_server;
+use crate::http_server;
 
 use std::future::Future;
 use std::io;

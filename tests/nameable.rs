@@ -4,7 +4,7 @@
 //! generic layer once its error is the layer's own.
 #![cfg(feature = "reqwest")]
 
-mod http_server;
+use crate::http_server;
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};

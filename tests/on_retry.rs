@@ -4,7 +4,7 @@
 //! that failed, the delay, the cause, and the outcome being retried.
 #![cfg(all(feature = "reqwest-middleware", feature = "hyper"))]
 
-mod http_server;
+use crate::http_server;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! holds across polls costs one allocation per new value, whatever the number
 //! of providers. Counted, not timed: a regression fails CI.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,12 +13,7 @@ use tokio::time::sleep;
 use tower::service_fn;
 use tower_backoff::poll::{Board, Poller};
 
-use common::{allocations, Counting};
-
-// Counted per thread: a current-thread runtime runs every provider task on
-// the test's thread.
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+use common::allocations;
 
 const PROVIDERS: u64 = 100;
 const INTERVAL: Duration = Duration::from_secs(1);

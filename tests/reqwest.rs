@@ -2,8 +2,8 @@
 //! real hyper server on 127.0.0.1, on tokio's paused clock.
 #![cfg(feature = "reqwest")]
 
-mod http_server;
-mod reqwest_cases;
+use crate::http_server;
+use crate::reqwest_cases;
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;

@@ -3,8 +3,8 @@
 //! 127.0.0.1, on tokio's paused clock.
 #![cfg(feature = "reqwest-middleware")]
 
-mod http_server;
-mod reqwest_cases;
+use crate::http_server;
+use crate::reqwest_cases;
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! compares how they ended, for the caller and for the server. Paused clock.
 #![cfg(feature = "reqwest-middleware")]
 
-mod http_server;
+use crate::http_server;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

@@ -305,7 +305,7 @@ fn a_timeout_shorter_than_the_latency_fails_every_attempt() {
 //
 // One seed of each scenario runs by default; the ten-seed sweeps behind the
 // "10/10" of docs/GUIDE.md's tables are `#[ignore]`d (about a minute in a debug build):
-// `cargo test --all-features --test sim -- --ignored`.
+// `cargo test --all-features --test repo sim:: -- --ignored`.
 
 use tower_backoff::{classify_fn, Cause, Decision, Exponential};
 use tower_backoff_sim::{

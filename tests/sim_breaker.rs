@@ -149,7 +149,7 @@ fn at_backlog_1024_a_breaker_per_client_never_opens_and_does_not_help() {
 }
 
 /// The table of docs/GUIDE.md, docs/RESULTS.md and the breaker's module docs:
-/// `cargo test --test sim_breaker breaker_table -- --ignored --nocapture`.
+/// `cargo test --test repo sim_breaker::breaker_table -- --ignored --nocapture`.
 #[test]
 #[ignore = "prints the comparison table"]
 fn breaker_table() {

@@ -1,7 +1,7 @@
 //! Hedging against a latency tail, measured in the simulation
 //! (`tower_backoff_sim::Tail`, issue 26): four backends, each run with every
 //! client stack of [`stacks`] over the same seeds, printed as one table per
-//! backend (`cargo test --release --test sim_hedge -- --nocapture`).
+//! backend (`cargo test --release --test repo sim_hedge:: -- --nocapture`).
 //!
 //! The assertions check that the scenario reproduces what the issue measured
 //! for `tower::hedge`, loosely: they are about the scenario, not a target.

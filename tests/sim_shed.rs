@@ -1,7 +1,7 @@
 //! The server half in the simulation (seeded, paused clock): the issue's
 //! "Done means", asserted on measured output.
 //!
-//! Tables: `cargo test --release --all-features --test sim_shed -- --ignored --nocapture`.
+//! Tables: `cargo test --release --all-features --test repo sim_shed:: -- --ignored --nocapture`.
 
 use std::time::Duration;
 

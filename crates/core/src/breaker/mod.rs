@@ -53,7 +53,7 @@
 //! probability `max(0, (requests - K × accepts) / (requests + 1))` over the
 //! last two minutes. Both measured on top of the layer's defaults
 //! (`tower_backoff_sim`'s `BreakerScenario`: 50 requests a second, a 20 ms
-//! round trip; `cargo test --test sim_breaker breaker_table -- --ignored
+//! round trip; `cargo test --test repo sim_breaker::breaker_table -- --ignored
 //! --nocapture`):
 //!
 //! | outage | guard | opened after | calls per request once open | whole outage | traffic back after recovery |
