@@ -3,7 +3,7 @@
 //! 127.0.0.1 and real hyper-util and reqwest clients.
 #![cfg(feature = "hyper")]
 
-mod http_server;
+use crate::http_server;
 
 use std::io;
 use std::net::SocketAddr;
@@ -32,7 +32,7 @@ use http_server::{http_layer as layer, STEP};
 
 /// `client` behind the retry layer with `policy`, its response bodies read
 /// ahead up to the default limit.
-fn buffered<S>(
+fn buffered<S: Clone>(
     policy: HttpPolicy,
     client: S,
 ) -> tower_backoff::http::HttpRetry<tower_backoff::http::parts::BufferBody<S>> {

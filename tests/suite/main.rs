@@ -33,6 +33,8 @@ mod budget_refusal;
 mod closures;
 #[path = "../commit_at_send.rs"]
 mod commit_at_send;
+#[path = "../compile_errors.rs"]
+mod compile_errors;
 #[path = "../deadline.rs"]
 mod deadline;
 #[path = "../defaults.rs"]

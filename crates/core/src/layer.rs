@@ -11,6 +11,7 @@ use tower_layer::Layer;
 use crate::adaptive::AdaptivePacing;
 use crate::breaker::CircuitBreaker;
 use crate::budget::{Budget, TokenBucket};
+use crate::clone_for_retries::CloneForRetries;
 use crate::config::Observers;
 use crate::config::{Config, LayerBudget, Streams};
 use crate::deadline::{Guarded, IntoGuarded, NoTimeout};
@@ -28,6 +29,13 @@ pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 
 /// Wraps services in [`BackoffRetry`], which retries transient failures after
 /// exponential, jittered sleeps.
+///
+/// **The service must be `Clone`** ([`CloneForRetries`]): each retry goes
+/// through a clone. Clients (hyper-util's, reqwest's, tonic's `Channel`) and
+/// `service_fn` over a closure whose captures are `Clone` are; a `RateLimit` or
+/// `ConcurrencyLimit` inside this layer, or a service held by value, is not:
+/// wrap it in `tower::buffer::Buffer`. Without it the compiler says
+/// `the trait bound `S: CloneForRetries` is not satisfied`.
 ///
 /// Defaults: [`RetryOnError`], 3 attempts, [`Exponential`](crate::Exponential) from 100 ms doubling
 /// up to 20 s, [`Jitter::Full`], no time limit, no pacing, no stats, and a
@@ -225,7 +233,9 @@ impl<P, T> BackoffLayer<P, T> {
     }
 }
 
-impl<Svc, P, T> Layer<Svc> for BackoffLayer<P, T> {
+// `CloneForRetries`, not `Clone`: the error a service that is not `Clone`
+// gets names the bound and shows where to look (`Buffer`).
+impl<Svc: CloneForRetries, P, T> Layer<Svc> for BackoffLayer<P, T> {
     type Service = BackoffRetry<Svc, P, T>;
 
     fn layer(&self, inner: Svc) -> Self::Service {

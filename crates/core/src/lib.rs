@@ -14,6 +14,7 @@
 pub mod adaptive;
 pub mod breaker;
 pub mod budget;
+mod clone_for_retries;
 mod config;
 // The attempt timer, read by the sibling crates: not part of the documented
 // API but for `Guarded`, re-exported below.
@@ -50,6 +51,7 @@ mod transitions;
 
 pub use adaptive::{AdaptivePacing, AdaptivePacingBuilder, PacingMetrics};
 pub use budget::{Budget, TokenBucket};
+pub use clone_for_retries::CloneForRetries;
 pub use deadline::Guarded;
 pub use delays::Delays;
 pub use error::{ConfigError, Error};

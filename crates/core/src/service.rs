@@ -12,6 +12,7 @@ use tower_service::Service;
 
 use crate::adaptive::Gate;
 use crate::breaker::{Admission, BreakerOpen, BreakerState};
+use crate::clone_for_retries::CloneForRetries;
 use crate::config::Config;
 use crate::deadline::{AttemptTimer, NoTimeout};
 use crate::decision::Decision;
@@ -176,7 +177,7 @@ impl<S, P, T> BackoffRetry<S, P, T> {
 
 impl<S, P, T, Req> Service<Req> for BackoffRetry<S, P, T>
 where
-    S: Service<Req> + Clone,
+    S: Service<Req> + CloneForRetries,
     T: AttemptTimer<S::Error>,
     P: Policy<Req, S::Response, T::Error>,
     S::Response: 'static,

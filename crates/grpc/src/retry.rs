@@ -25,6 +25,7 @@ use tower_backoff_core::deadline::NoTimeout;
 use tower_backoff_core::error::ConfigError;
 use tower_backoff_core::BackoffLayer;
 use tower_backoff_core::BackoffRetry;
+use tower_backoff_core::CloneForRetries;
 use tower_backoff_core::RetryLimits;
 use tower_backoff_core::Stats;
 use tower_backoff_http::{AsStdError, HttpResponseFuture, ReplayBody, DEFAULT_REPLAY_LIMIT};
@@ -318,7 +319,7 @@ impl fmt::Debug for GrpcRetryBuilder {
     }
 }
 
-impl<S> Layer<S> for GrpcRetryLayer {
+impl<S: CloneForRetries> Layer<S> for GrpcRetryLayer {
     type Service = GrpcRetry<S>;
 
     fn layer(&self, inner: S) -> GrpcRetry<S> {

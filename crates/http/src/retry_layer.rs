@@ -27,6 +27,7 @@ use tower_backoff_core::deadline::{AttemptTimer, Guarded};
 use tower_backoff_core::events::{Observer, Outcome, RetryArgs};
 use tower_backoff_core::future::ResponseFuture;
 use tower_backoff_core::policy::{Policy, RetryLimits};
+use tower_backoff_core::CloneForRetries;
 use tower_backoff_core::{
     AdaptivePacing, BackoffBuilder, BackoffLayer, BackoffRetry, ConfigError, Error, Hedging,
     Jitter, Schedule, Stats,
@@ -295,7 +296,7 @@ impl fmt::Debug for HttpRetryLayer {
     }
 }
 
-impl<S> Layer<S> for HttpRetryLayer {
+impl<S: CloneForRetries> Layer<S> for HttpRetryLayer {
     type Service = HttpRetry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {

@@ -87,7 +87,9 @@ impl BudgetKind {
 }
 
 /// A client maker that wraps each clone in the next of `layers`.
-pub(crate) fn one_layer_each<S>(layers: &[BackoffLayer]) -> impl FnMut(S) -> BackoffRetry<S> + '_ {
+pub(crate) fn one_layer_each<S: Clone>(
+    layers: &[BackoffLayer],
+) -> impl FnMut(S) -> BackoffRetry<S> + '_ {
     let mut layers = layers.iter();
     move |inner| {
         let layer = layers.next().expect("one layer per clone");
