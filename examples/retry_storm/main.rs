@@ -16,6 +16,7 @@
 
 mod chart;
 mod live;
+mod text_chart;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -223,7 +224,20 @@ fn simulate(options: &Options) -> Result<(), String> {
     let budgets = budgets(options.seed, || bar.inc(1))?;
     bar.finish_and_clear();
 
+    let path = options
+        .svg
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/retry_storm.svg"));
+    let series: Vec<_> = runs
+        .iter()
+        .map(|r| (r.strategy.name(), r.report()))
+        .collect();
     println!("Storm: {storm}.\n");
+    println!("{}", text_chart::goodput(&series));
+    println!(
+        "(The same as an SVG with the server's load: {}.)\n",
+        path.display()
+    );
     print!("{}", runs_table(&runs, options));
     println!(
         "\"recovered after\": from the end of the outage until goodput's {} s mean is back to 90 % \
@@ -250,14 +264,6 @@ fn simulate(options: &Options) -> Result<(), String> {
     print!("{}", runs_table(&until_success, options));
     println!();
 
-    let path = options
-        .svg
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("target/retry_storm.svg"));
-    let series: Vec<_> = runs
-        .iter()
-        .map(|r| (r.strategy.name(), r.report()))
-        .collect();
     chart::draw(&path, &series).map_err(|e| format!("writing {}: {e}", path.display()))?;
     println!("Chart: {}", path.display());
     Ok(())

@@ -120,6 +120,8 @@ mod readme;
 mod replay;
 #[path = "../reqwest.rs"]
 mod reqwest;
+#[path = "../reqwest_builder.rs"]
+mod reqwest_builder;
 #[path = "../reqwest_middleware.rs"]
 mod reqwest_middleware;
 #[path = "../reqwest_parity.rs"]

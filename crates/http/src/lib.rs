@@ -163,6 +163,8 @@ mod replay_layer;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 #[cfg(feature = "reqwest")]
+mod reqwest_builder;
+#[cfg(feature = "reqwest")]
 mod reqwest_replay;
 mod retry_after;
 mod retry_layer;
@@ -179,6 +181,8 @@ pub use middleware::{BackoffMiddleware, IntoMiddlewareError};
 pub use per_host::{MakeHostLayer, PerHost, PerHostFuture, PerHostLayer, RequestAuthority};
 pub use policy::HttpPolicy;
 pub use replay::ReplayBody;
+#[cfg(feature = "reqwest")]
+pub use reqwest_builder::RequestBuilder;
 pub use retry_after::parse_retry_after;
 pub use retry_layer::{
     HttpResponseFuture, HttpRetry, HttpRetryBuilder, HttpRetryLayer, ResponseExtensions,
