@@ -53,6 +53,21 @@ fn main() {
 "#,
         &["CloneForRetries", "Clone", "RateLimit"],
     ),
+    (
+        "retry_hook_of_another_type",
+        r#"
+use tower_backoff::retry;
+
+#[tokio::main]
+async fn main() {
+    let result = retry(|| async { Err::<u32, _>(std::io::Error::other("busy")) })
+        .on_retry(|_, error: &String| eprintln!("{error}"))
+        .await;
+    let _ = result;
+}
+"#,
+        &["expected", "std::io::Error", "String"],
+    ),
 ];
 
 /// Where the cases' crate lives: beside this test's own build, in a target
@@ -88,6 +103,7 @@ publish = false
 [dependencies]
 tower-backoff = {{ path = {root:?} }}
 tower = {{ version = "0.5.2", features = ["util", "limit", "buffer"] }}
+tokio = {{ version = "1.50", features = ["macros", "rt-multi-thread"] }}
 "#
         );
         std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
@@ -148,4 +164,9 @@ fn a_service_that_is_not_clone_is_told_it_must_be_clone() {
 #[test]
 fn a_rate_limit_inside_the_layer_is_told_it_must_be_clone() {
     assert_case("rate_limit_inside");
+}
+
+#[test]
+fn a_retry_hook_that_asks_for_another_error_type_does_not_compile() {
+    assert_case("retry_hook_of_another_type");
 }

@@ -1,7 +1,8 @@
 //! One `on_retry` closure, the same function, on every front-end: the
 //! generic layer, the HTTP layer over reqwest and over hyper-util, the
-//! reqwest-middleware middleware and `retry(..)`. Each call sees the attempt
-//! that failed, the delay, the cause, and the outcome being retried.
+//! reqwest-middleware middleware; and `retry(..)`, whose hook gets its error
+//! typed. Each call sees the attempt that failed, the delay, the cause, and
+//! the outcome being retried.
 #![cfg(all(feature = "reqwest-middleware", feature = "hyper"))]
 
 use crate::http_server;
@@ -145,6 +146,36 @@ async fn the_http_layer_s_hook_sees_the_reqwest_response_being_retried() {
     seen_one_503(&log);
 }
 
+/// The HTTP layer's error is `Error<reqwest::Error>`; its hook reads the
+/// client's own `reqwest::Error` as that, without naming the wrapper.
+#[tokio::test]
+async fn the_http_layer_s_hook_reads_reqwest_s_error_as_reqwest_error() {
+    let connects = Arc::new(Mutex::new(Vec::new()));
+    let seen = connects.clone();
+    let layer = HttpRetryLayer::builder()
+        .schedule(Constant::new(STEP))
+        .jitter(Jitter::None)
+        .on_retry(move |_: &RetryArgs, outcome: Outcome<'_>| {
+            let error = outcome.error::<reqwest::Error>().expect("reqwest's error");
+            seen.lock().unwrap().push(error.is_connect());
+        })
+        .build()
+        .unwrap();
+    let svc = layer.layer(reqwest::Client::new());
+    let url = format!("http://{}/", crate::http_server::unused_addr());
+    let request = reqwest::Request::new(reqwest::Method::GET, url.parse().unwrap());
+    let error = svc.oneshot(request).await.unwrap_err();
+    assert!(
+        error.get_ref().is_some_and(reqwest::Error::is_connect),
+        "{error:?}"
+    );
+    assert_eq!(
+        *connects.lock().unwrap(),
+        [true, true],
+        "two retries, each after a refused connect"
+    );
+}
+
 #[tokio::test]
 async fn the_http_layer_s_hook_sees_the_hyper_response_being_retried() {
     let server = flaky_server().await;
@@ -186,7 +217,19 @@ async fn retry_fn_s_hook_sees_the_error_being_retried() {
     })
     .schedule(Constant::new(STEP))
     .jitter(Jitter::None)
-    .on_retry(hook(&log))
+    // `retry(..)` knows the error's type: its hook gets it typed, so it is
+    // not the one shared closure, but records what it does.
+    .on_retry({
+        let log = log.clone();
+        move |retry, error| {
+            log.lock().unwrap().push(Seen {
+                attempt: retry.attempt(),
+                delay: retry.delay(),
+                cause: retry.cause(),
+                replaced: format!("error {error}"),
+            })
+        }
+    })
     .await;
     assert_eq!(result.unwrap(), 2);
     seen_one_busy_error(&log);
@@ -209,10 +252,16 @@ async fn a_guarded_layer_s_hook_reads_its_error_type() {
                 Some(tower_backoff::Error::Inner(error)) => format!("inner {error}"),
                 Some(error) if error.is_timeout() => "timed out".to_string(),
                 Some(_) => "other".to_string(),
-                // Read as the inner type, it is not there: the layer's own is.
                 None => format!("not Error<E>: {:?}", outcome.kind()),
             };
-            assert!(outcome.error::<std::io::Error>().is_none());
+            // Read as the inner type, it is the inner error; a timeout has none.
+            assert_eq!(
+                outcome.error::<std::io::Error>().map(|e| e.to_string()),
+                outcome
+                    .error::<Wrapped>()
+                    .and_then(|e| e.get_ref())
+                    .map(|e| e.to_string()),
+            );
             log.lock().unwrap().push(read);
         })
         .build()

@@ -189,10 +189,9 @@ async fn when_and_notify_infer_their_argument_types() {
     let result = retry(|| async { Err::<(), _>(std::io::Error::other("busy")) })
         .schedule(Constant::new(Duration::ZERO))
         .retry_if(|e| e.kind() == std::io::ErrorKind::Other)
-        .on_retry(|retry, outcome| {
-            let error = outcome
-                .error::<std::io::Error>()
-                .expect("the error retried");
+        .on_retry(|retry, error| {
+            // `error` is the operation's `std::io::Error`, typed.
+            assert_eq!(error.kind(), std::io::ErrorKind::Other);
             assert_eq!(error.to_string(), "busy");
             assert_eq!(retry.delay(), Duration::ZERO);
             assert_eq!(retry.attempt(), notified.get() + 1);

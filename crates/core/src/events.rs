@@ -223,11 +223,18 @@ impl<'a> Outcome<'a> {
         self.outcome.ok()?.downcast_ref()
     }
 
-    /// The error, if the attempt ended with one of type `E`: the layer's
-    /// error, [`Error`](crate::Error)`<E>` for a layer with an attempt
-    /// timeout or a breaker, and for every HTTP layer.
+    /// The error, if the attempt ended with one of type `E`, or with the
+    /// layer's [`Error`](crate::Error)`<E>` around one (a layer with an
+    /// attempt timeout or a breaker, every HTTP layer): over reqwest,
+    /// `error::<reqwest::Error>()` is the client's error, and
+    /// `error::<Error<reqwest::Error>>()` tells a timeout apart too.
     pub fn error<E: 'static>(&self) -> Option<&'a E> {
-        self.outcome.err()?.downcast_ref()
+        let error = self.outcome.err()?;
+        // The layer's own wrapper is the error type its users never name
+        // first: reading through it is what `error::<E>()` is asked for.
+        error
+            .downcast_ref()
+            .or_else(|| error.downcast_ref::<crate::Error<E>>()?.get_ref())
     }
 
     /// Whether it was a response or an error.

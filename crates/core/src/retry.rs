@@ -15,7 +15,7 @@ use crate::budget::{Budget, TokenBucket};
 use crate::decision::Cause;
 use crate::engine::{self, Rules, Session};
 use crate::error::{ConfigError, MAX_DURATION};
-use crate::events::{Outcome, OutcomeKind, RetryArgs};
+use crate::events::{OutcomeKind, RetryArgs};
 use crate::jitter::{Jitter, Rng};
 use crate::limits::{Limits, UNLIMITED_ATTEMPTS};
 use crate::schedule::{AnySchedule, Schedule};
@@ -42,10 +42,7 @@ use crate::timer::{self, Sleep};
 /// .max_attempts(5)
 /// .schedule(Exponential::new(Duration::from_millis(10)))
 /// .retry_if(|e| e.contains("failed"))
-/// .on_retry(|retry, outcome| {
-///     let error = outcome.error::<String>().unwrap();
-///     println!("{error}; retrying in {:?}", retry.delay());
-/// })
+/// .on_retry(|retry, error| println!("{error}; retrying in {:?}", retry.delay()))
 /// .await;
 /// assert_eq!(value, Ok(2));
 /// # }
@@ -172,15 +169,17 @@ impl<F, W, N> RetryCall<F, W, N> {
         }
     }
 
-    /// Calls `hook(&retry, outcome)` as each retry starts, after its sleep
+    /// Calls `hook(&retry, &error)` as each retry starts, after its sleep
     /// and once the budget paid for it (never for a retry that was
     /// stopped), as the layer's [`on_retry`](crate::BackoffBuilder::on_retry)
-    /// does: [`Outcome`] holds the error being retried.
+    /// does. `error` is the operation's own error being retried, typed: no
+    /// annotation and no downcast, and asking for another type does not
+    /// compile.
     pub fn on_retry<N2, Fut, T, E>(self, hook: N2) -> RetryCall<F, W, N2>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        N2: FnMut(&RetryArgs, Outcome<'_>),
+        N2: FnMut(&RetryArgs, &E),
     {
         RetryCall {
             operation: self.operation,
@@ -215,7 +214,7 @@ impl<F, W, N> RetryCall<F, W, N> {
         F: FnMut() -> Fut + Clone,
         Fut: Future<Output = Result<T, E>>,
         W: Predicate<E> + Clone,
-        N: OnRetry<T, E> + Clone,
+        N: OnRetry<E> + Clone,
     {
         self.clone().into_future()
     }
@@ -266,9 +265,9 @@ impl<E, F: Fn(&E) -> bool> Predicate<E> for F {
 
 /// Told of each retry as it starts, after its sleep.
 #[doc(hidden)]
-pub trait OnRetry<T, E> {
-    /// `replaced` is being retried as `retry` says.
-    fn on_retry(&mut self, retry: &RetryArgs, replaced: &Result<T, E>);
+pub trait OnRetry<E> {
+    /// `error` is being retried as `retry` says.
+    fn on_retry(&mut self, retry: &RetryArgs, error: &E);
 }
 
 /// Tells no one: [`retry`](fn@crate::retry)'s default.
@@ -276,13 +275,13 @@ pub trait OnRetry<T, E> {
 #[doc(hidden)]
 pub struct NoHook;
 
-impl<T, E> OnRetry<T, E> for NoHook {
-    fn on_retry(&mut self, _: &RetryArgs, _: &Result<T, E>) {}
+impl<E> OnRetry<E> for NoHook {
+    fn on_retry(&mut self, _: &RetryArgs, _: &E) {}
 }
 
-impl<T: 'static, E: 'static, F: FnMut(&RetryArgs, Outcome<'_>)> OnRetry<T, E> for F {
-    fn on_retry(&mut self, retry: &RetryArgs, replaced: &Result<T, E>) {
-        self(retry, Outcome::of(replaced))
+impl<E, F: FnMut(&RetryArgs, &E)> OnRetry<E> for F {
+    fn on_retry(&mut self, retry: &RetryArgs, error: &E) {
+        self(retry, error)
     }
 }
 
@@ -291,7 +290,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
     W: Predicate<E>,
-    N: OnRetry<T, E>,
+    N: OnRetry<E>,
 {
     type Output = Result<T, E>;
     type IntoFuture = RetryFuture<F, Fut, W, N>;
@@ -364,7 +363,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
     W: Predicate<E>,
-    N: OnRetry<T, E>,
+    N: OnRetry<E>,
 {
     type Output = Result<T, E>;
 
@@ -452,7 +451,10 @@ where
                         retry.cause,
                         OutcomeKind::of(&kept),
                     );
-                    this.settings.on_retry.on_retry(&args, &kept);
+                    // Only errors are retried here (`retry_if` sees errors).
+                    if let Err(error) = &kept {
+                        this.settings.on_retry.on_retry(&args, error);
+                    }
                     drop(kept);
                     let attempt = (this.settings.operation)();
                     this.state.set(RetryState::Running { attempt });
