@@ -2,10 +2,10 @@
 //! seconds, and what each retry strategy does to its recovery.
 //!
 //! ```text
-//! cargo run --release --example retry_storm
-//! cargo run --release --example retry_storm -- --clients 2000 --outage 20
-//! cargo run --release --example retry_storm -- --retransmit
-//! cargo run --release --example retry_storm -- --live
+//! cargo run --release -p demo --bin retry-storm
+//! cargo run --release -p demo --bin retry-storm -- --clients 2000 --outage 20
+//! cargo run --release -p demo --bin retry-storm -- --retransmit
+//! cargo run --release -p demo --bin retry-storm -- --live
 //! ```
 //!
 //! It simulates every strategy on tokio's paused clock (seeded: the same flags
@@ -31,7 +31,7 @@ use tower_backoff_sim::{
 };
 
 const USAGE: &str = "\
-usage: retry_storm [--clients N] [--capacity C] [--outage SECS] [--seed S] [--seeds K]
+usage: retry-storm [--clients N] [--capacity C] [--outage SECS] [--seed S] [--seeds K]
                    [--horizon SECS] [--rate REQ_PER_SEC] [--backlog B] [--retransmit]
                    [--storm-only] [--svg PATH] [--live]
 

@@ -3,7 +3,7 @@
 //! before it, then exits.
 //!
 //! ```text
-//! cargo run --release --example quickstart
+//! cargo run --release -p demo --bin quickstart
 //! ```
 
 use std::convert::Infallible;
