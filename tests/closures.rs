@@ -82,3 +82,49 @@ async fn on_retry_over_reqwest_needs_no_annotations() {
     assert_eq!(*seen.lock().unwrap(), two_retries_after_503s());
     assert_eq!(server.seen().len(), 3);
 }
+
+/// `classify_fn` and `retry_if` given to the builder with no annotation: the
+/// closures' argument types come from the service the layer wraps in the
+/// same function, where they used to need writing out (and gave a wall of
+/// unsatisfied bounds at the first call when they were not).
+#[tokio::test(start_paused = true)]
+async fn classify_fn_and_retry_if_need_no_annotations() {
+    use tower_backoff::{classify_fn, retry_if, BackoffLayer, Decision};
+
+    let flaky = || {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        tower::service_fn(move |n: u32| {
+            let call = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                if call == 0 {
+                    Err(std::io::Error::other("busy"))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+    };
+    let classified = BackoffLayer::builder()
+        .policy(classify_fn(|_request, result| match result {
+            Ok(_) => Decision::Success,
+            Err(_) => Decision::retry(),
+        }))
+        .build()
+        .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(classified)
+        .service(flaky());
+    assert_eq!(svc.oneshot(7).await.unwrap(), 7);
+
+    let predicate = BackoffLayer::builder()
+        .policy(retry_if(|result| match result {
+            Ok(_) => false,
+            Err(error) => std::io::Error::kind(error) == std::io::ErrorKind::Other,
+        }))
+        .build()
+        .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(predicate)
+        .service(flaky());
+    assert_eq!(svc.oneshot(8).await.unwrap(), 8);
+}

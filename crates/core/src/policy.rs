@@ -285,10 +285,11 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
 /// Retries when `predicate(&result)` is true; otherwise a response is a success
 /// and an error is final.
 ///
-/// Given to the builder, the closure's argument needs its type written out,
-/// because the layer learns the service's response and error types only
-/// later; [`BackoffRetry::retry_if`](crate::BackoffRetry::retry_if) on a wrapped service
-/// infers it instead:
+/// Given to the builder, the closure's argument type is inferred from the
+/// service the layer wraps in the same function; where the layer is built
+/// apart from it, write the type out (as below), or use
+/// [`BackoffRetry::retry_if`](crate::BackoffRetry::retry_if) on a wrapped
+/// service:
 ///
 /// ```
 /// use tower_backoff_core::{retry_if, BackoffLayer};
@@ -302,7 +303,10 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
 ///     .unwrap();
 /// # drop(layer);
 /// ```
-pub fn retry_if<F>(predicate: F) -> RetryIf<F> {
+pub fn retry_if<Res, E, F>(predicate: F) -> RetryIf<F>
+where
+    F: Fn(&Result<Res, E>) -> bool,
+{
     RetryIf { predicate }
 }
 
@@ -360,7 +364,16 @@ where
 /// });
 /// # drop(policy);
 /// ```
-pub fn classify_fn<F>(classify: F) -> ClassifyFn<F> {
+///
+/// The closure's arguments are inferred from the service the policy is
+/// used with in the same function: `match result { Ok(..) => .., Err(..) =>
+/// .. }` needs no annotation, a method called on the response or the error
+/// needs its type written out (the closure is checked before the service is
+/// seen), and a layer built apart from its service needs them all.
+pub fn classify_fn<Req, Res, E, F>(classify: F) -> ClassifyFn<F>
+where
+    F: Fn(&Req, &Result<Res, E>) -> Decision,
+{
     ClassifyFn { classify }
 }
 
