@@ -15,11 +15,12 @@
 //! grpcio implements no `hedgingPolicy`, so hedging scenarios compare the
 //! layer with what A6 says, written in the scenario.
 //!
-//! Real time, about 2 s for everything at once (the longest call waits for
-//! an 800 ms deadline). Needs `python3` with `grpcio` (`.ci/run` installs
-//! the pinned version); without `python3` it says so and passes; without
-//! `grpcio` it fails, saying how to install it. Set `GRPC_INTEROP_PYTHON` to
-//! use another interpreter. The table of docs/RESULTS.md is what
+//! Real time, about 5 s: each client's scenarios start 25 ms apart (the
+//! longest call waits for an 800 ms deadline). Needs `python3` with `grpcio`:
+//! `.ci/run` installs the pinned version into a venv and names it in
+//! `GRPC_INTEROP_PYTHON`, which makes a missing grpcio fail the suite;
+//! anywhere else a missing `python3` or grpcio skips it, saying so loudly.
+//! The table of docs/RESULTS.md is what
 //! `cargo test --all-features --test grpc_interop -- --nocapture` prints.
 #![cfg(feature = "grpc")]
 
@@ -327,16 +328,20 @@ fn summary(attempts: &[Value], codes: &[Value]) -> String {
     format!("{} × {}", join(attempts), join(codes))
 }
 
+/// Says why the suite did not run, past the test harness's capture of
+/// `eprintln!`, so that a passing run shows it.
+fn skip(why: &str) {
+    let _ = writeln!(std::io::stderr(), "\n\n*** SKIPPED: {why} ***\n");
+}
+
 #[test]
 fn grpc_retry_layer_makes_the_calls_grpcs_own_client_makes() {
     let python = python();
     match Command::new(&python).arg("--version").output() {
         Err(error) => {
-            eprintln!(
-                "\n\n*** SKIPPED: the gRPC interop suite needs {python} ({error}); \
-                 .ci/run installs it with grpcio ***\n"
-            );
-            return;
+            return skip(&format!(
+                "the gRPC interop suite needs {python} ({error}); .ci/run installs it with grpcio"
+            ));
         }
         Ok(_) => {}
     }
@@ -344,12 +349,18 @@ fn grpc_retry_layer_makes_the_calls_grpcs_own_client_makes() {
         .args(["-c", "import grpc; print(grpc.__version__)"])
         .output()
         .unwrap();
-    assert!(
-        grpcio.status.success(),
-        "the gRPC interop suite needs grpcio for {python}: \
-         `{python} -m pip install --user grpcio==1.85.4` (what .ci/run installs)\n{}",
-        String::from_utf8_lossy(&grpcio.stderr)
-    );
+    if !grpcio.status.success() {
+        // CI names its interpreter, and must run the suite.
+        assert!(
+            std::env::var_os("GRPC_INTEROP_PYTHON").is_none(),
+            "the gRPC interop suite needs grpcio for {python}:\n{}",
+            String::from_utf8_lossy(&grpcio.stderr)
+        );
+        return skip(&format!(
+            "the gRPC interop suite needs grpcio for {python} \
+             (`{python} -m pip install grpcio==1.85.4`); .ci/run installs it"
+        ));
+    }
     let started = Instant::now();
     let scenarios_path = suite_dir().join("scenarios.json");
     let file: Value =
