@@ -337,13 +337,10 @@ fn skip(why: &str) {
 #[test]
 fn grpc_retry_layer_makes_the_calls_grpcs_own_client_makes() {
     let python = python();
-    match Command::new(&python).arg("--version").output() {
-        Err(error) => {
-            return skip(&format!(
-                "the gRPC interop suite needs {python} ({error}); .ci/run installs it with grpcio"
-            ));
-        }
-        Ok(_) => {}
+    if let Err(error) = Command::new(&python).arg("--version").output() {
+        return skip(&format!(
+            "the gRPC interop suite needs {python} ({error}); .ci/run installs it with grpcio"
+        ));
     }
     let grpcio = Command::new(&python)
         .args(["-c", "import grpc; print(grpc.__version__)"])
