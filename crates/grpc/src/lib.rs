@@ -83,7 +83,7 @@
 //!   status at once, cancelling the copies still pending.
 //! - There is a per-call replay limit, no per-channel one.
 //!
-//! `tests/grpc_interop.rs` makes 47 scenarios' calls through this layer and
+//! `tests/grpc_interop.rs` makes 48 scenarios' calls through this layer and
 //! through grpcio's retrying channel against one scripted server, and
 //! checks that each difference is one listed above (docs/RESULTS.md has
 //! the table).
