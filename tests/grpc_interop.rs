@@ -488,7 +488,7 @@ fn grpc_retry_layer_makes_the_calls_grpcs_own_client_makes() {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let mut allowed = Vec::new();
+        let (mut allowed, mut may_differ) = (Vec::new(), Vec::new());
         for (field, reference, ours) in [
             ("attempts", &reference_attempts, &layer_attempts),
             ("code", &reference_codes, &layer_codes),
@@ -509,17 +509,34 @@ fn grpc_retry_layer_makes_the_calls_grpcs_own_client_makes() {
                             listed["reference"], listed["layer"]
                         ));
                     }
-                    allowed.push(listed["a6"].as_u64().unwrap());
+                    // A race may leave them the same in a run.
+                    if reference != ours {
+                        allowed.push(listed["a6"].as_u64().unwrap());
+                    } else {
+                        may_differ.push(listed["a6"].as_u64().unwrap());
+                    }
                 }
             }
         }
         allowed.dedup();
-        let verdict = if allowed.is_empty() {
-            same += 1;
-            "same".to_owned()
-        } else {
-            let lines: Vec<String> = allowed.iter().map(u64::to_string).collect();
-            format!("differs: A6 line {}", lines.join(", "))
+        may_differ.dedup();
+        let lines = |lines: &[u64]| -> String {
+            let lines: Vec<String> = lines.iter().map(u64::to_string).collect();
+            lines.join(", ")
+        };
+        let verdict = match (allowed.is_empty(), may_differ.is_empty()) {
+            (true, true) => {
+                same += 1;
+                "same".to_owned()
+            }
+            (true, false) => {
+                same += 1;
+                format!(
+                    "same in this run (may differ: A6 line {})",
+                    lines(&may_differ)
+                )
+            }
+            (false, _) => format!("differs: A6 line {}", lines(&allowed)),
         };
         table.push(format!(
             "| `{name}` | {} | {} | {verdict} |",
@@ -532,7 +549,7 @@ fn grpc_retry_layer_makes_the_calls_grpcs_own_client_makes() {
     }
     println!("{}", table.join("\n"));
     println!(
-        "{} scenarios, {same} the same, {} with a listed difference; {:.1} s",
+        "{} scenarios, {same} the same in this run, {} with a listed difference; {:.1} s",
         scenarios.len(),
         scenarios.len() - same,
         elapsed.as_secs_f64()
