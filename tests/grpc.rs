@@ -825,6 +825,38 @@ async fn throttling_stops_retries_once_tokens_fall_to_half() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_call_whose_deadline_stops_its_retry_takes_one_token_and_its_throttled_retry_none() {
+    let (addr, script) = serve(vec![reply(Code::Unavailable); 4]).await;
+    let config = config(
+        r#"{"methodConfig": [{"name": [{}], "retryPolicy": {
+              "maxAttempts": 5, "initialBackoff": "2s", "maxBackoff": "2s",
+              "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+            "retryThrottling": {"maxTokens": 4, "tokenRatio": 1}}"#,
+    );
+    let layer = GrpcRetryLayer::new(&config).unwrap();
+    let throttle = Arc::clone(layer.throttle().unwrap());
+    let mut client = HealthClient::new(layer.layer(channel(addr).await));
+
+    // Backoff 1.6 to 2.4 s, deadline 500 ms: the failure counts (A6 counts
+    // every failed call), the retry the deadline stops is never sent.
+    let status = client.check(check_within(ms(500))).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(script.seen().len(), 1);
+    assert_eq!(throttle.tokens(), 3.0);
+    // At the threshold the throttle stops the retry first: at once, as the
+    // deadline does, one token for the failure.
+    client.check(check_within(ms(500))).await.unwrap_err();
+    let started = Instant::now();
+    client
+        .check(check_within(Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(script.seen().len(), 3);
+    assert_eq!(throttle.tokens(), 1.0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn throttling_counts_every_retryable_failure_and_pushback_stop() {
     let mut invalid = with_pushback(reply(Code::InvalidArgument), "-1");
     let plan = vec![

@@ -586,3 +586,81 @@ async fn every_hedge_carries_the_time_left_and_none_starts_past_the_calls_deadli
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// The load cap, where A6 has none: the calls of a method of the last second,
+// the hedged call itself included, are what it lets hedge. A full throttle
+// stands in for the default budget, so that the cap alone says no.
+// ---------------------------------------------------------------------------
+
+const FULL_THROTTLE: &str = r#", "retryThrottling": {"maxTokens": 100, "tokenRatio": 1}"#;
+
+/// A client of `addr` through `config`'s layer with `cap` (the layer's
+/// default if `None`) and no warm-up: its first call is an isolated one.
+async fn isolated(addr: SocketAddr, config: &ServiceConfig, cap: Option<f64>) -> Client {
+    let mut builder = GrpcRetryLayer::builder(config);
+    if let Some(cap) = cap {
+        builder = builder.hedge_load_cap(cap);
+    }
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    tonic::client::Grpc::new(builder.build().unwrap().layer(channel))
+}
+
+#[tokio::test]
+async fn at_cap_one_an_isolated_call_gets_one_hedge_never_its_third_copy() {
+    let (addr, server) = serve(vec![Copy::Ok(ms(300)); 3]).await;
+    let mut grpc = isolated(addr, &config(HEDGED, FULL_THROTTLE), Some(1.0)).await;
+
+    assert_eq!(call(&mut grpc).await.unwrap(), "copy 1");
+
+    // A6 sends a third copy 100 ms in; the call's own count allows one hedge.
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let gap = seen[1].at - seen[0].at;
+    assert!(gap >= ms(50) && gap < ms(100), "{gap:?}");
+}
+
+#[tokio::test]
+async fn at_cap_one_a_non_fatal_failure_while_a_copy_is_pending_sends_no_third_copy() {
+    // Warmed up, the third copy goes at once (a_non_fatal_status_sends_the_
+    // next_hedge_at_once); isolated, the cap has no room for it.
+    let plan = vec![
+        Copy::Ok(ms(300)),
+        Copy::Fail(Code::Unavailable, None),
+        Copy::Ok(Duration::ZERO),
+    ];
+    let (addr, server) = serve(plan).await;
+    let mut grpc = isolated(addr, &config(HEDGED, FULL_THROTTLE), Some(1.0)).await;
+
+    assert_eq!(call(&mut grpc).await.unwrap(), "copy 1");
+
+    assert_eq!(server.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn once_no_copy_is_pending_the_next_goes_out_whatever_the_cap() {
+    // Every copy fails before its hedging delay: each next copy is a retry
+    // of the failed attempt, paid from the throttle, not a hedge.
+    let failed = Copy::Fail(Code::Unavailable, None);
+    let (addr, server) = serve(vec![failed, failed, Copy::Ok(Duration::ZERO)]).await;
+    let mut grpc = isolated(addr, &config(HEDGED, FULL_THROTTLE), None).await;
+
+    assert_eq!(call(&mut grpc).await.unwrap(), "copy 3");
+
+    let seen = server.seen();
+    assert!(seen[2].at - seen[0].at < ms(50), "{seen:?}");
+}
+
+#[tokio::test]
+async fn at_the_default_cap_an_isolated_call_gets_no_hedge() {
+    let (addr, server) = serve(vec![Copy::Ok(ms(200)); 3]).await;
+    let mut grpc = isolated(addr, &config(HEDGED, FULL_THROTTLE), None).await;
+
+    assert_eq!(call(&mut grpc).await.unwrap(), "copy 1");
+
+    assert_eq!(server.seen().len(), 1, "a tenth of one call is no hedge");
+}

@@ -13,8 +13,16 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer, Constant, Hedging, Jitter
 /// `maxAttempts` copies in all; the first answer that is OK or a *fatal*
 /// status wins and the other copies are cancelled.
 ///
-/// A status in `nonFatalStatusCodes` is a failure of that copy only: the
-/// next copy goes out at once. A valid `grpc-retry-pushback-ms` on it stops
+/// A status in `nonFatalStatusCodes` is a failure of that copy only. When
+/// no other copy is pending the next goes out at once (a retry of the call,
+/// paid from the budget or throttle like any). While another copy is
+/// pending the next one is a hedge, and hedges are capped where A6 has no
+/// cap: [`GrpcRetryBuilder::hedge_load_cap`](super::GrpcRetryBuilder::hedge_load_cap)
+/// lets a method hedge a share of its calls of the last second, each call
+/// counting itself, so the cap may refuse it (it asks again while the call
+/// is pending). At a cap of 1.0 an isolated call (no other call of the
+/// method in the last second) gets one hedge and never its third copy; at
+/// the default 0.1 it gets none. A valid `grpc-retry-pushback-ms` on it stops
 /// the hedges of the copies still pending (A6 would send the next one after
 /// the pushback: one copy fewer here, never more); when no copy is pending
 /// any more, the next one goes out after the pushback, as A6 says. An invalid

@@ -159,11 +159,20 @@ impl GrpcRetryBuilder {
     /// The share of a hedged method's calls, in any second, that may get a
     /// hedge (in (0, 1]; default 0.1, the core's
     /// [`Hedging::max_extra_load`](tower_backoff_core::Hedging::max_extra_load)).
-    /// The calls counted are those of the last full second, so a method
-    /// with no call in the last second gets no hedge. gRFC A6 has no such
-    /// cap: 1.0 comes closest, at most one hedge per call of the last
-    /// second; the default keeps hedging from piling load on a server that
-    /// is slow for everyone.
+    ///
+    /// The calls counted are those of the last second, the hedged call
+    /// itself included (from when it is found pending): a method may send
+    /// `share × calls` hedges in any second, rounded down. So at 1.0 the
+    /// first call after an idle second gets one hedge, never a third copy,
+    /// while its method's other recent calls leave room for more; at the
+    /// default 0.1 it gets none until ten calls came in the second. A hedge
+    /// the cap refuses asks again while its call is pending. The cap bounds
+    /// hedges only: when every copy in flight failed, the next goes out at
+    /// once as a retry, paid from the budget.
+    ///
+    /// gRFC A6 has no such cap and sends every copy `hedgingDelay` apart;
+    /// 1.0 comes closest. The default keeps hedging from piling load on a
+    /// server that is slow for everyone.
     pub fn hedge_load_cap(mut self, share: f64) -> Self {
         self.hedge_load_cap = Some(share);
         self
