@@ -285,11 +285,10 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
 /// Retries when `predicate(&result)` is true; otherwise a response is a success
 /// and an error is final.
 ///
-/// Given to the builder, the closure's argument type is inferred from the
-/// service the layer wraps in the same function; where the layer is built
-/// apart from it, write the type out (as below), or use
-/// [`BackoffRetry::retry_if`](crate::BackoffRetry::retry_if) on a wrapped
-/// service:
+/// Given to the builder, the closure's argument needs its type written out,
+/// because the layer learns the service's response and error types only
+/// later; [`BackoffRetry::retry_if`](crate::BackoffRetry::retry_if) on a wrapped service
+/// infers it instead:
 ///
 /// ```
 /// use tower_backoff_core::{retry_if, BackoffLayer};
@@ -303,10 +302,7 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
 ///     .unwrap();
 /// # drop(layer);
 /// ```
-pub fn retry_if<Res, E, F>(predicate: F) -> RetryIf<F>
-where
-    F: Fn(&Result<Res, E>) -> bool,
-{
+pub fn retry_if<F>(predicate: F) -> RetryIf<F> {
     RetryIf { predicate }
 }
 
@@ -364,16 +360,7 @@ where
 /// });
 /// # drop(policy);
 /// ```
-///
-/// The closure's arguments are inferred from the service the policy is
-/// used with in the same function: `match result { Ok(..) => .., Err(..) =>
-/// .. }` needs no annotation, a method called on the response or the error
-/// needs its type written out (the closure is checked before the service is
-/// seen), and a layer built apart from its service needs them all.
-pub fn classify_fn<Req, Res, E, F>(classify: F) -> ClassifyFn<F>
-where
-    F: Fn(&Req, &Result<Res, E>) -> Decision,
-{
+pub fn classify_fn<F>(classify: F) -> ClassifyFn<F> {
     ClassifyFn { classify }
 }
 
