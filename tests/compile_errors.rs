@@ -91,7 +91,7 @@ fn checked() -> &'static str {
         let bin = dir.join("src/bin");
         std::fs::create_dir_all(&bin).unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let manifest = format!(
+        let mut manifest = format!(
             r#"[package]
 name = "compile-errors"
 version = "0.0.0"
@@ -106,6 +106,7 @@ tower = {{ version = "0.5.2", features = ["util", "limit", "buffer"] }}
 tokio = {{ version = "1.50", features = ["macros", "rt-multi-thread"] }}
 "#
         );
+        manifest.push_str(&siblings_patch(root));
         std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
         // The same versions as this package's own build: nothing to fetch.
         std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
@@ -132,6 +133,34 @@ tokio = {{ version = "1.50", features = ["macros", "rt-multi-thread"] }}
         );
         String::from_utf8_lossy(&output.stderr).into_owned()
     })
+}
+
+/// `[patch.crates-io]` for the crates this package re-exports, at the paths
+/// its own build uses: the repository's `crates/`, or, for the packaged
+/// crate `.ci/package.sh` tests, the tarballs unpacked beside it (where the
+/// manifest names them by version only, and crates.io may not have them).
+fn siblings_patch(root: &Path) -> String {
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .current_dir(root)
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let mut patch = String::from("\n[patch.crates-io]\n");
+    for package in metadata["packages"].as_array().unwrap() {
+        let name = package["name"].as_str().unwrap();
+        let manifest = Path::new(package["manifest_path"].as_str().unwrap());
+        if name.starts_with("tower-backoff-") && package["source"].is_null() {
+            let dir = manifest.parent().unwrap();
+            patch.push_str(&format!("{name} = {{ path = {dir:?} }}\n"));
+        }
+    }
+    patch
 }
 
 /// The errors reported in the case `name`'s file.
