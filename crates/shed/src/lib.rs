@@ -57,6 +57,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod body;
 pub mod criticality;
 pub mod events;
 mod future;
@@ -67,7 +68,9 @@ pub mod limiter;
 pub mod metrics;
 pub mod rejection;
 mod service;
+mod window;
 
+pub use body::ShedBody;
 pub use criticality::{Criticality, Priority};
 #[cfg(feature = "tracing")]
 pub use events::ShedTracing;

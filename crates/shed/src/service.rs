@@ -6,6 +6,7 @@ use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::body::ShedBody;
 use crate::criticality::Priority;
 use crate::future::ResponseFuture;
 use crate::layer::Answers;
@@ -79,9 +80,9 @@ impl<S> Shed<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Shed<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Default,
+    ResBody: http_body::Body,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ShedBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody>;
 
@@ -105,11 +106,11 @@ where
                     } else {
                         self.answers.grpc_stop
                     };
-                    rejection.grpc_response(code)
+                    rejection.grpc_response::<()>(code)
                 } else {
-                    rejection.http_response(self.answers.status)
+                    rejection.http_response::<()>(self.answers.status)
                 };
-                ResponseFuture::rejected(response)
+                ResponseFuture::rejected(response.map(|()| ShedBody::empty()))
             }
         }
     }
