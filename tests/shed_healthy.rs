@@ -31,7 +31,7 @@ struct Work {
 }
 
 /// What a run measured after its warm-up.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shed {
     sent: u64,
     shed: u64,
@@ -114,6 +114,19 @@ async fn run(
     }
 }
 
+fn report(case: &str, seed: u64, shed: &Shed) {
+    let limits: Vec<usize> = shed.per_10_s.iter().map(|(_, limit)| *limit).collect();
+    let shed_per_10_s: Vec<u64> = shed.per_10_s.iter().map(|(shed, _)| *shed).collect();
+    println!(
+        "{case}, seed {seed}: {} of {} shed after the first minute ({:.3} %); limit {} and baseline {:?} at the end; shed per 10 s {shed_per_10_s:?}; limit per 10 s {limits:?}",
+        shed.shed,
+        shed.sent,
+        100.0 * shed.share(),
+        shed.limit,
+        shed.baseline,
+    );
+}
+
 fn ok(takes: Duration) -> Work {
     Work {
         takes,
@@ -138,10 +151,7 @@ async fn case_1_exponential_work_times_are_not_shed() {
             ok(exponential(rng, Duration::from_millis(50)))
         })
         .await;
-        println!(
-            "exponential, seed {seed}: {shed:?}, {:.3} % shed",
-            100.0 * shed.share()
-        );
+        report("exponential", seed, &shed);
         assert!(shed.share() <= 0.01, "{shed:?}");
     }
 }
@@ -157,10 +167,7 @@ async fn case_1_a_fast_and_a_slow_endpoint_mixed_are_not_shed() {
             }
         })
         .await;
-        println!(
-            "two endpoints, seed {seed}: {shed:?}, {:.3} % shed",
-            100.0 * shed.share()
-        );
+        report("two endpoints", seed, &shed);
         assert!(shed.share() <= 0.01, "{shed:?}");
     }
 }
@@ -173,10 +180,7 @@ async fn case_2_a_dependency_slowing_from_50_to_250_ms_is_not_overload() {
             ok(Duration::from_millis(mean).mul_f64(0.8 + 0.4 * rng.next_f64()))
         })
         .await;
-        println!(
-            "slower dependency, seed {seed}: {shed:?}, {:.3} % shed",
-            100.0 * shed.share()
-        );
+        report("slower dependency", seed, &shed);
         assert!(shed.share() <= 0.01, "{shed:?}");
     }
 }
@@ -196,10 +200,7 @@ async fn case_3_a_burst_of_fast_failures_teaches_nothing() {
             }
         })
         .await;
-        println!(
-            "fast failures, seed {seed}: {shed:?}, {:.3} % shed",
-            100.0 * shed.share()
-        );
+        report("fast failures", seed, &shed);
         assert!(shed.share() <= 0.01, "{shed:?}");
     }
 }
@@ -211,10 +212,7 @@ async fn case_4_few_slow_requests_adapt_within_the_first_minute() {
             ok(Duration::from_secs(3).mul_f64(0.9 + 0.2 * rng.next_f64()))
         })
         .await;
-        println!(
-            "10/s of 3 s, seed {seed}: {shed:?}, {:.3} % shed",
-            100.0 * shed.share()
-        );
+        report("10/s of 3 s", seed, &shed);
         assert!(shed.share() <= 0.01, "{shed:?}");
     }
 }

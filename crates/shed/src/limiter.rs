@@ -77,6 +77,8 @@ struct Shared {
     rejected: AtomicU64,
     /// Requests turned away since the last sample window.
     turned_away: AtomicU64,
+    /// Places left in a probe's cohort (zero when none runs).
+    cohort: AtomicUsize,
     /// The last queueing-time estimate, in microseconds.
     drain_micros: AtomicU64,
     /// The state of the generator that spreads `Retry-After`.
@@ -128,7 +130,7 @@ impl Default for LimiterBuilder {
                 max_limit: 10_000,
                 window: DEFAULT_WINDOW,
                 min_samples: 5,
-                tolerance: 1.1,
+                tolerance: 1.05,
                 smoothing: 0.2,
                 shares: [0.5, 0.75, 0.9, 1.0],
                 max_drain: Duration::from_secs(10),
@@ -170,7 +172,7 @@ impl LimiterBuilder {
     }
 
     /// Latency may rise to `tolerance × baseline` before the limit shrinks
-    /// (default 1.1); at least 1. The limit settles where queueing adds
+    /// (default 1.05); at least 1. The limit settles where queueing adds
     /// this much to the latency at low concurrency: just past the knee.
     pub fn tolerance(mut self, tolerance: f64) -> Self {
         self.config.tolerance = tolerance;
@@ -299,6 +301,7 @@ impl LimiterBuilder {
             thresholds: Default::default(),
             rejected: AtomicU64::new(0),
             turned_away: AtomicU64::new(0),
+            cohort: AtomicUsize::new(0),
             drain_micros: AtomicU64::new(0),
             spread: AtomicU64::new(seed),
             window: Mutex::new(Window::new(self.initial_limit)),
@@ -348,6 +351,11 @@ impl Limiter {
                 Err(actual) => before = actual,
             }
         }
+        let cohort = shared.cohort.load(Ordering::Relaxed) > 0
+            && shared
+                .cohort
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok();
         for observer in &shared.observers {
             observer.on_event(&ShedEvent::Admitted(priority));
         }
@@ -355,6 +363,7 @@ impl Limiter {
             shared: self.shared.clone(),
             started: now,
             beside: before + 1,
+            cohort,
         })
     }
 
@@ -483,6 +492,9 @@ impl Shared {
         if let Some(admit) = closed.admit {
             self.set_thresholds(admit);
         }
+        if let Some(cohort) = closed.cohort {
+            self.cohort.store(cohort as usize, Ordering::Relaxed);
+        }
         let drain = closed.drain.map(|drain| {
             let drain = Duration::try_from_secs_f64(drain).unwrap_or(Duration::MAX);
             self.drain_micros.store(
@@ -516,6 +528,7 @@ pub struct Permit {
     shared: Arc<Shared>,
     started: Instant,
     beside: usize,
+    cohort: bool,
 }
 
 impl std::fmt::Debug for Permit {
@@ -531,11 +544,11 @@ impl Permit {
     /// The work succeeded and ended at `now`: its latency counts toward the
     /// limit, and the place is freed. A failure should be dropped instead:
     /// what a failure costs says nothing of what healthy service costs.
-    pub fn complete(self, now: Instant) {
+    pub fn complete(mut self, now: Instant) {
         let sample = Sample {
             latency: now.saturating_duration_since(self.started),
             beside: self.beside,
-            started: self.started,
+            cohort: std::mem::take(&mut self.cohort),
         };
         self.shared.complete(sample, now);
     }
@@ -549,6 +562,9 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.cohort {
+            self.shared.lock().cohort_failed();
+        }
     }
 }
 

@@ -31,15 +31,18 @@ use crate::limiter::Config;
 /// Samples of the baseline's running mean: a new mean moves it by
 /// `n / (n + BASELINE_WEIGHT)` of the way.
 const BASELINE_WEIGHT: f64 = 32.0;
-/// Successful requests a probe waits for.
-const PROBE_SAMPLES: u32 = 10;
+/// Requests a probe admits and waits for, all of them (the first to finish
+/// are the fastest, and a probe that waited only for them would learn a
+/// baseline below what the server does): four per place it admits, within
+/// these bounds, so that a probe lasts a few latencies.
+const PROBE_SAMPLES: std::ops::RangeInclusive<u32> = 5..=20;
 /// The soonest a probe follows the last, doubling while probes find the
 /// baseline unchanged, up to [`PROBE_INTERVAL`].
 const PROBE_SPACING: Duration = Duration::from_secs(5);
 /// The longest between probes while the limit turns requests away and no
 /// request runs at low concurrency.
 const PROBE_INTERVAL: Duration = Duration::from_secs(60);
-/// A probe that gathers too few samples in this long gives up.
+/// A probe whose requests have not all finished in this long gives up.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Consecutive windows that shrank the limit before a probe checks the
 /// baseline they shrank against.
@@ -69,8 +72,10 @@ pub(crate) struct Window {
     pub(crate) limit: f64,
     /// The latency at low concurrency, seconds.
     pub(crate) baseline: Option<f64>,
-    /// The mean of the last window that closed.
-    last_mean: Option<f64>,
+    /// The samples the baseline's mean holds, up to [`BASELINE_WEIGHT`].
+    baseline_weight: f64,
+    /// The running mean latency while the limit is reached.
+    at_limit: Option<f64>,
     probe: Option<Probe>,
     last_probe: Option<Instant>,
     /// The limit when the last probe started.
@@ -82,13 +87,17 @@ pub(crate) struct Window {
     last_low: Option<Instant>,
 }
 
-/// A re-measurement of the baseline at half the limit.
+/// A re-measurement of the baseline at half the limit, over a cohort of
+/// [`PROBE_SAMPLES`] requests admitted at it.
 #[derive(Debug, Clone, Copy)]
 struct Probe {
     level: usize,
     started: Instant,
     sum: f64,
     count: u32,
+    /// Of the cohort, those done: measured or failed.
+    finished: u32,
+    cohort: u32,
 }
 
 /// A successful request's measurement.
@@ -98,8 +107,8 @@ pub(crate) struct Sample {
     pub(crate) latency: Duration,
     /// Requests in flight when it was admitted, itself included.
     pub(crate) beside: usize,
-    /// When it was admitted.
-    pub(crate) started: Instant,
+    /// Whether it is one of a probe's cohort.
+    pub(crate) cohort: bool,
 }
 
 /// What closing a window changed.
@@ -112,6 +121,8 @@ pub(crate) struct Closed {
     /// The requests to admit beside each other from now on, when that
     /// changed: the limit, or a probe's level.
     pub(crate) admit: Option<usize>,
+    /// A probe started (its cohort's size) or ended (zero).
+    pub(crate) cohort: Option<u32>,
 }
 
 impl Window {
@@ -130,7 +141,8 @@ impl Window {
             peak: 0,
             limit: limit as f64,
             baseline: None,
-            last_mean: None,
+            baseline_weight: 0.0,
+            at_limit: None,
             probe: None,
             last_probe: None,
             probed_at: limit as f64,
@@ -154,12 +166,13 @@ impl Window {
         let latency = sample.latency.as_secs_f64();
         self.done = self.done.saturating_add(1);
         self.peak = self.peak.max(in_flight);
-        if let Some(probe) = &mut self.probe {
-            if sample.started >= probe.started && sample.beside <= probe.level {
+        if sample.cohort {
+            if let Some(probe) = &mut self.probe {
                 probe.sum += latency;
                 probe.count += 1;
-                return;
+                probe.finished += 1;
             }
+            return;
         }
         self.sum += latency;
         self.squares += latency * latency;
@@ -167,6 +180,13 @@ impl Window {
         if sample.beside as f64 <= (self.limit / 2.0).max(1.0) {
             self.low_sum += latency;
             self.low_count = self.low_count.saturating_add(1);
+        }
+    }
+
+    /// One of a probe's cohort failed: it finished, unmeasured.
+    pub(crate) fn cohort_failed(&mut self) {
+        if let Some(probe) = &mut self.probe {
+            probe.finished += 1;
         }
     }
 
@@ -204,12 +224,13 @@ impl Window {
         }
         if let Some(probe) = self.probe {
             let long = now.saturating_duration_since(probe.started);
-            if probe.count >= PROBE_SAMPLES && long >= config.window {
-                self.end_probe(probe, config, now);
-                closed.admit = Some(self.rounded());
-            } else if long >= PROBE_TIMEOUT {
+            if probe.finished >= probe.cohort || long >= PROBE_TIMEOUT {
                 self.probe = None;
+                if probe.count > 0 && probe.finished >= probe.cohort {
+                    self.end_probe(probe, config, now);
+                }
                 closed.admit = Some(self.rounded());
+                closed.cohort = Some(0);
             }
         }
         let start = *self.start.get_or_insert(now);
@@ -228,27 +249,36 @@ impl Window {
         if self.low_count > 0 && !bound {
             let low = self.low_sum / f64::from(self.low_count);
             let n = f64::from(self.low_count);
-            self.baseline = Some(match self.baseline {
-                Some(b) => b + n / (n + BASELINE_WEIGHT) * (low - b),
-                None => low,
-            });
+            // A plain mean until it holds BASELINE_WEIGHT samples, then a
+            // running one: the first few to finish are the fastest.
+            let b = self.baseline.unwrap_or(low);
+            self.baseline = Some(b + n / (n + self.baseline_weight) * (low - b));
+            self.baseline_weight = (self.baseline_weight + n).min(BASELINE_WEIGHT);
             self.last_low = Some(now);
+        }
+        if bound && self.probe.is_none() {
+            let a = self.at_limit.unwrap_or(mean);
+            self.at_limit = Some(a + count / (count + BASELINE_WEIGHT) * (mean - a));
         }
         if self.probe.is_none() {
             let before = self.rounded();
-            // Demand past the limit, as a share of what it admitted.
-            let excess = (turned_away / count).min(1.0);
-            self.adjust(config, mean, error, bound, excess);
+            self.adjust(config, mean, error, bound);
             let at_min = bound && self.limit <= config.min_limit as f64;
             self.at_min = if at_min { self.at_min + 1 } else { 0 };
             if bound && self.probe_due(now) {
                 let level = (self.limit / 2.0).floor().max(1.0) as usize;
+                let cohort = u32::try_from(level.saturating_mul(4))
+                    .unwrap_or(u32::MAX)
+                    .clamp(*PROBE_SAMPLES.start(), *PROBE_SAMPLES.end());
                 self.probe = Some(Probe {
                     level,
                     started: now,
                     sum: 0.0,
                     count: 0,
+                    finished: 0,
+                    cohort,
                 });
+                closed.cohort = Some(cohort);
                 self.last_probe = Some(now);
                 self.probed_at = self.limit;
                 self.shrinks = 0;
@@ -258,7 +288,6 @@ impl Window {
                 closed.admit = Some(self.rounded());
             }
         }
-        self.last_mean = Some(mean);
         self.start = Some(now);
         self.sum = 0.0;
         self.squares = 0.0;
@@ -270,10 +299,9 @@ impl Window {
     }
 
     /// The gradient step: shrink while the limit is reached and latency is
-    /// past the tolerance by more than noise, grow while it is within and
-    /// the limit in use: by a share of `√limit`, or of the demand it turned
-    /// away when that is more (up to doubling).
-    fn adjust(&mut self, config: &Config, mean: f64, error: f64, bound: bool, excess: f64) {
+    /// past the tolerance by more than noise, grow by a share of `√limit`
+    /// while it is within and the limit in use.
+    fn adjust(&mut self, config: &Config, mean: f64, error: f64, bound: bool) {
         let old = self.limit;
         let in_use = bound || self.peak as f64 >= old / 2.0;
         let allowed = self.baseline.map(|b| config.tolerance * b);
@@ -291,7 +319,7 @@ impl Window {
                 if !in_use {
                     return;
                 }
-                old + config.smoothing * old.sqrt().max(old * excess)
+                old + config.smoothing * old.sqrt()
             }
         };
         self.limit = limit.clamp(config.min_limit as f64, config.max_limit as f64);
@@ -322,11 +350,13 @@ impl Window {
         // baseline is it.
         let ratio = (self.probed_at / probe.level as f64).max(1.0).sqrt();
         let flat = self
-            .last_mean
+            .at_limit
             .is_none_or(|at_limit| at_limit <= config.tolerance.max(ratio) * measured);
         let accept = before.is_none_or(|b| measured <= b || flat);
         if accept {
             self.baseline = Some(measured);
+            self.baseline_weight = f64::from(probe.count);
+            self.at_limit = None;
         }
         let changed = match before {
             Some(b) => accept && (measured / b - 1.0).abs() > 0.2,
