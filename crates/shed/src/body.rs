@@ -125,3 +125,70 @@ impl<B: Body> Body for ShedBody<B> {
             .map_or_else(|| SizeHint::with_exact(0), B::size_hint)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full, StreamBody};
+
+    use super::*;
+    use crate::{Limiter, Priority};
+
+    fn trailers(status: &'static str) -> HeaderMap {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static(status));
+        trailers
+    }
+
+    /// Streams of one message and gRPC trailers `status`, each admitted and
+    /// read to its end.
+    fn serve(limiter: &Limiter, status: &'static str) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            for _ in 0..50 {
+                let permit = limiter
+                    .try_acquire(Priority::HIGHEST, tokio::time::Instant::now().into_std())
+                    .unwrap();
+                let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+                    Ok(Frame::data(Bytes::from_static(b"message"))),
+                    Ok(Frame::trailers(trailers(status))),
+                ];
+                let body = ShedBody::admitted(
+                    StreamBody::new(futures::stream::iter(frames)),
+                    permit,
+                    true,
+                );
+                tokio::time::sleep(Duration::from_millis(40)).await;
+                body.collect().await.unwrap();
+            }
+        });
+    }
+
+    #[test]
+    fn a_grpc_failure_in_the_trailers_teaches_nothing_and_a_success_does() {
+        let failing = Limiter::builder().seed(1).build().unwrap();
+        serve(&failing, "14");
+        assert_eq!(failing.baseline(), None);
+        assert_eq!(failing.in_flight(), 0);
+        let healthy = Limiter::builder().seed(1).build().unwrap();
+        serve(&healthy, "0");
+        assert!(healthy.baseline().is_some());
+    }
+
+    #[test]
+    fn an_empty_body_frees_its_place_at_once_as_no_server_polls_it() {
+        let limiter = Limiter::builder().seed(1).build().unwrap();
+        let permit = limiter
+            .try_acquire(Priority::HIGHEST, Instant::now())
+            .unwrap();
+        let body = ShedBody::admitted(Full::new(Bytes::new()), permit, true);
+        assert_eq!(limiter.in_flight(), 0);
+        assert!(body.is_end_stream());
+    }
+}

@@ -731,6 +731,66 @@ mod tests {
     }
 
     #[test]
+    fn a_request_that_fits_is_admitted_however_many_are_rejected_beside_it() {
+        let limiter = Limiter::builder()
+            .initial_limit(8)
+            .max_limit(8)
+            .seed(1)
+            .build()
+            .unwrap();
+        let now = Instant::now();
+        for _ in 0..2_000 {
+            let held: Vec<_> = (0..7)
+                .map(|_| limiter.try_acquire(Priority::HIGHEST, now).unwrap())
+                .collect();
+            // Four race for the one place left: exactly one gets it, never
+            // none because the others' rejections counted for a moment.
+            let start = std::sync::Barrier::new(4);
+            let admitted: usize = std::thread::scope(|scope| {
+                let racers: Vec<_> = (0..4)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            start.wait();
+                            limiter.try_acquire(Priority::HIGHEST, now).ok()
+                        })
+                    })
+                    .collect();
+                // Every permit is kept until all four have tried.
+                let permits: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+                permits.iter().filter(|p| p.is_some()).count()
+            });
+            assert_eq!(admitted, 1);
+            drop(held);
+            assert_eq!(limiter.in_flight(), 0);
+        }
+    }
+
+    #[test]
+    fn an_observer_may_ask_the_limiter_while_it_is_told() {
+        // Observers run with the window's lock released: one that reads
+        // the baseline (which takes it) does not deadlock.
+        let handle = Arc::new(std::sync::OnceLock::<Limiter>::new());
+        let seen = handle.clone();
+        let told = Arc::new(AtomicUsize::new(0));
+        let count = told.clone();
+        let limiter = Limiter::builder()
+            .initial_limit(4)
+            .seed(1)
+            .observer(move |_: &ShedEvent| {
+                if let Some(limiter) = seen.get() {
+                    let _ = limiter.baseline();
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+            .build()
+            .unwrap();
+        handle.set(limiter.clone()).unwrap();
+        let now = drive(&limiter, Instant::now(), 10, |_| ms(50));
+        drive(&limiter, now, 10, |_| ms(500));
+        assert!(told.load(Ordering::Relaxed) > 0);
+    }
+
+    #[test]
     fn dropped_permits_free_their_place_without_a_measurement() {
         let limiter = Limiter::builder().initial_limit(4).build().unwrap();
         let now = Instant::now();
