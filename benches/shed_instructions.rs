@@ -11,7 +11,6 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body::Body as _;
 use http_body_util::Full;
 use tower::{service_fn, Layer, Service, ServiceBuilder};
 use tower_backoff::shed::ShedLayer;

@@ -16,6 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::limiter::Permit;
+use crate::rejection::GRPC_STATUS;
 
 pin_project! {
     /// The body of [`Shed`](crate::Shed)'s responses: the inner service's
@@ -78,8 +79,11 @@ fn finish(permit: &mut Option<Permit>, healthy: bool) {
 /// `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `INTERNAL`, `UNAVAILABLE`,
 /// `DATA_LOSS`.
 pub(crate) fn grpc_failed(headers: &HeaderMap) -> bool {
+    if headers.is_empty() {
+        return false;
+    }
     headers
-        .get("grpc-status")
+        .get(GRPC_STATUS)
         .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
         .and_then(|v| v.trim().parse::<u16>().ok())
         .is_some_and(|code| matches!(code, 2 | 4 | 8 | 13 | 14 | 15))

@@ -234,7 +234,7 @@ impl Window {
             }
         }
         let start = *self.start.get_or_insert(now);
-        if now.saturating_duration_since(start) < config.window || self.count < config.min_samples {
+        if self.count < config.min_samples || now.saturating_duration_since(start) < config.window {
             return closed;
         }
         let count = f64::from(self.count);
