@@ -14,6 +14,7 @@
 # body (the admitted requests; without the client's connection set-up).
 #
 #   bash benches/shed_load.sh     # markdown table on stdout; SECS=10 a cell
+#   MODELS=queue PROTECTIONS="none shed" LOADS="1 2" bash benches/shed_load.sh
 #
 # It installs oha from crates.io (cargo install oha --locked) into
 # target/shed-load/oha the first time. Not part of CI: about 5 minutes.
@@ -43,8 +44,8 @@ trap '[ -n "$server" ] && kill "$server" 2>/dev/null || true' EXIT
 
 echo "| server model | protection | $(for l in $LOADS; do printf '%sx | ' "$l"; done | sed 's/ | $//') |"
 echo "|---|---|$(for _ in $LOADS; do printf -- '---|'; done)"
-for model in queue thrash; do
-    for protection in none tower shed; do
+for model in ${MODELS:-queue thrash}; do
+    for protection in ${PROTECTIONS:-none tower shed}; do
         "$bin" "$model" "$protection" >"$cache/ports" &
         server=$!
         for _ in $(seq 50); do
