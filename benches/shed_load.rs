@@ -17,7 +17,8 @@
 //! and on the second `/stats` (what was answered since the last `/stats`:
 //! `ok`, the 200s answered within 2 s, `late`, those answered after, `shed`,
 //! the 503s, and `p99_ms`, the 99th percentile time from the server's call
-//! to the end of each 200's body) without protection.
+//! to the end of each 200's body) without protection. With
+//! `SHED_LOAD_TRACE` set, `shed` prints its limit each second.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -243,6 +244,21 @@ fn main() {
             }
             "shed" => {
                 let layer = ShedLayer::builder().build().unwrap();
+                if std::env::var_os("SHED_LOAD_TRACE").is_some() {
+                    // The limit, what is in flight and the baseline, each second.
+                    let limiter = layer.limiter().clone();
+                    tokio::spawn(async move {
+                        loop {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            eprintln!(
+                                "limit {} in flight {} baseline {:?}",
+                                limiter.limit(),
+                                limiter.in_flight(),
+                                limiter.baseline()
+                            );
+                        }
+                    });
+                }
                 serve(
                     load,
                     ServiceBuilder::new().layer(layer).service(model),

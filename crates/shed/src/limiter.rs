@@ -351,11 +351,7 @@ impl Limiter {
                 Err(actual) => before = actual,
             }
         }
-        let cohort = shared.cohort.load(Ordering::Relaxed) > 0
-            && shared
-                .cohort
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok();
+        let cohort = shared.cohort.load(Ordering::Relaxed) > 0 && shared.join_cohort();
         for observer in &shared.observers {
             observer.on_event(&ShedEvent::Admitted(priority));
         }
@@ -402,6 +398,24 @@ impl Shared {
         for (threshold, share) in self.thresholds.iter().zip(self.config.shares) {
             let admitted = ((limit as f64) * share).ceil() as usize;
             threshold.store(admitted.clamp(1, limit.max(1)), Ordering::Relaxed);
+        }
+    }
+
+    /// Takes a place in a probe's cohort, if one is left. The last place
+    /// taken restores the limit: what is admitted behind the cohort waits
+    /// behind it, so the probe need not turn it away.
+    #[cold]
+    fn join_cohort(&self) -> bool {
+        match self
+            .cohort
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        {
+            Ok(1) => {
+                self.set_thresholds(self.limit.load(Ordering::Relaxed));
+                true
+            }
+            Ok(_) => true,
+            Err(_) => false,
         }
     }
 

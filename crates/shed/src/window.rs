@@ -36,6 +36,9 @@ const BASELINE_WEIGHT: f64 = 32.0;
 /// baseline below what the server does): four per place it admits, within
 /// these bounds, so that a probe lasts a few latencies.
 const PROBE_SAMPLES: std::ops::RangeInclusive<u32> = 5..=20;
+/// The share of the limit a probe admits its cohort beside: half, so that
+/// queueing, which would halve the latency, stands out of the noise.
+const PROBE_LEVEL: f64 = 0.5;
 /// The soonest a probe follows the last, doubling while probes find the
 /// baseline unchanged, up to [`PROBE_INTERVAL`].
 const PROBE_SPACING: Duration = Duration::from_secs(5);
@@ -266,7 +269,7 @@ impl Window {
             let at_min = bound && self.limit <= config.min_limit as f64;
             self.at_min = if at_min { self.at_min + 1 } else { 0 };
             if bound && self.probe_due(now) {
-                let level = (self.limit / 2.0).floor().max(1.0) as usize;
+                let level = (self.limit * PROBE_LEVEL).floor().max(1.0) as usize;
                 let cohort = u32::try_from(level.saturating_mul(4))
                     .unwrap_or(u32::MAX)
                     .clamp(*PROBE_SAMPLES.start(), *PROBE_SAMPLES.end());
