@@ -46,6 +46,7 @@ echo "| server model | protection | $(for l in $LOADS; do printf '%sx | ' "$l"; 
 echo "|---|---|$(for _ in $LOADS; do printf -- '---|'; done)"
 for model in ${MODELS:-queue thrash}; do
     for protection in ${PROTECTIONS:-none tower shed}; do
+        rm -f "$cache/ports"
         "$bin" "$model" "$protection" >"$cache/ports" &
         server=$!
         for _ in $(seq 50); do
@@ -59,7 +60,8 @@ for model in ${MODELS:-queue thrash}; do
             connections=$(python3 -c "print(max(50, int($rate * 2.5)))")
             curl -s "http://127.0.0.1:$stats/" >/dev/null
             "$oha" -z "${SECS}s" -q "$rate" -c "$connections" -t 2s --latency-correction \
-                --no-tui --output-format json "http://127.0.0.1:$port/" >"$cache/oha.json" 2>/dev/null
+                --no-tui --output-format json "http://127.0.0.1:$port/" >"$cache/oha.json" 2>"$cache/oha.log" ||
+                echo "oha failed: $(tail -1 "$cache/oha.log")" >&2
             server_side=$(curl -s "http://127.0.0.1:$stats/")
             row+=" $(CACHE=$cache SECS=$SECS CAPACITY=$CAPACITY SERVER="$server_side" python3 -c 'import json, os
 oha = json.load(open(os.environ["CACHE"] + "/oha.json"))
