@@ -5,20 +5,23 @@
 //! is merely slow (a slower dependency, variable work, slow requests) is not
 //! overloaded, so the rule compares latency with the **baseline**, what the
 //! server does at low concurrency, never with the fastest it ever was:
-//! - the baseline is a running mean of the latency of successful requests
-//!   admitted beside at most half the limit (a minimum would be dragged down
-//!   by ordinary variance, as Netflix's `Gradient2Limit` notes);
-//! - while the limit turns requests away and none run at low concurrency,
-//!   a **probe** re-measures it: for a moment only half the limit is
-//!   admitted, and the latency of what was admitted then is the baseline
-//!   (Envoy's adaptive concurrency filter does the same at its minimum
-//!   concurrency). A probe that finds latency no lower than at the limit
-//!   has shown the latency does not grow with concurrency, and the baseline
-//!   rises to it; one that finds it lower keeps the lower baseline;
+//! - the baseline is a mean of the latency of successful requests admitted
+//!   beside at most half the limit, while the limit is not reached (a
+//!   minimum would be dragged down by ordinary variance, as Netflix's
+//!   `Gradient2Limit` notes);
+//! - while the limit is reached (half of it may then be past the knee), a
+//!   **probe** re-measures it: half the limit is admitted until a cohort of
+//!   requests is, and the mean latency of the whole cohort, once every one
+//!   of it finished, is the baseline (Envoy's adaptive concurrency filter
+//!   re-measures at its minimum concurrency). A probe that finds latency
+//!   about as high as at the limit has shown that latency does not grow
+//!   with concurrency, and the baseline rises to it; one that finds it
+//!   lower lowers it; otherwise the baseline stays;
 //! - the limit shrinks only while it is reached (a limit no request meets
 //!   cannot be what queues them), in proportion as latency passes
-//!   `tolerance × baseline`, and grows by a share of `√limit` while latency
-//!   stays within it and the limit is in use.
+//!   `tolerance × baseline` by more than the window's noise, and grows by a
+//!   fifth of `√limit` while latency stays within it and the limit is in
+//!   use.
 //!
 //! A window closes when it has lasted `window` and holds `min_samples`
 //! measurements, however long that takes: ten requests a second adapt as
@@ -91,7 +94,7 @@ pub(crate) struct Window {
 }
 
 /// A re-measurement of the baseline at half the limit, over a cohort of
-/// [`PROBE_SAMPLES`] requests admitted at it.
+/// requests admitted at it.
 #[derive(Debug, Clone, Copy)]
 struct Probe {
     level: usize,
