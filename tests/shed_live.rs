@@ -208,7 +208,7 @@ async fn a_tonic_server_behind_the_layer_pushes_back_and_the_grpc_client_waits()
     freed.await.unwrap();
     assert!(answer.is_ok(), "{answer:?}");
     // The schedule alone would have retried after 10 ms, into the held
-    // place; the pushback (1 to 2 s) kept the client away until it was free.
+    // place; the pushback (1 to 3 s) kept the client away until it was free.
     assert!(waited >= Duration::from_secs(1), "{waited:?}");
-    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert!(waited < Duration::from_millis(3_500), "{waited:?}");
 }
