@@ -101,6 +101,10 @@ async fn at_twice_capacity_goodput_stays_near_capacity_and_every_request_is_answ
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
     );
+    // Goodput is counted while the load is offered: the retries of requests
+    // shed near the end finish during a drain of up to a few `Retry-After`
+    // seconds in which the server idles, which says nothing of overload.
+    let ok_in_window = Arc::new(AtomicU64::new(0));
     let rate = 2.0 * capacity;
     let started = Instant::now();
     let length = Duration::from_secs(20);
@@ -113,11 +117,15 @@ async fn at_twice_capacity_goodput_stays_near_capacity_and_every_request_is_answ
         let permit = tasks.clone().acquire_owned().await.unwrap();
         let (svc, get) = (retrying.clone(), get.clone());
         let (ok, shed, errors) = (ok.clone(), shed.clone(), errors.clone());
+        let ok_in_window = ok_in_window.clone();
         sent.fetch_add(1, Ordering::Relaxed);
         handles.push(tokio::spawn(async move {
             let _permit = permit;
             match svc.oneshot(get()).await {
                 Ok(response) if response.status() == StatusCode::OK => {
+                    if started.elapsed() < length {
+                        ok_in_window.fetch_add(1, Ordering::Relaxed);
+                    }
                     ok.fetch_add(1, Ordering::Relaxed)
                 }
                 Ok(_) => shed.fetch_add(1, Ordering::Relaxed),
@@ -136,10 +144,12 @@ async fn at_twice_capacity_goodput_stays_near_capacity_and_every_request_is_answ
         shed.load(Ordering::Relaxed),
         errors.load(Ordering::Relaxed),
     );
-    let goodput = ok as f64 / elapsed;
+    let goodput = ok_in_window.load(Ordering::Relaxed) as f64 / length.as_secs_f64();
     println!(
-        "capacity {capacity:.0}/s, offered {offered:.0}/s; {sent} requests: {ok} ok, {shed} shed in the end, {errors} errors; goodput {goodput:.0}/s = {:.1} % of capacity; limit at the end {}",
+        "capacity {capacity:.0}/s, offered {offered:.0}/s; {sent} requests: {ok} ok, {shed} shed in the end, {errors} errors; goodput over the {} s of load {goodput:.0}/s = {:.1} % of capacity ({:.0}/s over the {elapsed:.1} s to the last answer); limit at the end {}",
+        length.as_secs(),
         100.0 * goodput / capacity,
+        ok as f64 / elapsed,
         limiter.limit()
     );
     assert_eq!(ok + shed + errors, sent, "every request answered");
@@ -208,7 +218,7 @@ async fn a_tonic_server_behind_the_layer_pushes_back_and_the_grpc_client_waits()
     freed.await.unwrap();
     assert!(answer.is_ok(), "{answer:?}");
     // The schedule alone would have retried after 10 ms, into the held
-    // place; the pushback (1 to 2 s) kept the client away until it was free.
+    // place; the pushback (1 to 3 s) kept the client away until it was free.
     assert!(waited >= Duration::from_secs(1), "{waited:?}");
-    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert!(waited < Duration::from_millis(3_500), "{waited:?}");
 }

@@ -63,12 +63,12 @@ async fn a_shed_503_is_retried_after_its_spread_retry_after_not_sooner() {
     let started = Instant::now();
     let response = client.oneshot(get()).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    // Sent once, shed without reaching the handler, retried after 1 to 2 s
+    // Sent once, shed without reaching the handler, retried after 1 to 3 s
     // (plus the client's upward jitter of at most 10 %).
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(1), "{waited:?}");
-    assert!(waited <= Duration::from_millis(2_200), "{waited:?}");
+    assert!(waited <= Duration::from_millis(3_300), "{waited:?}");
 }
 
 #[tokio::test(start_paused = true)]

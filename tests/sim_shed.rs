@@ -49,6 +49,25 @@ fn twice_capacity_for_60_s_keeps_goodput_latency_and_spread() {
     }
 }
 
+#[test]
+fn four_times_capacity_for_60_s_keeps_goodput() {
+    // One seed in a debug build: each takes about 6 s there.
+    for seed in seeds().take(if cfg!(debug_assertions) { 1 } else { 5 }) {
+        let report = OverloadScenario::new()
+            .overload(4.0)
+            .seed(seed)
+            .run(Gate::Shed)
+            .unwrap();
+        let goodput = report.goodput_share();
+        let (unloaded, loaded) = report.p99_unloaded_and_loaded();
+        println!(
+            "seed {seed}, 4x: goodput {:.1} % of capacity, p99 {unloaded:?} unloaded, {loaded:?} admitted under load",
+            goodput * 100.0
+        );
+        assert!(goodput >= 0.95, "goodput {goodput}");
+    }
+}
+
 /// The tables of README.md, docs/GUIDE.md and docs/RESULTS.md.
 #[test]
 #[ignore = "prints the comparison tables"]

@@ -130,12 +130,18 @@ mod reqwest_parity;
 mod retry_fn;
 #[path = "../schedule.rs"]
 mod schedule;
-#[path = "../shed_live.rs"]
-mod shed_live;
+#[path = "../shed_healthy.rs"]
+mod shed_healthy;
+#[path = "../shed_knee.rs"]
+mod shed_knee;
 #[path = "../shed_observability.rs"]
 mod shed_observability;
 #[path = "../shed_pair.rs"]
 mod shed_pair;
+#[path = "../shed_retry_after.rs"]
+mod shed_retry_after;
+#[path = "../shed_stream.rs"]
+mod shed_stream;
 #[path = "../stop_rules.rs"]
 mod stop_rules;
 #[path = "../tracing.rs"]

@@ -25,7 +25,7 @@ pub enum ShedEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitArgs {
     pub(crate) limit: usize,
-    pub(crate) anchor: Duration,
+    pub(crate) baseline: Duration,
     pub(crate) mean: Duration,
     pub(crate) queue_time: Duration,
 }
@@ -36,9 +36,10 @@ impl LimitArgs {
         self.limit
     }
 
-    /// The anchor: the lowest window mean latency of the anchor window.
-    pub fn anchor(&self) -> Duration {
-        self.anchor
+    /// The baseline: the mean latency at low concurrency (zero before
+    /// one was measured).
+    pub fn baseline(&self) -> Duration {
+        self.baseline
     }
 
     /// The mean latency of the window that just closed.
@@ -88,7 +89,7 @@ impl ShedObserver for ShedTracing {
             ShedEvent::Limit(args) => tracing::debug!(
                 target: "tower_backoff::shed",
                 limit = args.limit(),
-                anchor_ms = args.anchor().as_secs_f64() * 1e3,
+                baseline_ms = args.baseline().as_secs_f64() * 1e3,
                 mean_ms = args.mean().as_secs_f64() * 1e3,
                 "concurrency limit changed"
             ),

@@ -5,8 +5,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use http::Response;
+use http_body::Body;
 use pin_project_lite::pin_project;
 
+use crate::body::{grpc_failed, ShedBody};
 use crate::limiter::Permit;
 
 pin_project! {
@@ -27,7 +30,7 @@ pin_project! {
     #[derive(Debug)]
     enum State<F, B> {
         Admitted { #[pin] future: F, permit: Option<Permit> },
-        Rejected { response: Option<http::Response<B>> },
+        Rejected { response: Option<Response<ShedBody<B>>> },
     }
 }
 
@@ -41,7 +44,7 @@ impl<F, B> ResponseFuture<F, B> {
         }
     }
 
-    pub(crate) fn rejected(response: http::Response<B>) -> Self {
+    pub(crate) fn rejected(response: Response<ShedBody<B>>) -> Self {
         Self {
             state: State::Rejected {
                 response: Some(response),
@@ -52,18 +55,25 @@ impl<F, B> ResponseFuture<F, B> {
 
 impl<F, B, E> Future for ResponseFuture<F, B>
 where
-    F: Future<Output = Result<http::Response<B>, E>>,
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body,
 {
-    type Output = Result<http::Response<B>, E>;
+    type Output = Result<Response<ShedBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Admitted { future, permit } => {
-                let output = std::task::ready!(future.poll(cx));
-                if let Some(permit) = permit.take() {
-                    permit.complete(tokio::time::Instant::now().into_std());
-                }
-                Poll::Ready(output)
+                // An error frees the place unmeasured, as the permit drops.
+                let response = std::task::ready!(future.poll(cx))?;
+                let Some(permit) = permit.take() else {
+                    // Polled after it was done: stays pending rather than panic.
+                    return Poll::Pending;
+                };
+                let healthy =
+                    !response.status().is_server_error() && !grpc_failed(response.headers());
+                Poll::Ready(Ok(
+                    response.map(|body| ShedBody::admitted(body, permit, healthy))
+                ))
             }
             StateProj::Rejected { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(response)),

@@ -40,6 +40,7 @@ pub(crate) struct Answers {
     pub(crate) status: StatusCode,
     pub(crate) grpc_retry: u16,
     pub(crate) grpc_stop: u16,
+    pub(crate) trust_criticality: bool,
 }
 
 impl ShedLayer {
@@ -72,6 +73,7 @@ pub struct ShedBuilder {
     status: StatusCode,
     grpc_retry: u16,
     grpc_stop: u16,
+    trust_criticality: bool,
 }
 
 impl Default for ShedBuilder {
@@ -82,6 +84,7 @@ impl Default for ShedBuilder {
             status: StatusCode::SERVICE_UNAVAILABLE,
             grpc_retry: UNAVAILABLE,
             grpc_stop: RESOURCE_EXHAUSTED,
+            trust_criticality: true,
         }
     }
 }
@@ -100,6 +103,16 @@ impl ShedBuilder {
     pub fn grpc_codes(mut self, retry: u16, stop: u16) -> Self {
         self.grpc_retry = retry;
         self.grpc_stop = stop;
+        self
+    }
+
+    /// Whether a request's `x-criticality` header ranks it (default
+    /// `true`). Any client can send it: a server open to clients it does
+    /// not trust should turn it off (every request is then `default`, one
+    /// level lower when it is a retry), or set the header itself at a
+    /// proxy it trusts.
+    pub fn trust_criticality(mut self, trust: bool) -> Self {
+        self.trust_criticality = trust;
         self
     }
 
@@ -158,6 +171,7 @@ impl ShedBuilder {
                 status: self.status,
                 grpc_retry: self.grpc_retry,
                 grpc_stop: self.grpc_stop,
+                trust_criticality: self.trust_criticality,
             },
         })
     }

@@ -7,20 +7,28 @@
 //! A per-process client cannot see a fleet-wide overload it is not failing
 //! at; the server, which sees every client, can. [`ShedLayer`]:
 //! - **admits by latency**: an adaptive concurrency [`Limiter`], gradient
-//!   style, anchored on the lowest 100 ms mean latency of the last 10
-//!   minutes, and a bound on queueing time (`max_drain`). What it cannot
-//!   admit it rejects at once, before the inner service is called;
+//!   style: it shrinks only while the limit is reached and latency grows
+//!   past what the server does at low concurrency (its baseline, re-measured
+//!   by a short probe at half the limit), so a server that is merely slow
+//!   (variable work, a slower dependency, fast failures, few slow requests)
+//!   has none of its traffic shed; and a bound on queueing time
+//!   (`max_drain`). What it cannot admit it rejects at once, before the
+//!   inner service is called. A response holds its place until its body
+//!   ends ([`ShedBody`]), where its latency is measured; failures are not;
 //! - **answers with the client's signals**: HTTP 503 (or 429) with
-//!   `Retry-After` and `retry-after-ms` spread at random between 1 and 2 s
-//!   (longer when the backlog needs longer) and the RateLimit fields; gRPC
+//!   `Retry-After` and `retry-after-ms` spread at random between 1 and 3 s
+//!   (longer when the backlog needs longer; `Retry-After` in whole seconds,
+//!   so 1 or 2) and the RateLimit fields; gRPC
 //!   `UNAVAILABLE` with `grpc-retry-pushback-ms`; and "do not retry"
 //!   (`x-should-retry: false`, a negative pushback with
 //!   `RESOURCE_EXHAUSTED`) when the rejected demand could not drain within
 //!   `max_drain`;
 //! - **sheds retries and low-priority work first**: a request's
-//!   [`Criticality`] (header `x-criticality`), one level lower when it is a
-//!   retry or a hedge (`x-retry-attempt`, which tower-backoff's `HttpPolicy`
-//!   sends, `grpc-previous-rpc-attempts`, `x-envoy-attempt-count`);
+//!   [`Criticality`] (header `x-criticality`, which any client can send:
+//!   turn it off with [`ShedBuilder::trust_criticality`] where clients are
+//!   not trusted), one level lower when it is a retry or a hedge
+//!   (`x-retry-attempt`, which tower-backoff's `HttpPolicy` sends,
+//!   `grpc-previous-rpc-attempts`, `x-envoy-attempt-count`);
 //! - **tells**: every admission, rejection and change of limit is a
 //!   [`ShedEvent`]; metrics under `tower_backoff.shed.*` (feature `metrics`).
 //!
@@ -57,6 +65,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod body;
 pub mod criticality;
 pub mod events;
 mod future;
@@ -67,7 +76,9 @@ pub mod limiter;
 pub mod metrics;
 pub mod rejection;
 mod service;
+mod window;
 
+pub use body::ShedBody;
 pub use criticality::{Criticality, Priority};
 #[cfg(feature = "tracing")]
 pub use events::ShedTracing;

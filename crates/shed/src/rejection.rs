@@ -99,9 +99,14 @@ impl Rejection {
         self.queue_time
     }
 
-    /// The HTTP answer: `status` (503 or 429) with `Retry-After` (whole
-    /// seconds, rounded up), `retry-after-ms` and the RateLimit fields, or
+    /// The HTTP answer: `status` (503 or 429) with `Retry-After` (the whole
+    /// seconds of the delay, at least 1), `retry-after-ms` (the delay,
+    /// never shorter than `Retry-After` says) and the RateLimit fields, or
     /// `x-should-retry: false` when it should not retry; an empty body.
+    ///
+    /// The delays spread over whole seconds, not within one: most clients
+    /// read only `Retry-After`, and a fleet told "2" by every rejection
+    /// comes back at one instant.
     pub fn http_response<B: Default>(&self, status: StatusCode) -> Response<B> {
         let mut response = Response::new(B::default());
         *response.status_mut() = status;
@@ -109,7 +114,7 @@ impl Rejection {
         match self.retry_after {
             Some(delay) => {
                 let millis = delay.as_millis().min(u128::from(u64::MAX)) as u64;
-                let seconds = millis.div_ceil(1000);
+                let seconds = (millis / 1000).max(1);
                 headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
                 headers.insert(RETRY_AFTER_MS, HeaderValue::from(millis));
                 headers.insert(
@@ -178,12 +183,12 @@ mod tests {
     }
 
     #[test]
-    fn an_http_rejection_carries_whole_seconds_rounded_up_and_milliseconds() {
-        let response: Response<()> = rejection(Some(Duration::from_millis(1_234)))
+    fn an_http_rejection_carries_whole_seconds_and_milliseconds_that_agree() {
+        let response: Response<()> = rejection(Some(Duration::from_millis(2_734)))
             .http_response(StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.status(), 503);
         assert_eq!(response.headers()["retry-after"], "2");
-        assert_eq!(response.headers()["retry-after-ms"], "1234");
+        assert_eq!(response.headers()["retry-after-ms"], "2734");
         assert_eq!(response.headers()["ratelimit"], "\"concurrency\";r=0;t=2");
         assert!(response.headers().get("x-should-retry").is_none());
     }

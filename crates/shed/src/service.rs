@@ -6,7 +6,8 @@ use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::criticality::Priority;
+use crate::body::ShedBody;
+use crate::criticality::{is_retry, Criticality, Priority};
 use crate::future::ResponseFuture;
 use crate::layer::Answers;
 use crate::limiter::Limiter;
@@ -79,9 +80,9 @@ impl<S> Shed<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Shed<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Default,
+    ResBody: http_body::Body,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ShedBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody>;
 
@@ -90,7 +91,11 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let priority = Priority::from_headers(request.headers());
+        let priority = if self.answers.trust_criticality {
+            Priority::from_headers(request.headers())
+        } else {
+            Priority::new(Criticality::Default, is_retry(request.headers()))
+        };
         let now = tokio::time::Instant::now().into_std();
         match self.limiter.try_acquire(priority, now) {
             Ok(permit) => ResponseFuture::admitted(self.inner.call(request), permit),
@@ -105,12 +110,63 @@ where
                     } else {
                         self.answers.grpc_stop
                     };
-                    rejection.grpc_response(code)
+                    rejection.grpc_response::<()>(code)
                 } else {
-                    rejection.http_response(self.answers.status)
+                    rejection.http_response::<()>(self.answers.status)
                 };
-                ResponseFuture::rejected(response)
+                ResponseFuture::rejected(response.map(|()| ShedBody::empty()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::{service_fn, Layer, ServiceExt};
+
+    use crate::{Limiter, Priority, ShedLayer};
+
+    /// The status a request marked `criticality` gets with 9 of 10 places
+    /// held, from a layer that trusts the header or not.
+    async fn status(trust: bool, criticality: &str) -> u16 {
+        let limiter = Limiter::builder()
+            .initial_limit(10)
+            .max_limit(10)
+            .seed(1)
+            .build()
+            .unwrap();
+        let _held: Vec<_> = (0..9)
+            .map(|_| {
+                limiter
+                    .try_acquire(Priority::HIGHEST, Instant::now())
+                    .unwrap()
+            })
+            .collect();
+        let server = ShedLayer::builder()
+            .shared_limiter(limiter)
+            .trust_criticality(trust)
+            .build()
+            .unwrap()
+            .layer(service_fn(|_req: http::Request<Full<Bytes>>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+            }));
+        let request = http::Request::get("/")
+            .header("x-criticality", criticality)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        server.oneshot(request).await.unwrap().status().as_u16()
+    }
+
+    #[tokio::test]
+    async fn x_criticality_ranks_a_request_only_where_it_is_trusted() {
+        // Trusted, `critical` takes the last place default work may not.
+        assert_eq!(status(true, "critical").await, 200);
+        assert_eq!(status(true, "default").await, 503);
+        // Not trusted, every request is default work.
+        assert_eq!(status(false, "critical").await, 503);
     }
 }

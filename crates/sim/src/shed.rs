@@ -402,6 +402,12 @@ impl OverloadScenario {
         self
     }
 
+    /// The overload, as a multiple of the capacity (default 2).
+    pub fn overload(mut self, share: f64) -> Self {
+        self.overload = share;
+        self
+    }
+
     /// How long the overload lasts (default 60 s).
     pub fn overload_for(mut self, during: Duration) -> Self {
         self.during = during;
