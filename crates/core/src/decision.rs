@@ -6,8 +6,9 @@ use std::time::Duration;
 /// What one attempt's outcome means.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{Cause, Decision};
+/// use tower_backoff::{Cause, Decision};
 ///
 /// // A 429 with `Retry-After: 2`:
 /// let d = Decision::retry_after(Duration::from_secs(2)).because(Cause::Throttled);

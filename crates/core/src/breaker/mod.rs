@@ -52,7 +52,7 @@
 //! Google's SRE book (chapter 21) rejects each request locally with
 //! probability `max(0, (requests - K × accepts) / (requests + 1))` over the
 //! last two minutes. Both measured on top of the layer's defaults
-//! (`tower_backoff_sim`'s `BreakerScenario`: 50 requests a second, a 20 ms
+//! (the `BreakerScenario` of the repository's simulator, `crates/sim`: 50 requests a second, a 20 ms
 //! round trip; `cargo test --test sim_breaker breaker_table -- --ignored
 //! --nocapture`):
 //!
@@ -80,11 +80,12 @@
 //! crate's `PerHostLayer`.
 //!
 //! ```
+//! # extern crate tower_backoff_core as tower_backoff;
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tower::{service_fn, ServiceExt};
-//! use tower_backoff_core::breaker::CircuitBreaker;
-//! use tower_backoff_core::BackoffLayer;
+//! use tower_backoff::breaker::CircuitBreaker;
+//! use tower_backoff::BackoffLayer;
 //!
 //! let breaker = CircuitBreaker::new();
 //! let layer = BackoffLayer::builder()

@@ -65,8 +65,9 @@ const FLEET_SAFE_QUIET: Duration = Duration::from_secs(600);
 /// gives up what it put above it, so the bucket ends within its capacity.
 ///
 /// ```
-/// use tower_backoff_core::budget::{Budget, TokenBucket};
-/// use tower_backoff_core::Cause;
+/// # extern crate tower_backoff_core as tower_backoff;
+/// use tower_backoff::budget::{Budget, TokenBucket};
+/// use tower_backoff::Cause;
 ///
 /// let bucket = TokenBucket::builder().capacity(10).build()?;
 /// assert!(bucket.try_retry(Cause::Transient)); // 10 -> 5
@@ -74,7 +75,7 @@ const FLEET_SAFE_QUIET: Duration = Duration::from_secs(600);
 /// assert!(bucket.try_retry(Cause::Transient)); // 5 -> 0
 /// bucket.on_success(Some(Cause::Transient)); // the retry's cost comes back
 /// assert_eq!(bucket.available(), 5);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 pub struct TokenBucket {
     /// Thousandths of a token.
