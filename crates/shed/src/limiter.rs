@@ -41,8 +41,9 @@ const ANCHOR_SLOTS: usize = 10;
 /// A shared adaptive concurrency limit. Clones share one limit.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod shed { pub use tower_backoff_shed::*; } }
 /// use std::time::{Duration, Instant};
-/// use tower_backoff_shed::{Limiter, Priority, Criticality};
+/// use tower_backoff::shed::{Limiter, Priority, Criticality};
 ///
 /// let limiter = Limiter::builder().initial_limit(2).min_limit(1).build()?;
 /// let now = Instant::now();
@@ -54,7 +55,7 @@ const ANCHOR_SLOTS: usize = 10;
 /// first.complete(now + Duration::from_millis(50));
 /// drop(second);
 /// assert!(limiter.try_acquire(Priority::new(Criticality::Default, false), now).is_ok());
-/// # Ok::<(), tower_backoff_core::ConfigError>(())
+/// # Ok::<(), tower_backoff::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct Limiter {
