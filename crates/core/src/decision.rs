@@ -78,8 +78,10 @@ pub enum Cause {
     /// Any transient failure: a dropped connection, a 502.
     #[default]
     Transient,
-    /// The attempt timed out. A token bucket charges more for it: a timeout
-    /// often means the server is still working on the request.
+    /// The attempt timed out: the server may still be working on the
+    /// request. The layer's default budget charges its retry as any other;
+    /// [`TokenBucket::new`](crate::TokenBucket::new) (AWS's standard mode)
+    /// charges it twice a transient retry's.
     Timeout,
     /// The server said it is overloaded (429, 503). Adaptive pacing slows every
     /// request down when it sees this.

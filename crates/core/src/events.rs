@@ -360,7 +360,7 @@ pub trait Observer: Send + Sync {
     /// `event` happened to one of the requests of the layer, or layer copy,
     /// `origin` names. What the layer calls; by default it forgets the
     /// origin and calls [`on_event`](Self::on_event). A closure that wants
-    /// the origin is wrapped in [`WithOrigin`](crate::events::WithOrigin).
+    /// the origin is wrapped in [a `WithOrigin`](crate::events::WithOrigin).
     fn on_event_from(&self, event: &Event, origin: &Origin) {
         let _ = origin;
         self.on_event(event);

@@ -37,7 +37,7 @@
 //!   idempotent methods and requests with an `Idempotency-Key` only.
 //! - **Paid like retries**: every hedge counts against the attempt limit,
 //!   respects the deadline, the open breaker and readiness, and is paid from
-//!   the retry budget ([`Cause::Hedge`](crate::Cause::Hedge)); a hedge that wins is a retry that
+//!   the retry budget ([its cause is `Hedge`](crate::Cause::Hedge)); a hedge that wins is a retry that
 //!   succeeded. Whether a hedge may go out is asked before the service is
 //!   readied for it, so a hedge refused holds no permit of the service's.
 //! - **At most a share of the load, every second** (10 % by default): when
