@@ -9,12 +9,12 @@
 //! they are judged, so a body cut short is retried rather than returned as a
 //! success. It reads a caller's [`RetryLimits`](tower_backoff_core::RetryLimits)
 //! from each request's extensions and records a [`RetryInfo`] in each
-//! response's. With the `reqwest-middleware` feature, [`BackoffMiddleware`]
+//! response's. With the `reqwest-middleware` feature, `BackoffMiddleware`
 //! does the same for `reqwest_middleware` clients, made from the same
 //! builder. [`HttpPolicy::retry_unsent`] retries requests that provably
 //! never left ([`is_unsent`]), whatever their method;
 //! [`HttpPolicy::retry_on_body`] classifies a response on its body. The
-//! pieces the layer is made of are in [`parts`](crate::parts).
+//! pieces the layer is made of are in [the `parts` module](crate::parts).
 //!
 //! Over HTTP/2, turn on the `http2` feature: a stream the server resets
 //! (before the headers or mid-body) or ends with a `GOAWAY` is then read as

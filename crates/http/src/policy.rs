@@ -63,8 +63,10 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 ///   error's `source()` chain, and with the `http2` feature HTTP/2 stream
 ///   resets and `GOAWAY`s ([`classify_error`]).
 /// - **Why**: 429 and 503 are [`Cause::Throttled`], so adaptive pacing slows
-///   down; 504 and timeouts are [`Cause::Timeout`], which a token bucket charges
-///   more; the rest is [`Cause::Transient`].
+///   down; 504 and timeouts are [`Cause::Timeout`]; the rest is
+///   [`Cause::Transient`]. The layer's default budget charges every retry
+///   the same, whatever its cause; [`TokenBucket::new`](tower_backoff_core::TokenBucket::new)
+///   (AWS's standard mode) charges a timeout's retry twice a transient one's.
 /// - **Unless the server says**: `x-should-retry: false` makes any response
 ///   final, `x-should-retry: true` makes a 4xx or 5xx retryable
 ///   ([`should_retry_header`](Self::should_retry_header)).

@@ -17,7 +17,7 @@ use super::replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 /// (`http::Request<B>` becomes `http::Request<ReplayBody<B>>`), tonic's
 /// `Channel` (with `tower_backoff::grpc::TonicBodyLayer` inside the
 /// retry layer) and, with the `reqwest` feature, `reqwest::Client` (with
-/// [`IntoReqwestLayer`](super::parts::IntoReqwestLayer) inside the retry layer).
+/// `parts::IntoReqwestLayer` inside the retry layer).
 /// The recording keeps the chunks the client sent (reference-counted
 /// `Bytes`, not copies) and only until the last copy of the request is
 /// dropped. A body that outgrows the limit is sent once: its call is

@@ -48,7 +48,8 @@ pub enum Criticality {
 }
 
 impl Criticality {
-    /// The criticality `headers` name in [`X_CRITICALITY`](crate::criticality::X_CRITICALITY); `Default` when
+    /// The criticality `headers` name in
+    /// [`x-criticality`](crate::criticality::X_CRITICALITY); `Default` when
     /// absent or unknown.
     pub fn from_headers(headers: &HeaderMap) -> Self {
         let Some(value) = headers.get(&X_CRITICALITY) else {
@@ -106,9 +107,12 @@ impl Priority {
         Priority(if retry { level - 1 } else { level })
     }
 
-    /// Reads a request's headers: [`X_CRITICALITY`](crate::criticality::X_CRITICALITY), and whether any of
-    /// [`X_RETRY_ATTEMPT`](crate::criticality::X_RETRY_ATTEMPT), [`GRPC_PREVIOUS_RPC_ATTEMPTS`](crate::criticality::GRPC_PREVIOUS_RPC_ATTEMPTS) or
-    /// [`X_ENVOY_ATTEMPT_COUNT`](crate::criticality::X_ENVOY_ATTEMPT_COUNT) marks it as a retry.
+    /// Reads a request's headers:
+    /// [`x-criticality`](crate::criticality::X_CRITICALITY), and whether any
+    /// of [`x-retry-attempt`](crate::criticality::X_RETRY_ATTEMPT),
+    /// [`grpc-previous-rpc-attempts`](crate::criticality::GRPC_PREVIOUS_RPC_ATTEMPTS)
+    /// or [`x-envoy-attempt-count`](crate::criticality::X_ENVOY_ATTEMPT_COUNT)
+    /// marks it as a retry.
     pub fn from_headers(headers: &HeaderMap) -> Self {
         Priority::new(Criticality::from_headers(headers), is_retry(headers))
     }

@@ -26,7 +26,7 @@ pub use layer::BufferBodyLayer;
 #[cfg(feature = "reqwest")]
 pub use reqwest::BufferReqwestFuture;
 
-/// Default most bytes of a response body [`BufferBody`] reads ahead: 64 KiB,
+/// Default most bytes of a response body [`BufferBody`](crate::parts::BufferBody) reads ahead: 64 KiB,
 /// as [`DEFAULT_REPLAY_LIMIT`](super::DEFAULT_REPLAY_LIMIT) for requests.
 /// Error pages and the JSON of most APIs fit; downloads do not, and pass
 /// through.
