@@ -47,19 +47,21 @@ fn is_hidden(line: &str) -> bool {
 /// Whether an info string makes rustdoc treat a block as Rust: no language,
 /// `rust`, or rustdoc's attributes only.
 fn is_rust(info: &str) -> bool {
-    info.split([',', ' ', '\t']).filter(|a| !a.is_empty()).all(|a| {
-        a == "rust"
-            || a.starts_with("edition")
-            || [
-                "ignore",
-                "no_run",
-                "compile_fail",
-                "should_panic",
-                "test_harness",
-                "standalone_crate",
-            ]
-            .contains(&a)
-    })
+    info.split([',', ' ', '\t'])
+        .filter(|a| !a.is_empty())
+        .all(|a| {
+            a == "rust"
+                || a.starts_with("edition")
+                || [
+                    "ignore",
+                    "no_run",
+                    "compile_fail",
+                    "should_panic",
+                    "test_harness",
+                    "standalone_crate",
+                ]
+                .contains(&a)
+        })
 }
 
 /// The visible lines of fenced code blocks in `lines` (1-based numbers) that
@@ -146,11 +148,14 @@ fn scanned() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut paths = Vec::new();
     files(&root.join("src"), "rs", &mut paths);
-    let crates = fs::read_dir(root.join("crates")).map_or_else(|_| Vec::new(), |dirs| {
-        dirs.map(|d| d.expect("a crate directory").path())
-            .filter(|d| !d.ends_with("sim"))
-            .collect()
-    });
+    let crates = fs::read_dir(root.join("crates")).map_or_else(
+        |_| Vec::new(),
+        |dirs| {
+            dirs.map(|d| d.expect("a crate directory").path())
+                .filter(|d| !d.ends_with("sim"))
+                .collect()
+        },
+    );
     for dir in crates {
         files(&dir.join("src"), "rs", &mut paths);
     }
@@ -188,7 +193,12 @@ fn a_visible_import_of_an_internal_crate_is_found() {
 /// ```
 fn f() {}
 ";
-    let found = hits(source.lines().enumerate().map(|(n, l)| (n + 1, doc_text(l))));
+    let found = hits(
+        source
+            .lines()
+            .enumerate()
+            .map(|(n, l)| (n + 1, doc_text(l))),
+    );
     assert_eq!(
         found,
         [Hit {
@@ -212,7 +222,12 @@ fn hidden_lines_prose_and_other_names_are_not_hits() {
 //! not Rust: # tower_backoff_grpc is shown
 //! ```
 ";
-    let found = hits(source.lines().enumerate().map(|(n, l)| (n + 1, doc_text(l))));
+    let found = hits(
+        source
+            .lines()
+            .enumerate()
+            .map(|(n, l)| (n + 1, doc_text(l))),
+    );
     assert_eq!(
         found,
         [Hit {
@@ -233,7 +248,12 @@ fn f() {}
 /// tower_backoff_http in prose
 fn g() { tower_backoff_http::f(); }
 ";
-    let found = hits(source.lines().enumerate().map(|(n, l)| (n + 1, doc_text(l))));
+    let found = hits(
+        source
+            .lines()
+            .enumerate()
+            .map(|(n, l)| (n + 1, doc_text(l))),
+    );
     assert_eq!(found, []);
 }
 
