@@ -95,21 +95,28 @@
 // The engine and the layer: everything above is theirs, at the top level.
 pub use tower_backoff_core::*;
 
+// The siblings are `#[doc(inline)]`: their pages render here as modules of
+// this crate, under the paths users write (`tower_backoff::http::..`), not as
+// a bare `pub use` that sends the reader to a crate they do not depend on.
+
 /// A poller of many providers on the same engine: per-provider backoff,
 /// quarantine and eviction, and a live board of their values.
 #[cfg(feature = "poll")]
 #[cfg_attr(docsrs, doc(cfg(feature = "poll")))]
+#[doc(inline)]
 pub use tower_backoff_poll as poll;
 
 /// HTTP retries: the HTTP policy, the server's signals (`Retry-After` and
 /// friends), replayable request bodies, reqwest and reqwest-middleware.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+#[doc(inline)]
 pub use tower_backoff_http as http;
 
 /// gRPC retries for tonic, as gRFC A6 specifies them.
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+#[doc(inline)]
 pub use tower_backoff_grpc as grpc;
 
 /// The server half: a layer for hyper/axum and tonic servers that admits by
@@ -117,6 +124,7 @@ pub use tower_backoff_grpc as grpc;
 /// (feature `shed`).
 #[cfg(feature = "shed")]
 #[cfg_attr(docsrs, doc(cfg(feature = "shed")))]
+#[doc(inline)]
 pub use tower_backoff_shed as shed;
 
 // Every Rust snippet in the README is compiled and run by `cargo test`, so the

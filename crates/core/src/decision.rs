@@ -6,8 +6,9 @@ use std::time::Duration;
 /// What one attempt's outcome means.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{Cause, Decision};
+/// use tower_backoff::{Cause, Decision};
 ///
 /// // A 429 with `Retry-After: 2`:
 /// let d = Decision::retry_after(Duration::from_secs(2)).because(Cause::Throttled);
@@ -77,8 +78,10 @@ pub enum Cause {
     /// Any transient failure: a dropped connection, a 502.
     #[default]
     Transient,
-    /// The attempt timed out. A token bucket charges more for it: a timeout
-    /// often means the server is still working on the request.
+    /// The attempt timed out: the server may still be working on the
+    /// request. The layer's default budget charges its retry as any other;
+    /// [`TokenBucket::new`](crate::TokenBucket::new) (AWS's standard mode)
+    /// charges it twice a transient retry's.
     Timeout,
     /// The server said it is overloaded (429, 503). Adaptive pacing slows every
     /// request down when it sees this.

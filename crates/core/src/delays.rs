@@ -20,8 +20,9 @@ use crate::schedule::{AnySchedule, Schedule};
 /// sets one; it never allocates and never panics, however long it runs.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{Delays, Exponential, Jitter};
+/// use tower_backoff::{Delays, Exponential, Jitter};
 ///
 /// let schedule = Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_millis(500));
 /// let mut delays = Delays::new(schedule).jitter(Jitter::None);
@@ -41,11 +42,12 @@ use crate::schedule::{AnySchedule, Schedule};
 /// (`examples/reconnect.rs` runs it against a real server):
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::time::Duration;
 /// use tokio::sync::watch;
-/// use tower_backoff_core::{Delays, Exponential};
+/// use tower_backoff::{Delays, Exponential};
 ///
 /// # let mut refusals = 3;
 /// # let mut connect = || {

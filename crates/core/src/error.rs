@@ -117,8 +117,9 @@ impl<E: StdError + 'static> StdError for Error<E> {
 /// setting to fix.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{BackoffLayer, Exponential};
+/// use tower_backoff::{BackoffLayer, Exponential};
 ///
 /// let err = BackoffLayer::builder()
 ///     .schedule(Exponential::new(Duration::from_millis(100)).factor(0.5))

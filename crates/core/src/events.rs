@@ -189,7 +189,8 @@ impl RetryArgs {
 /// expects where it reads the outcome.
 ///
 /// ```
-/// use tower_backoff_core::events::Outcome;
+/// # extern crate tower_backoff_core as tower_backoff;
+/// use tower_backoff::events::Outcome;
 ///
 /// let failed: Result<u16, std::io::Error> = Err(std::io::ErrorKind::TimedOut.into());
 /// let outcome = Outcome::of(&failed);
@@ -340,10 +341,11 @@ impl Origin {
 /// Any `Fn(&Event) + Send + Sync` closure is one:
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
-/// use tower_backoff_core::events::Event;
-/// use tower_backoff_core::BackoffLayer;
+/// use tower_backoff::events::Event;
+/// use tower_backoff::BackoffLayer;
 ///
 /// let retries = Arc::new(AtomicU64::new(0));
 /// let counted = retries.clone();
@@ -356,7 +358,7 @@ impl Origin {
 ///     })
 ///     .build()?;
 /// # drop(layer);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 pub trait Observer: Send + Sync {
     /// `event` happened to one of the layer's requests.
@@ -365,7 +367,7 @@ pub trait Observer: Send + Sync {
     /// `event` happened to one of the requests of the layer, or layer copy,
     /// `origin` names. What the layer calls; by default it forgets the
     /// origin and calls [`on_event`](Self::on_event). A closure that wants
-    /// the origin is wrapped in [`WithOrigin`].
+    /// the origin is wrapped in [a `WithOrigin`](crate::events::WithOrigin).
     fn on_event_from(&self, event: &Event, origin: &Origin) {
         let _ = origin;
         self.on_event(event);
@@ -382,8 +384,9 @@ impl<F: Fn(&Event) + Send + Sync> Observer for F {
 /// per-host layer copy it happened in, and the layer's name.
 ///
 /// ```
-/// use tower_backoff_core::events::{Event, Origin, WithOrigin};
-/// use tower_backoff_core::BackoffLayer;
+/// # extern crate tower_backoff_core as tower_backoff;
+/// use tower_backoff::events::{Event, Origin, WithOrigin};
+/// use tower_backoff::BackoffLayer;
 ///
 /// let layer = BackoffLayer::builder()
 ///     .name("payments")
@@ -394,7 +397,7 @@ impl<F: Fn(&Event) + Send + Sync> Observer for F {
 ///     }))
 ///     .build()?;
 /// # drop(layer);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy)]
 #[doc(hidden)]

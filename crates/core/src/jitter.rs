@@ -16,8 +16,9 @@ use crate::schedule::nanos_capped;
 /// finishes contended work with the fewest calls.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{Exponential, Jitter, Rng, Schedule};
+/// use tower_backoff::{Exponential, Jitter, Rng, Schedule};
 ///
 /// let schedule = Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_secs(1));
 /// let mut rng = Rng::seeded(7);
@@ -63,8 +64,9 @@ impl Jitter {
     /// for the first retry and read only by [`Jitter::Decorrelated`].
     ///
     /// ```
+    /// # extern crate tower_backoff_core as tower_backoff;
     /// use std::time::Duration;
-    /// use tower_backoff_core::{Exponential, Jitter, Rng};
+    /// use tower_backoff::{Exponential, Jitter, Rng};
     ///
     /// let schedule = Exponential::new(Duration::from_millis(100));
     /// let mut rng = Rng::seeded(1);

@@ -46,11 +46,12 @@ pub use crate::limits::DEFAULT_MAX_ATTEMPTS;
 /// layers); [`no_budget`](BackoffBuilder::no_budget) opts out.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff_core::{BackoffLayer, Exponential};
+/// use tower_backoff::{BackoffLayer, Exponential};
 ///
 /// let layer = BackoffLayer::builder()
 ///     .max_attempts(4)
@@ -183,13 +184,14 @@ impl<P, T> BackoffLayer<P, T> {
     /// `tracing` records name it.
     ///
     /// ```
-    /// use tower_backoff_core::BackoffLayer;
+    /// # extern crate tower_backoff_core as tower_backoff;
+    /// use tower_backoff::BackoffLayer;
     ///
     /// let layer = BackoffLayer::builder().name("payments").build()?;
     /// let eu = layer.for_host("eu.example:443");
     /// assert_eq!(eu.host(), Some("eu.example:443"));
     /// assert_eq!(eu.layer_name(), Some("payments"));
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
+    /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
     pub fn for_host(&self, authority: &str) -> Self
     where
@@ -321,11 +323,12 @@ impl<P, T> BackoffBuilder<P, T> {
     /// the inner service's error as is or the time-out (see [`deadline`](crate::deadline)).
     ///
     /// ```
+    /// # extern crate tower_backoff_core as tower_backoff;
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
     /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff_core::BackoffLayer;
+    /// use tower_backoff::BackoffLayer;
     ///
     /// let calls = std::sync::atomic::AtomicU32::new(0);
     /// let hangs_once = service_fn(|()| {
@@ -403,8 +406,9 @@ impl<P, T> BackoffBuilder<P, T> {
     /// of other requests can keep paying for.
     ///
     /// ```
+    /// # extern crate tower_backoff_core as tower_backoff;
     /// use std::time::Duration;
-    /// use tower_backoff_core::BackoffLayer;
+    /// use tower_backoff::BackoffLayer;
     ///
     /// // Bounded by the default budget and one minute per request.
     /// let layer = BackoffLayer::builder()
@@ -414,7 +418,7 @@ impl<P, T> BackoffBuilder<P, T> {
     /// # drop(layer);
     /// let endless = BackoffLayer::builder().unlimited_attempts().build();
     /// assert_eq!(endless.unwrap_err().field(), "max_attempts");
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
+    /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
     pub fn unlimited_attempts(mut self) -> Self {
         self.settings.limits.max_attempts = UNLIMITED_ATTEMPTS;
@@ -430,8 +434,9 @@ impl<P, T> BackoffBuilder<P, T> {
     /// still needs [`max_elapsed`](Self::max_elapsed).
     ///
     /// ```
+    /// # extern crate tower_backoff_core as tower_backoff;
     /// use std::time::Duration;
-    /// use tower_backoff_core::{BackoffLayer, Exponential};
+    /// use tower_backoff::{BackoffLayer, Exponential};
     ///
     /// let layer = BackoffLayer::builder()
     ///     .schedule(Exponential::new(Duration::from_secs(1)).max_delay(Duration::from_secs(10)))
@@ -439,7 +444,7 @@ impl<P, T> BackoffBuilder<P, T> {
     ///     .stop_at_cap()
     ///     .build()?;
     /// # drop(layer);
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
+    /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
     pub fn stop_at_cap(mut self) -> Self {
         self.settings.limits.stop_at_cap = true;
@@ -513,12 +518,13 @@ impl<P, T> BackoffBuilder<P, T> {
     /// call.
     ///
     /// ```
-    /// use tower_backoff_core::{BackoffLayer, Hedging};
+    /// # extern crate tower_backoff_core as tower_backoff;
+    /// use tower_backoff::{BackoffLayer, Hedging};
     ///
     /// let layer = BackoffLayer::builder()
     ///     .hedge(Hedging::at_percentile(95.0).max_extra_load(0.05))
     ///     .build()?;
-    /// # Ok::<(), tower_backoff_core::ConfigError>(())
+    /// # Ok::<(), tower_backoff::ConfigError>(())
     /// ```
     pub fn hedge(mut self, hedging: Hedging) -> Self {
         self.settings.hedging = Some(hedging);
@@ -582,7 +588,8 @@ impl<P, T> BackoffBuilder<P, T> {
     /// annotation.
     ///
     /// ```
-    /// use tower_backoff_core::BackoffLayer;
+    /// # extern crate tower_backoff_core as tower_backoff;
+    /// use tower_backoff::BackoffLayer;
     ///
     /// let layer = BackoffLayer::builder()
     ///     .on_retry(|retry, outcome| {
@@ -593,7 +600,7 @@ impl<P, T> BackoffBuilder<P, T> {
     ///     })
     ///     .build()?;
     /// # drop(layer);
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
+    /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
     pub fn on_retry<F>(mut self, hook: F) -> Self
     where

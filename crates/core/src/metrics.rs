@@ -1,4 +1,4 @@
-//! [`Metrics`]: the layer's events as metrics, through the [`metrics`]
+//! [`Metrics`]: the layer's events as metrics, through the [`metrics`](https://docs.rs/metrics)
 //! facade (feature `metrics`), which every exporter reads: Prometheus,
 //! OpenTelemetry, StatsD. Every layer has it among its observers under that
 //! feature; without a recorder installed, recording costs a load and a

@@ -22,8 +22,9 @@ use tokio::time::Instant;
 /// other layer. The policy has no say: it classifies outcomes.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::RetryLimits;
+/// use tower_backoff::RetryLimits;
 ///
 /// let mut request = http::Request::get("http://example.test/").body(()).unwrap();
 /// request
@@ -82,7 +83,11 @@ impl RetryLimits {
 }
 
 /// Classifies outcomes and copies requests for the [`BackoffRetry`](crate::BackoffRetry)
-/// service: two required methods, and one provided.
+/// service: two required methods ([`classify`](Self::classify),
+/// [`clone_request`](Self::clone_request)) and four provided ones, each with
+/// a default that fits most policies ([`needs_request`](Self::needs_request),
+/// [`classify_outcome`](Self::classify_outcome),
+/// [`prepare_retry`](Self::prepare_retry), [`prepare_hedge`](Self::prepare_hedge)).
 ///
 /// Implement it for your own type when the ready-made ones do not fit:
 /// [`RetryOnError`] (the default), [`retry_if`] and [`classify_fn`] cover most
@@ -91,7 +96,8 @@ impl RetryLimits {
 /// type: see [`BackoffBuilder::on_retry`](crate::BackoffBuilder::on_retry).
 ///
 /// ```
-/// use tower_backoff_core::{Decision, Policy};
+/// # extern crate tower_backoff_core as tower_backoff;
+/// use tower_backoff::{Decision, Policy};
 ///
 /// /// Retries only errors that say the queue is full.
 /// #[derive(Clone)]
@@ -291,7 +297,8 @@ impl<Req: Clone, Res, E> Policy<Req, Res, E> for RetryOnError {
 /// infers it instead:
 ///
 /// ```
-/// use tower_backoff_core::{retry_if, BackoffLayer};
+/// # extern crate tower_backoff_core as tower_backoff;
+/// use tower_backoff::{retry_if, BackoffLayer};
 ///
 /// let layer = BackoffLayer::builder()
 ///     .policy(retry_if(|result: &Result<u16, std::io::Error>| match result {
@@ -350,8 +357,9 @@ where
 /// the same with the argument types inferred.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{classify_fn, Cause, Decision};
+/// use tower_backoff::{classify_fn, Cause, Decision};
 ///
 /// let policy = classify_fn(|_req: &&str, result: &Result<u16, ()>| match result {
 ///     Ok(429) => Decision::retry_after(Duration::from_secs(1)).because(Cause::Throttled),

@@ -28,10 +28,11 @@ use crate::timer::{self, Sleep};
 /// doubling up to 20 s, full jitter. Each setting reads as part of a sentence:
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::time::Duration;
-/// use tower_backoff_core::{retry, Exponential};
+/// use tower_backoff::{retry, Exponential};
 ///
 /// let mut calls = 0;
 /// let value = retry(|| {
@@ -76,9 +77,10 @@ enum BudgetChoice {
 /// runs cannot multiply the load of an outage:
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// use tower_backoff_core::retry;
+/// use tower_backoff::retry;
 ///
 /// let fetch = retry(|| async { Ok::<_, std::io::Error>("page") }).max_attempts(5);
 /// for _ in 0..3 {

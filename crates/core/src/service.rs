@@ -36,10 +36,11 @@ use crate::transitions::{Attempt, RequestLimits};
 /// nothing is reserved from the inner service while pacing waits.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// use tower::{service_fn, ServiceExt};
-/// use tower_backoff_core::{BackoffRetry, BackoffLayer};
+/// use tower_backoff::{BackoffRetry, BackoffLayer};
 ///
 /// let echo = service_fn(|s: String| async move { Ok::<_, std::io::Error>(s) });
 /// let svc = BackoffRetry::new(echo, &BackoffLayer::new());
@@ -47,7 +48,7 @@ use crate::transitions::{Attempt, RequestLimits};
 /// # }
 /// ```
 ///
-/// `T` says how long an attempt may take: [`NoTimeout`] (the default; the
+/// `T` says how long an attempt may take: `NoTimeout` (the default; the
 /// error is the inner service's) or, with
 /// [`attempt_timeout`](crate::BackoffBuilder::attempt_timeout), a limit per
 /// attempt (the error is [`Error`](crate::Error)).
@@ -88,10 +89,11 @@ impl<S, P, T> BackoffRetry<S, P, T> {
     /// annotation needed.
     ///
     /// ```
+    /// # extern crate tower_backoff_core as tower_backoff;
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff_core::{BackoffRetry, BackoffLayer};
+    /// use tower_backoff::{BackoffRetry, BackoffLayer};
     ///
     /// let flaky = service_fn(|path: &'static str| async move {
     ///     Err::<String, _>(std::io::Error::new(std::io::ErrorKind::TimedOut, path))
@@ -116,11 +118,12 @@ impl<S, P, T> BackoffRetry<S, P, T> {
     /// from the service.
     ///
     /// ```
+    /// # extern crate tower_backoff_core as tower_backoff;
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// use std::time::Duration;
     /// use tower::{service_fn, ServiceExt};
-    /// use tower_backoff_core::{BackoffRetry, BackoffLayer, Cause, Decision};
+    /// use tower_backoff::{BackoffRetry, BackoffLayer, Cause, Decision};
     ///
     /// let store = service_fn(|key: u32| async move { Ok::<u16, std::io::Error>(200 + key as u16) });
     /// let svc = BackoffRetry::new(store, &BackoffLayer::new()).classify(|key, outcome| match outcome {
@@ -201,7 +204,7 @@ impl<S, P, T> BackoffRetry<S, P, T> {
     /// Calls the service with `limits` for this one request instead of the
     /// layer's: how a front-end passes a caller's per-request
     /// [`RetryLimits`] (the HTTP layer reads them from the request's
-    /// extensions). As [`Service::call`], it needs
+    /// extensions). As `Service::call`, it needs
     /// [`poll_ready`](Service::poll_ready) first.
     pub fn call_with_limits<Req>(
         &mut self,

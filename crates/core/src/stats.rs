@@ -19,10 +19,11 @@ use crate::events::{Ending, Event, HedgeEvent, Observer};
 /// `gave_up_*` counters (a request dropped by its caller ends in none).
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use tower::{service_fn, ServiceExt};
-/// use tower_backoff_core::{BackoffLayer, Stats};
+/// use tower_backoff::{BackoffLayer, Stats};
 ///
 /// let stats = Stats::new();
 /// let layer = BackoffLayer::builder().max_attempts(2).stats(stats.clone()).build()?;

@@ -6,15 +6,16 @@
 //! another executor needs one small trait, not a fork.
 //!
 //! Only sleeping needs a runtime: the crate reads the time with
-//! [`tokio::time::Instant::now`], which is `std::time::Instant::now` outside
+//! `tokio::time::Instant::now`, which is `std::time::Instant::now` outside
 //! a Tokio runtime whose clock is paused, so a timer needs no clock of its
 //! own.
 //!
 //! ```
+//! # extern crate tower_backoff_core as tower_backoff;
 //! use std::future::Future;
 //! use std::pin::Pin;
 //! use std::time::Duration;
-//! use tower_backoff_core::timer::{self, Timer};
+//! use tower_backoff::timer::{self, Timer};
 //!
 //! /// Sleeps on a thread of its own: a timer for any executor (a real one
 //! /// would share one thread for every sleep).

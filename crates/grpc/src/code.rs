@@ -56,8 +56,9 @@ const NAMES: [&str; 17] = [
 /// the service owner).
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// use tonic::Code;
-/// use tower_backoff_grpc::CodeSet;
+/// use tower_backoff::grpc::CodeSet;
 ///
 /// let codes = CodeSet::DEFAULT.with(Code::ResourceExhausted);
 /// assert!(codes.contains(Code::Unavailable));

@@ -49,9 +49,10 @@ pub enum TransportFailure {
 /// retried only when its status is one the policy retries.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// use std::io;
 /// use tonic::Code;
-/// use tower_backoff_grpc::{classify_transport_error, TransportFailure};
+/// use tower_backoff::grpc::{classify_transport_error, TransportFailure};
 ///
 /// let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
 /// assert_eq!(classify_transport_error(&refused), TransportFailure::NotSent);

@@ -33,9 +33,10 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer, Constant, Hedging, Jitter
 /// request body's recording, each reading it in full.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// use std::time::Duration;
 /// use tonic::Code;
-/// use tower_backoff_grpc::{CodeSet, HedgingConfig};
+/// use tower_backoff::grpc::{CodeSet, HedgingConfig};
 ///
 /// let hedging = HedgingConfig::new(3, Duration::from_millis(50), CodeSet::DEFAULT)?;
 /// assert_eq!(hedging.max_attempts(), 3);
@@ -43,7 +44,7 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer, Constant, Hedging, Jitter
 /// assert!(hedging.non_fatal_codes().contains(Code::Unavailable));
 /// let layer = hedging.layer().build()?; // a BackoffLayer for this method
 /// # drop(layer);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HedgingConfig {

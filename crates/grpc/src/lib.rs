@@ -18,10 +18,11 @@
 //!
 //! # A tonic client configured by a service config
 //! ```no_run
+//! # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use tonic::transport::Channel;
 //! use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-//! use tower_backoff_grpc::{GrpcRetryLayer, ServiceConfig};
+//! use tower_backoff::grpc::{GrpcRetryLayer, ServiceConfig};
 //!
 //! let config = ServiceConfig::from_json(r#"{
 //!   "methodConfig": [{

@@ -91,10 +91,11 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 /// responses returned carry a [`RetryInfo`](tower_backoff_http::RetryInfo) in their extensions.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// use std::time::Duration;
 /// use tonic::Code;
-/// use tower_backoff_grpc::GrpcPolicy;
-/// use tower_backoff_core::{BackoffLayer, Decision};
+/// use tower_backoff::grpc::GrpcPolicy;
+/// use tower_backoff::{BackoffLayer, Decision};
 ///
 /// let policy = GrpcPolicy::new().retry_code(Code::ResourceExhausted);
 /// let trailers_only = |status: &str| {
@@ -109,7 +110,7 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 ///
 /// let layer = BackoffLayer::builder().policy(policy).build()?;
 /// # drop(layer);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct GrpcPolicy {

@@ -31,9 +31,10 @@ pub enum Pushback {
 /// ([`GrpcPolicy::max_pushback`](super::GrpcPolicy::max_pushback)).
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// use std::time::Duration;
 /// use http::HeaderMap;
-/// use tower_backoff_grpc::{parse_pushback, Pushback, RETRY_PUSHBACK_MS};
+/// use tower_backoff::grpc::{parse_pushback, Pushback, RETRY_PUSHBACK_MS};
 ///
 /// let mut headers = HeaderMap::new();
 /// assert_eq!(parse_pushback(&headers), Pushback::Absent);

@@ -1,5 +1,5 @@
 //! Replayable request bodies for tonic: [`ReplayLayer`] (from
-//! [`tower_backoff_http`], re-exported here) records request bodies before the retry
+//! `tower_backoff::http`, re-exported here) records request bodies before the retry
 //! layer, and [`TonicBodyLayer`] hands the channel the body type it takes
 //! after it.
 
@@ -20,10 +20,11 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// `Channel` takes; the inside half of [`ReplayLayer`].
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use tower::ServiceBuilder;
-/// use tower_backoff_grpc::{GrpcPolicy, ReplayLayer, TonicBodyLayer};
-/// use tower_backoff_core::BackoffLayer;
+/// use tower_backoff::grpc::{GrpcPolicy, ReplayLayer, TonicBodyLayer};
+/// use tower_backoff::BackoffLayer;
 ///
 /// let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
 /// let svc = ServiceBuilder::new()

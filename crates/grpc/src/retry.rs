@@ -53,10 +53,11 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// that sends more is committed and not retried.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use tonic::transport::Channel;
 /// use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-/// use tower_backoff_grpc::{GrpcRetryLayer, ServiceConfig};
+/// use tower_backoff::grpc::{GrpcRetryLayer, ServiceConfig};
 ///
 /// let config: ServiceConfig = r#"{"methodConfig": [{
 ///     "name": [{"service": "grpc.health.v1.Health"}],

@@ -26,10 +26,11 @@ pub const RETRY_CONFIG_JITTER: Jitter = Jitter::Proportional(0.2);
 /// `maxBackoff`, as A6 says; [`cap`](Schedule::cap) is `1.2 × maxBackoff`.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// use std::time::Duration;
 /// use tonic::Code;
-/// use tower_backoff_grpc::{CodeSet, RetryConfig};
-/// use tower_backoff_core::Schedule;
+/// use tower_backoff::grpc::{CodeSet, RetryConfig};
+/// use tower_backoff::Schedule;
 ///
 /// let policy = RetryConfig::new(
 ///     4,
@@ -43,7 +44,7 @@ pub const RETRY_CONFIG_JITTER: Jitter = Jitter::Proportional(0.2);
 /// assert_eq!(policy.delay(9), Duration::from_secs(1));
 /// let layer = policy.layer().build()?; // a BackoffLayer for this method
 /// # drop(layer);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryConfig {

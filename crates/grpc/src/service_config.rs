@@ -35,8 +35,9 @@ type Object = Map<String, Value>;
 /// retried; one with both is invalid.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// use std::time::Duration;
-/// use tower_backoff_grpc::ServiceConfig;
+/// use tower_backoff::grpc::ServiceConfig;
 ///
 /// let config: ServiceConfig = r#"{
 ///   "methodConfig": [{
@@ -57,7 +58,7 @@ type Object = Map<String, Value>;
 /// assert_eq!(policy.initial_backoff(), Duration::from_millis(100));
 /// assert!(config.retry_config("/other.Service/Call").is_none());
 /// assert_eq!(config.retry_throttling().unwrap().max_tokens(), 10.0);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct ServiceConfig {
@@ -143,8 +144,9 @@ impl ServiceConfig {
     /// or `None` when it is not hedged.
     ///
     /// ```
+    /// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
     /// use std::time::Duration;
-    /// use tower_backoff_grpc::ServiceConfig;
+    /// use tower_backoff::grpc::ServiceConfig;
     ///
     /// let config: ServiceConfig = r#"{"methodConfig": [{
     ///   "name": [{ "service": "pkg.Search" }],
@@ -155,7 +157,7 @@ impl ServiceConfig {
     /// assert_eq!(hedging.max_attempts(), 3);
     /// assert_eq!(hedging.hedging_delay(), Duration::from_millis(50));
     /// assert!(config.retry_config("/pkg.Search/Find").is_none());
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
+    /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
     pub fn hedging_config(&self, path: &str) -> Option<&HedgingConfig> {
         match self.policies[self.entry(path)?].as_ref()? {

@@ -47,9 +47,10 @@ const MAX_TOKENS: f64 = 1000.0;
 /// one word.
 ///
 /// ```
-/// use tower_backoff_core::budget::Budget;
-/// use tower_backoff_grpc::RetryThrottle;
-/// use tower_backoff_core::Cause;
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
+/// use tower_backoff::budget::Budget;
+/// use tower_backoff::grpc::RetryThrottle;
+/// use tower_backoff::Cause;
 ///
 /// let throttle = RetryThrottle::new(10.0, 0.1)?;
 /// for _ in 0..4 {
@@ -62,7 +63,7 @@ const MAX_TOKENS: f64 = 1000.0;
 /// }
 /// assert_eq!(throttle.tokens(), 6.0);
 /// assert!(throttle.allows_retry());
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 pub struct RetryThrottle {
     /// Thousandths of a token.

@@ -25,9 +25,10 @@ const MAX_VALUE: u64 = 99_999_999;
 /// overflows (the longest, `99999999H`, is about 11,400 years).
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod grpc { pub use tower_backoff_grpc::*; } }
 /// use std::time::Duration;
 /// use http::HeaderMap;
-/// use tower_backoff_grpc::{parse_grpc_timeout, GRPC_TIMEOUT};
+/// use tower_backoff::grpc::{parse_grpc_timeout, GRPC_TIMEOUT};
 ///
 /// let mut headers = HeaderMap::new();
 /// assert_eq!(parse_grpc_timeout(&headers), None);

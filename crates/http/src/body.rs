@@ -40,8 +40,9 @@ impl<B: Clone> CloneBody for B {
 /// the HTTP and gRPC policies' `clone_request` do, for a policy of your own.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// let request = http::Request::put("http://example.test/item").body(String::from("x")).unwrap();
-/// let copy = tower_backoff_http::parts::copy_request(&request).unwrap();
+/// let copy = tower_backoff::http::parts::copy_request(&request).unwrap();
 /// assert_eq!((copy.method(), copy.body()), (request.method(), request.body()));
 /// ```
 pub fn copy_request<B: CloneBody>(request: &http::Request<B>) -> Option<http::Request<B>> {

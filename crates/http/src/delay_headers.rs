@@ -51,7 +51,8 @@ const TIMESTAMP_MILLIS: f64 = 1e12;
 /// zero, in the past) is skipped, never trusted.
 ///
 /// ```
-/// use tower_backoff_http::{DelayHeaders, HttpPolicy};
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
+/// use tower_backoff::http::{DelayHeaders, HttpPolicy};
 ///
 /// // Only the standard header, no rate-limit headers:
 /// let policy = HttpPolicy::new().delay_headers(DelayHeaders::RETRY_AFTER);
@@ -154,9 +155,10 @@ impl fmt::Debug for DelayHeaders {
 /// enormous value saturates at `Duration::MAX`, for the policy to refuse.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::time::Duration;
 /// use http::HeaderValue;
-/// use tower_backoff_http::parse_retry_after_ms;
+/// use tower_backoff::http::parse_retry_after_ms;
 ///
 /// assert_eq!(parse_retry_after_ms(&HeaderValue::from_static("1500")), Some(Duration::from_millis(1500)));
 /// assert_eq!(parse_retry_after_ms(&HeaderValue::from_static("-1")), None);
@@ -176,9 +178,10 @@ pub fn parse_retry_after_ms(value: &HeaderValue) -> Option<Duration> {
 /// seconds since the epoch, at least 10¹² as milliseconds since the epoch.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// use http::HeaderValue;
-/// use tower_backoff_http::parse_rate_limit_reset;
+/// use tower_backoff::http::parse_rate_limit_reset;
 ///
 /// let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
 /// let value = |s: &'static str| HeaderValue::from_static(s);

@@ -51,9 +51,10 @@ const MAX_DEPTH: usize = 32;
 /// is safe.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::io;
-/// use tower_backoff_core::Cause;
-/// use tower_backoff_http::classify_error;
+/// use tower_backoff::Cause;
+/// use tower_backoff::http::classify_error;
 ///
 /// let reset: Box<dyn std::error::Error + Send + Sync> =
 ///     io::Error::from(io::ErrorKind::ConnectionReset).into();
@@ -97,8 +98,9 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Option<Cause> {
 /// anything else.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::io;
-/// use tower_backoff_http::is_unsent;
+/// use tower_backoff::http::is_unsent;
 ///
 /// assert!(is_unsent(&io::Error::from(io::ErrorKind::ConnectionRefused)));
 /// assert!(!is_unsent(&io::Error::from(io::ErrorKind::ConnectionReset)));
@@ -115,8 +117,9 @@ pub fn is_unsent(error: &(dyn Error + 'static)) -> bool {
 /// walks.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::io;
-/// use tower_backoff_http::find_in_chain;
+/// use tower_backoff::http::find_in_chain;
 ///
 /// let wrapped = io::Error::other(std::fmt::Error);
 /// assert!(find_in_chain(&wrapped, |e| e.downcast_ref::<std::fmt::Error>()).is_some());
@@ -288,7 +291,8 @@ fn classify_one(error: &(dyn Error + 'static)) -> Option<Cause> {
 /// line:
 ///
 /// ```
-/// use tower_backoff_http::AsStdError;
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
+/// use tower_backoff::http::AsStdError;
 ///
 /// #[derive(Debug)]
 /// struct MyError;

@@ -7,8 +7,9 @@ use std::time::Duration;
 /// or not.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::time::Duration;
-/// use tower_backoff_http::RetryInfo;
+/// use tower_backoff::http::RetryInfo;
 ///
 /// # let mut response = http::Response::new(());
 /// # response.extensions_mut().insert(RetryInfo::new(2, Duration::from_millis(100)));

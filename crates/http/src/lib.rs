@@ -9,12 +9,12 @@
 //! they are judged, so a body cut short is retried rather than returned as a
 //! success. It reads a caller's [`RetryLimits`](tower_backoff_core::RetryLimits)
 //! from each request's extensions and records a [`RetryInfo`] in each
-//! response's. With the `reqwest-middleware` feature, [`BackoffMiddleware`]
+//! response's. With the `reqwest-middleware` feature, `BackoffMiddleware`
 //! does the same for `reqwest_middleware` clients, made from the same
 //! builder. [`HttpPolicy::retry_unsent`] retries requests that provably
 //! never left ([`is_unsent`]), whatever their method;
 //! [`HttpPolicy::retry_on_body`] classifies a response on its body. The
-//! pieces the layer is made of are in [`parts`].
+//! pieces the layer is made of are in [the `parts` module](crate::parts).
 //!
 //! Over HTTP/2, turn on the `http2` feature: a stream the server resets
 //! (before the headers or mid-body) or ends with a `GOAWAY` is then read as
@@ -70,13 +70,14 @@
 //!
 //! # With hyper-util
 //! ```no_run
+//! # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use std::time::Duration;
 //! use http_body_util::Full;
 //! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_backoff_http::{HttpRetryLayer, RetryInfo};
-//! use tower_backoff_core::Exponential;
+//! use tower_backoff::http::{HttpRetryLayer, RetryInfo};
+//! use tower_backoff::Exponential;
 //!
 //! let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
 //! let svc = ServiceBuilder::new()
@@ -100,13 +101,14 @@
 //! `ServiceBuilder` lists layers from the outside in. The right order:
 //!
 //! ```
+//! # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use std::time::Duration;
 //! use http::{Request, Response};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_backoff_http::HttpPolicy;
-//! use tower_backoff_core::BackoffLayer;
+//! use tower_backoff::http::HttpPolicy;
+//! use tower_backoff::BackoffLayer;
 //!
 //! # let client = service_fn(|_: Request<String>| async {
 //! #     Ok::<_, std::io::Error>(Response::new(String::new()))

@@ -23,8 +23,9 @@ static METHODS: [Method; 9] = [
 /// using one is retried only with an `Idempotency-Key`.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use http::Method;
-/// use tower_backoff_http::MethodSet;
+/// use tower_backoff::http::MethodSet;
 ///
 /// let set = MethodSet::IDEMPOTENT.with(Method::POST);
 /// assert!(set.contains(&Method::POST));

@@ -53,10 +53,11 @@ use tower_backoff_core::BackoffLayer;
 /// it gets, and keeps its own when none ended.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::time::Duration;
 /// use reqwest_middleware::ClientBuilder;
-/// use tower_backoff_http::{BackoffMiddleware, HttpRetryLayer};
-/// use tower_backoff_core::Exponential;
+/// use tower_backoff::http::{BackoffMiddleware, HttpRetryLayer};
+/// use tower_backoff::Exponential;
 ///
 /// let layer = HttpRetryLayer::builder()
 ///     .schedule(Exponential::new(Duration::from_millis(100)))

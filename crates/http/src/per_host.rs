@@ -37,10 +37,11 @@ const SHARDS: usize = 8;
 /// then per host.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
-/// use tower_backoff_http::{HttpPolicy, PerHostLayer};
-/// use tower_backoff_core::{BackoffLayer, TokenBucket};
+/// use tower_backoff::http::{HttpPolicy, PerHostLayer};
+/// use tower_backoff::{BackoffLayer, TokenBucket};
 /// # let client = tower::service_fn(|_: http::Request<String>| async {
 /// #     Ok::<_, std::io::Error>(http::Response::new(String::new()))
 /// # });

@@ -63,8 +63,10 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 ///   error's `source()` chain, and with the `http2` feature HTTP/2 stream
 ///   resets and `GOAWAY`s ([`classify_error`]).
 /// - **Why**: 429 and 503 are [`Cause::Throttled`], so adaptive pacing slows
-///   down; 504 and timeouts are [`Cause::Timeout`], which a token bucket charges
-///   more; the rest is [`Cause::Transient`].
+///   down; 504 and timeouts are [`Cause::Timeout`]; the rest is
+///   [`Cause::Transient`]. The layer's default budget charges every retry
+///   the same, whatever its cause; [`TokenBucket::new`](tower_backoff_core::TokenBucket::new)
+///   (AWS's standard mode) charges a timeout's retry twice a transient one's.
 /// - **Unless the server says**: `x-should-retry: false` makes any response
 ///   final, `x-should-retry: true` makes a 4xx or 5xx retryable
 ///   ([`should_retry_header`](Self::should_retry_header)).
@@ -88,6 +90,7 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 /// `http::Response<B>`) and, with the `reqwest` feature, `reqwest::Client`.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower::BoxError> {
 /// use std::time::Duration;
@@ -95,8 +98,8 @@ pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 /// use http::{Request, Response, StatusCode};
 /// use http_body_util::Full;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff_http::{HttpPolicy, HttpRetryLayer, RetryInfo};
-/// use tower_backoff_core::Exponential;
+/// use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
+/// use tower_backoff::Exponential;
 ///
 /// // Stands in for an HTTP client: busy once, then fine.
 /// let calls = std::sync::atomic::AtomicU32::new(0);
@@ -289,8 +292,9 @@ impl HttpPolicy {
     /// [`no_attempt_header`](Self::no_attempt_header) turns it off.
     ///
     /// ```
+    /// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
     /// use http::HeaderName;
-    /// use tower_backoff_http::HttpPolicy;
+    /// use tower_backoff::http::HttpPolicy;
     ///
     /// let policy = HttpPolicy::new()
     ///     .attempt_header(HeaderName::from_static("x-envoy-attempt-count"));
@@ -338,8 +342,9 @@ impl HttpPolicy {
     /// `http::Response`s and `reqwest::Response`s alike.
     ///
     /// ```
-    /// use tower_backoff_core::Cause;
-    /// use tower_backoff_http::HttpPolicy;
+    /// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
+    /// use tower_backoff::Cause;
+    /// use tower_backoff::http::HttpPolicy;
     ///
     /// let policy = HttpPolicy::new().retry_on_body(|_status, _headers, body| {
     ///     body.windows(14).any(|w| w == b"queue capacity").then_some(Cause::Throttled)
@@ -400,8 +405,9 @@ impl HttpPolicy {
     /// extend it:
     ///
     /// ```
-    /// use tower_backoff_core::Cause;
-    /// use tower_backoff_http::{classify_error, HttpPolicy};
+    /// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
+    /// use tower_backoff::Cause;
+    /// use tower_backoff::http::{classify_error, HttpPolicy};
     ///
     /// let policy = HttpPolicy::new().on_error(|error| {
     ///     classify_error(error).or_else(|| {
@@ -438,7 +444,8 @@ impl HttpPolicy {
     /// classifier cannot turn it off by accident.
     ///
     /// ```
-    /// use tower_backoff_http::HttpPolicy;
+    /// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
+    /// use tower_backoff::http::HttpPolicy;
     ///
     /// let policy = HttpPolicy::new().retry_unsent();
     /// # drop(policy);

@@ -40,13 +40,14 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// waiting for the source then, it is woken to end at once.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// use bytes::Bytes;
 /// use futures::stream;
 /// use http_body::Frame;
 /// use http_body_util::{BodyExt, StreamBody};
-/// use tower_backoff_http::{CloneBody, ReplayBody};
+/// use tower_backoff::http::{CloneBody, ReplayBody};
 ///
 /// let chunks = ["hello", ", ", "world"]
 ///     .map(|s| Ok::<_, std::io::Error>(Frame::data(Bytes::from(s))));

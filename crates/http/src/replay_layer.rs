@@ -17,7 +17,7 @@ use super::replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 /// (`http::Request<B>` becomes `http::Request<ReplayBody<B>>`), tonic's
 /// `Channel` (with `tower_backoff::grpc::TonicBodyLayer` inside the
 /// retry layer) and, with the `reqwest` feature, `reqwest::Client` (with
-/// [`IntoReqwestLayer`](super::parts::IntoReqwestLayer) inside the retry layer).
+/// `parts::IntoReqwestLayer` inside the retry layer).
 /// The recording keeps the chunks the client sent (reference-counted
 /// `Bytes`, not copies) and only until the last copy of the request is
 /// dropped. A body that outgrows the limit is sent once: its call is
@@ -26,13 +26,14 @@ use super::replay::{ReplayBody, DEFAULT_REPLAY_LIMIT};
 /// Put it outside the retry layer:
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use bytes::Bytes;
 /// use http_body_util::combinators::BoxBody;
 /// use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 /// use tower::ServiceBuilder;
-/// use tower_backoff_http::{HttpPolicy, ReplayBody};
-/// use tower_backoff_http::parts::ReplayLayer;
-/// use tower_backoff_core::BackoffLayer;
+/// use tower_backoff::http::{HttpPolicy, ReplayBody};
+/// use tower_backoff::http::parts::ReplayLayer;
+/// use tower_backoff::BackoffLayer;
 ///
 /// type Upload = BoxBody<Bytes, std::io::Error>;
 /// let client = Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Upload>>();

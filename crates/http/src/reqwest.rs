@@ -13,14 +13,15 @@ use tower_backoff_core::policy::{Decision, Policy, PrepareRetry};
 /// Classifies `reqwest` outcomes as it does `http` ones: statuses and
 /// `Retry-After` the same way, errors by `is_timeout()` / `is_connect()` and
 /// their `source()` chain. Requests are copied with
-/// [`reqwest::Request::try_clone`], so a streaming body goes out once; put a
+/// [`reqwest::Request::try_clone`](https://docs.rs/reqwest/latest/reqwest/struct.Request.html#method.try_clone), so a streaming body goes out once; put a
 /// [`ReplayLayer`](super::parts::ReplayLayer) in front to retry those as well.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
-/// use tower_backoff_http::HttpPolicy;
-/// use tower_backoff_core::{BackoffLayer, Exponential};
+/// use tower_backoff::http::HttpPolicy;
+/// use tower_backoff::{BackoffLayer, Exponential};
 ///
 /// let client = ServiceBuilder::new()
 ///     .layer(

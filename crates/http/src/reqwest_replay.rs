@@ -33,10 +33,11 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// call with reqwest's own builder error, before anything is sent.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use tower::ServiceBuilder;
-/// use tower_backoff_http::{HttpPolicy};
-/// use tower_backoff_http::parts::{IntoReqwestLayer, ReplayLayer};
-/// use tower_backoff_core::BackoffLayer;
+/// use tower_backoff::http::{HttpPolicy};
+/// use tower_backoff::http::parts::{IntoReqwestLayer, ReplayLayer};
+/// use tower_backoff::BackoffLayer;
 ///
 /// let client = ServiceBuilder::new()
 ///     .layer(ReplayLayer::new())

@@ -30,9 +30,10 @@ pub(super) const MAX_LEN: usize = 64;
 /// giving up at once past it rather than retrying early.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use std::time::{Duration, SystemTime};
 /// use http::HeaderValue;
-/// use tower_backoff_http::parse_retry_after;
+/// use tower_backoff::http::parse_retry_after;
 ///
 /// let now = SystemTime::now();
 /// assert_eq!(

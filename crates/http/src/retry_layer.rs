@@ -80,11 +80,12 @@ pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 ///   keeps one of each for every host instead.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// # #[cfg(feature = "reqwest")]
-/// # fn main() -> Result<(), tower_backoff_core::ConfigError> {
+/// # fn main() -> Result<(), tower_backoff::ConfigError> {
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
-/// use tower_backoff_http::{HttpRetry, HttpRetryLayer};
+/// use tower_backoff::http::{HttpRetry, HttpRetryLayer};
 ///
 /// // The type to name in a struct field: the client, retried.
 /// let client: HttpRetry<reqwest::Client> = ServiceBuilder::new()
@@ -455,11 +456,12 @@ impl HttpRetryBuilder {
     /// [per-host](HttpRetryLayer::per_host) layer's do.
     ///
     /// ```
+    /// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
     /// # #[cfg(feature = "reqwest")]
-    /// # fn main() -> Result<(), tower_backoff_core::ConfigError> {
+    /// # fn main() -> Result<(), tower_backoff::ConfigError> {
     /// use tower::ServiceBuilder;
-    /// use tower_backoff_core::breaker::CircuitBreaker;
-    /// use tower_backoff_http::{HttpRetry, HttpRetryLayer};
+    /// use tower_backoff::breaker::CircuitBreaker;
+    /// use tower_backoff::http::{HttpRetry, HttpRetryLayer};
     ///
     /// // One client for every host it calls, one breaker per host.
     /// let client: HttpRetry<reqwest::Client> = ServiceBuilder::new()
@@ -489,15 +491,16 @@ impl HttpRetryBuilder {
     /// what every host is reached through (one proxy, one tunnel).
     ///
     /// ```
-    /// use tower_backoff_core::breaker::CircuitBreaker;
-    /// use tower_backoff_http::HttpRetryLayer;
+    /// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
+    /// use tower_backoff::breaker::CircuitBreaker;
+    /// use tower_backoff::http::HttpRetryLayer;
     ///
     /// let breaker = CircuitBreaker::new();
     /// let layer = HttpRetryLayer::builder()
     ///     .circuit_breaker_for_all_hosts(breaker.clone())
     ///     .build()?;
     /// assert!(!layer.breaker_per_host());
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
+    /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
     pub fn circuit_breaker_for_all_hosts(self, breaker: CircuitBreaker) -> Self {
         let mut builder = self.map(|backoff| backoff.circuit_breaker(breaker));
@@ -510,11 +513,12 @@ impl HttpRetryBuilder {
     /// [`HttpRetryLayer::per_host`]).
     ///
     /// ```
-    /// use tower_backoff_http::HttpRetryLayer;
+    /// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
+    /// use tower_backoff::http::HttpRetryLayer;
     ///
     /// let per_host = HttpRetryLayer::builder().max_attempts(4).build_per_host()?;
     /// # drop(per_host);
-    /// # Ok::<_, tower_backoff_core::ConfigError>(())
+    /// # Ok::<_, tower_backoff::ConfigError>(())
     /// ```
     ///
     /// # Errors
@@ -566,7 +570,7 @@ impl fmt::Debug for HttpRetryBuilder {
 }
 
 /// The service of an [`HttpRetryLayer`]: `S`, retried. Its inner stack (a
-/// [`BackoffRetry`] over a [`BufferBody`]) is an implementation detail;
+/// [`BackoffRetry`] over a [`BufferBody`](crate::parts::BufferBody)) is an implementation detail;
 /// name this type instead.
 ///
 /// With its circuit breaker kept per host (the
@@ -714,7 +718,7 @@ pin_project! {
     /// The response future of an [`HttpRetry`] (and of the gRPC layer): the
     /// retry engine's future, whose response gets a [`RetryInfo`].
     ///
-    /// It resolves to the layer's error as `O` (see [`OutcomeError`]): as it
+    /// It resolves to the layer's error as `O` (see `OutcomeError`): as it
     /// is, or boxed over hyper-util.
     pub struct HttpResponseFuture<S, Req, T = Guarded, P = HttpPolicy, O = <T as AttemptTimer<<S as Service<Req>>::Error>>::Error>
     where

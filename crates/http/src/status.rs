@@ -16,8 +16,9 @@ const WORDS: usize = ((LAST - FIRST) as usize + 1).div_ceil(64);
 /// 1xx to 5xx): they are never in a set, and adding them has no effect.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use http::StatusCode;
-/// use tower_backoff_http::StatusSet;
+/// use tower_backoff::http::StatusSet;
 ///
 /// let set = StatusSet::DEFAULT.with(StatusCode::INTERNAL_SERVER_ERROR);
 /// assert!(set.contains(StatusCode::SERVICE_UNAVAILABLE));

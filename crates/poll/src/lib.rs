@@ -2,7 +2,7 @@
 //! failing ones, quarantines and evicts them, and keeps a live leaderboard of
 //! the healthy ones' answers.
 //!
-//! Each provider is a tower [`Service`] under a key of yours. A healthy one is
+//! Each provider is a tower `Service` under a key of yours. A healthy one is
 //! polled every [`interval`](PollerBuilder::interval); a poll that fails (by
 //! the same [`Policy`](tower_backoff_core::Policy) the [`BackoffRetry`](tower_backoff_core::BackoffRetry) layer
 //! uses, or by timing out) **quarantines** it: its value leaves the [`Board`]
@@ -50,11 +50,12 @@ use registry::{Shared, Slot};
 /// response and error types. Providers may be of different service types.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod poll { pub use tower_backoff_poll::*; } }
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower::service_fn;
-/// use tower_backoff_poll::{Poller, State};
+/// use tower_backoff::poll::{Poller, State};
 ///
 /// let poller = Poller::builder(|_store: &&str| ())
 ///     .interval(Duration::from_secs(5))

@@ -26,8 +26,9 @@ pub const X_ENVOY_ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-a
 /// How much a request matters to its caller.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod shed { pub use tower_backoff_shed::*; } }
 /// use http::HeaderMap;
-/// use tower_backoff_shed::Criticality;
+/// use tower_backoff::shed::Criticality;
 ///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("x-criticality", "Sheddable".parse().unwrap());
@@ -47,7 +48,8 @@ pub enum Criticality {
 }
 
 impl Criticality {
-    /// The criticality `headers` name in [`X_CRITICALITY`]; `Default` when
+    /// The criticality `headers` name in
+    /// [`x-criticality`](crate::criticality::X_CRITICALITY); `Default` when
     /// absent or unknown.
     pub fn from_headers(headers: &HeaderMap) -> Self {
         let Some(value) = headers.get(&X_CRITICALITY) else {
@@ -78,7 +80,8 @@ impl Criticality {
 /// request is worth more than a repeat of one that already had its chance.
 ///
 /// ```
-/// use tower_backoff_shed::{Criticality, Priority};
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod shed { pub use tower_backoff_shed::*; } }
+/// use tower_backoff::shed::{Criticality, Priority};
 ///
 /// let first = Priority::new(Criticality::Default, false);
 /// let retry = Priority::new(Criticality::Default, true);
@@ -104,9 +107,12 @@ impl Priority {
         Priority(if retry { level - 1 } else { level })
     }
 
-    /// Reads a request's headers: [`X_CRITICALITY`], and whether any of
-    /// [`X_RETRY_ATTEMPT`], [`GRPC_PREVIOUS_RPC_ATTEMPTS`] or
-    /// [`X_ENVOY_ATTEMPT_COUNT`] marks it as a retry.
+    /// Reads a request's headers:
+    /// [`x-criticality`](crate::criticality::X_CRITICALITY), and whether any
+    /// of [`x-retry-attempt`](crate::criticality::X_RETRY_ATTEMPT),
+    /// [`grpc-previous-rpc-attempts`](crate::criticality::GRPC_PREVIOUS_RPC_ATTEMPTS)
+    /// or [`x-envoy-attempt-count`](crate::criticality::X_ENVOY_ATTEMPT_COUNT)
+    /// marks it as a retry.
     pub fn from_headers(headers: &HeaderMap) -> Self {
         Priority::new(Criticality::from_headers(headers), is_retry(headers))
     }

@@ -22,11 +22,12 @@ pub const UNAVAILABLE: u16 = 14;
 /// rejected at once by one shared [`Limiter`].
 ///
 /// ```
-/// use tower_backoff_shed::ShedLayer;
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod shed { pub use tower_backoff_shed::*; } }
+/// use tower_backoff::shed::ShedLayer;
 ///
 /// let layer = ShedLayer::builder().status(http::StatusCode::TOO_MANY_REQUESTS).build()?;
 /// # drop(layer);
-/// # Ok::<(), tower_backoff_core::ConfigError>(())
+/// # Ok::<(), tower_backoff::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct ShedLayer {

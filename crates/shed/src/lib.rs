@@ -33,6 +33,7 @@
 //!   [`ShedEvent`]; metrics under `tower_backoff.shed.*` (feature `metrics`).
 //!
 //! ```
+//! # mod tower_backoff { pub use tower_backoff_core::*; pub mod shed { pub use tower_backoff_shed::*; } }
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
@@ -40,7 +41,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-//! use tower_backoff_shed::{Limiter, ShedLayer};
+//! use tower_backoff::shed::{Limiter, ShedLayer};
 //!
 //! let layer = ShedLayer::builder()
 //!     .limiter(Limiter::builder().initial_limit(1).min_limit(1))

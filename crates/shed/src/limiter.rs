@@ -38,8 +38,9 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_millis(100);
 /// A shared adaptive concurrency limit. Clones share one limit.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod shed { pub use tower_backoff_shed::*; } }
 /// use std::time::{Duration, Instant};
-/// use tower_backoff_shed::{Limiter, Priority, Criticality};
+/// use tower_backoff::shed::{Limiter, Priority, Criticality};
 ///
 /// let limiter = Limiter::builder().initial_limit(2).min_limit(1).build()?;
 /// let now = Instant::now();
@@ -51,7 +52,7 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_millis(100);
 /// first.complete(now + Duration::from_millis(50));
 /// drop(second);
 /// assert!(limiter.try_acquire(Priority::new(Criticality::Default, false), now).is_ok());
-/// # Ok::<(), tower_backoff_core::ConfigError>(())
+/// # Ok::<(), tower_backoff::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct Limiter {

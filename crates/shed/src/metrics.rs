@@ -1,4 +1,4 @@
-//! [`ShedMetrics`]: the limiter's events as metrics through the [`metrics`]
+//! [`ShedMetrics`]: the limiter's events as metrics through the [`metrics`](https://docs.rs/metrics)
 //! facade (feature `metrics`), in the client's naming:
 //!
 //! | metric | kind | recorded |

@@ -22,13 +22,14 @@ use crate::limiter::Limiter;
 /// readiness it was given, as with tower's `LoadShed`.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod shed { pub use tower_backoff_shed::*; } }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use bytes::Bytes;
 /// use http::{Request, Response};
 /// use http_body_util::Full;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff_shed::ShedLayer;
+/// use tower_backoff::shed::ShedLayer;
 ///
 /// let server = ServiceBuilder::new()
 ///     .layer(ShedLayer::builder().build()?)

@@ -11,15 +11,16 @@ use crate::error::{check_duration, ConfigError};
 /// [`build`](Self::build).
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::AdaptivePacing;
+/// use tower_backoff::AdaptivePacing;
 ///
 /// let pacing = AdaptivePacing::builder()
 ///     .round(Duration::from_millis(500))
 ///     .down_multiplier(0.8)
 ///     .build()?;
 /// # drop(pacing);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 #[must_use]

@@ -94,8 +94,9 @@ const IDLE: u64 = u64::MAX;
 /// metrics.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{AdaptivePacing, BackoffLayer};
+/// use tower_backoff::{AdaptivePacing, BackoffLayer};
 ///
 /// let pacing = AdaptivePacing::builder()
 ///     .max_interval(Duration::from_secs(30))
@@ -105,7 +106,7 @@ const IDLE: u64 = u64::MAX;
 /// // ...later, when an operator knows the store recovered:
 /// pacing.reset();
 /// # drop(layer);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct AdaptivePacing {

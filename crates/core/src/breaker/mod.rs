@@ -51,16 +51,16 @@
 //! # Why a breaker, not client-side adaptive throttling
 //! Google's SRE book (chapter 21) rejects each request locally with
 //! probability `max(0, (requests - K × accepts) / (requests + 1))` over the
-//! last two minutes. Both measured on top of the layer's defaults
-//! (`tower_backoff_sim`'s `BreakerScenario`: 50 requests a second, a 20 ms
-//! round trip; `cargo test --test repo sim_breaker::breaker_table -- --ignored
-//! --nocapture`):
+//! last two minutes. Both measured on top of the layer's defaults (the
+//! `BreakerScenario` of the repository's simulator, `crates/sim`: 50
+//! requests a second, a 20 ms round trip; `cargo test --release
+//! --all-features --test repo sim_breaker::breaker_table -- --ignored --nocapture`):
 //!
 //! | outage | guard | opened after | calls per request once open | whole outage | traffic back after recovery |
 //! |---|---|---|---|---|---|
-//! | 30 s | breaker | 4.0 s | 0.004 | 0.19 | 2.8 s |
-//! | 30 s | throttling, K = 2 | – | 0.68 (from 10 s in) | 0.85 | 34.7 s |
-//! | 5 min | breaker | 4.0 s | 0.004 | 0.024 | 1.9 s |
+//! | 30 s | breaker | 4.3 s | 0.007 | 0.17 | 3.1 s |
+//! | 30 s | throttling, K = 2 | – | 0.68 (from 10 s in) | 0.82 | 34.7 s |
+//! | 5 min | breaker | 4.3 s | 0.005 | 0.022 | 2.0 s |
 //! | 5 min | throttling, K = 2 | – | 0.13 (from 10 s in) | 0.16 | 693 s |
 //!
 //! The throttle's two-minute memory keeps requests going to a dead host
@@ -69,7 +69,7 @@
 //! Shedding a *fraction* of an overloaded host's load, the throttle's
 //! strength, is what the retry budget and [adaptive pacing](crate::adaptive)
 //! already do; stopping the first attempts to a host that is down is the
-//! breaker's job. Its cost: it opens 4 s after a host dies at full traffic,
+//! breaker's job. Its cost: it opens 4.3 s after a host dies at full traffic,
 //! only with 20 attempts to the host in 10 s, and never opened at 10 %
 //! random failures.
 //!
@@ -80,11 +80,12 @@
 //! crate's `PerHostLayer`.
 //!
 //! ```
+//! # extern crate tower_backoff_core as tower_backoff;
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tower::{service_fn, ServiceExt};
-//! use tower_backoff_core::breaker::CircuitBreaker;
-//! use tower_backoff_core::BackoffLayer;
+//! use tower_backoff::breaker::CircuitBreaker;
+//! use tower_backoff::BackoffLayer;
 //!
 //! let breaker = CircuitBreaker::new();
 //! let layer = BackoffLayer::builder()

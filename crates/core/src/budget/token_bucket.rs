@@ -35,19 +35,20 @@ const FLEET_SAFE_QUIET: Duration = Duration::from_secs(600);
 /// as the AWS SDKs' standard retry mode does; with
 /// [`fleet_safe`](Self::fleet_safe) settings, the layer's default.
 ///
-/// A retry takes its cost out (5 tokens, 10 after a [timeout](Cause::Timeout))
-/// and is refused when the bucket holds less. A success puts back 1 token
-/// when no retry was needed, or the cost of the retry that led to it. So while
-/// requests mostly succeed the bucket stays full, and while nothing succeeds
-/// it only drains.
+/// A retry takes its cost out and is refused when the bucket holds less:
+/// with [`new`](Self::new)'s settings 5 tokens, 10 after a
+/// [timeout](Cause::Timeout); with the fleet-safe ones 1, whatever the
+/// cause. A success puts back 1 token when no retry was needed, or the cost
+/// of the retry that led to it. So while requests mostly succeed the bucket
+/// stays full, and while nothing succeeds it only drains.
 ///
 /// # The bound
 /// The bucket starts full (unless [`initial_tokens`](TokenBucketBuilder::initial_tokens)
 /// says otherwise): its capacity is a **reserve**, not a rate. A cold
 /// burst may spend it at once, `capacity / cost` retries (100 transient or 50
-/// timeout retries with the defaults), and after that every retry is paid by
-/// a success or the refill. Over any run, the tokens retries took are at most
-/// `capacity + refunds + refill × seconds`: in a full outage, with no refill,
+/// timeout retries with [`new`](Self::new)'s settings), and after that
+/// every retry is paid by a success or the refill. Over any run, the tokens
+/// retries took are at most `capacity + refunds + refill × seconds`: in a full outage, with no refill,
 /// at most `capacity / cost` retries go out in all, however long it lasts.
 ///
 /// # Under contention
@@ -65,8 +66,9 @@ const FLEET_SAFE_QUIET: Duration = Duration::from_secs(600);
 /// gives up what it put above it, so the bucket ends within its capacity.
 ///
 /// ```
-/// use tower_backoff_core::budget::{Budget, TokenBucket};
-/// use tower_backoff_core::Cause;
+/// # extern crate tower_backoff_core as tower_backoff;
+/// use tower_backoff::budget::{Budget, TokenBucket};
+/// use tower_backoff::Cause;
 ///
 /// let bucket = TokenBucket::builder().capacity(10).build()?;
 /// assert!(bucket.try_retry(Cause::Transient)); // 10 -> 5
@@ -74,7 +76,7 @@ const FLEET_SAFE_QUIET: Duration = Duration::from_secs(600);
 /// assert!(bucket.try_retry(Cause::Transient)); // 5 -> 0
 /// bucket.on_success(Some(Cause::Transient)); // the retry's cost comes back
 /// assert_eq!(bucket.available(), 5);
-/// # Ok::<_, tower_backoff_core::ConfigError>(())
+/// # Ok::<_, tower_backoff::ConfigError>(())
 /// ```
 pub struct TokenBucket {
     /// Thousandths of a token.

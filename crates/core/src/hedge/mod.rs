@@ -5,8 +5,9 @@
 //! Opt-in, with [`BackoffBuilder::hedge`](crate::BackoffBuilder::hedge):
 //!
 //! ```
+//! # extern crate tower_backoff_core as tower_backoff;
 //! use std::time::Duration;
-//! use tower_backoff_core::{BackoffLayer, Hedging};
+//! use tower_backoff::{BackoffLayer, Hedging};
 //!
 //! let layer = BackoffLayer::builder()
 //!     // A copy of any attempt slower than 95 % of the recent ones.
@@ -16,7 +17,7 @@
 //! let fixed = BackoffLayer::builder()
 //!     .hedge(Hedging::after(Duration::from_millis(20)).max_copies(3))
 //!     .build()?;
-//! # Ok::<(), tower_backoff_core::ConfigError>(())
+//! # Ok::<(), tower_backoff::ConfigError>(())
 //! ```
 //!
 //! How a hedged attempt goes:
@@ -36,7 +37,7 @@
 //!   idempotent methods and requests with an `Idempotency-Key` only.
 //! - **Paid like retries**: every hedge counts against the attempt limit,
 //!   respects the deadline, the open breaker and readiness, and is paid from
-//!   the retry budget ([`Cause::Hedge`]); a hedge that wins is a retry that
+//!   the retry budget ([its cause is `Hedge`](crate::Cause::Hedge)); a hedge that wins is a retry that
 //!   succeeded. Whether a hedge may go out is asked before the service is
 //!   readied for it, so a hedge refused holds no permit of the service's.
 //! - **At most a share of the load, every second** (10 % by default): when

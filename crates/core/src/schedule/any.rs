@@ -18,12 +18,13 @@ use crate::error::ConfigError;
 /// no allocation and no dynamic call.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{AnySchedule, Exponential, Schedule};
+/// use tower_backoff::{AnySchedule, Exponential, Schedule};
 ///
 /// let schedule = AnySchedule::new(Exponential::new(Duration::from_millis(100)));
 /// assert_eq!(schedule.delay(3), Duration::from_millis(400));
-/// let custom = AnySchedule::new(tower_backoff_core::schedule::from_fn(Duration::from_secs(1), |n| {
+/// let custom = AnySchedule::new(tower_backoff::schedule::from_fn(Duration::from_secs(1), |n| {
 ///     Duration::from_millis(10 * u64::from(n))
 /// }));
 /// assert_eq!(custom.delay(2), Duration::from_millis(20));

@@ -25,8 +25,9 @@ pub use any::AnySchedule;
 /// this trait.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{Exponential, Schedule};
+/// use tower_backoff::{Exponential, Schedule};
 ///
 /// let s = Exponential::new(Duration::from_millis(100)).max_delay(Duration::from_millis(500));
 /// let delays: Vec<_> = (1..=5).map(|n| s.delay(n)).collect();
@@ -85,8 +86,9 @@ forward!(&S, Arc<S>);
 /// ride out a restart, short enough that a user is still waiting).
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{Exponential, Schedule};
+/// use tower_backoff::{Exponential, Schedule};
 ///
 /// let s = Exponential::new(Duration::from_millis(50)).factor(3.0);
 /// assert_eq!(s.delay(3), Duration::from_millis(450));
@@ -246,8 +248,9 @@ impl Schedule for Constant {
 /// The list is shared (an `Arc`), so cloning the schedule copies a pointer.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{Schedule, Table};
+/// use tower_backoff::{Schedule, Table};
 ///
 /// let s = Table::new([1, 5, 30].map(Duration::from_secs));
 /// assert_eq!(s.delay(2), Duration::from_secs(5));
@@ -294,8 +297,9 @@ impl Schedule for Table {
 /// A schedule from a closure mapping the retry number to a delay, capped at `max`.
 ///
 /// ```
+/// # extern crate tower_backoff_core as tower_backoff;
 /// use std::time::Duration;
-/// use tower_backoff_core::{schedule, Schedule};
+/// use tower_backoff::{schedule, Schedule};
 ///
 /// let fibonacci = schedule::from_fn(Duration::from_secs(10), |n| {
 ///     let (mut a, mut b) = (0u64, 1u64);

@@ -16,16 +16,17 @@ use http_body::{Body, Frame, SizeHint};
 ///
 /// It reads like the body it replaces: the same bytes in the same order, the
 /// same trailers, and the original body's errors (past the limit, the stream
-/// is the server's, unread). Data frames are [`Bytes`]; a body whose frames
+/// is the server's, unread). Data frames are `Bytes`; a body whose frames
 /// are already `Bytes` (hyper's `Incoming`, reqwest's `Body`) is not copied.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower::BoxError> {
 /// use http::{Request, Response};
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{service_fn, ServiceExt};
-/// use tower_backoff_http::parts::BufferBody;
+/// use tower_backoff::http::parts::BufferBody;
 ///
 /// let client = service_fn(|_: Request<()>| async {
 ///     Ok::<_, std::io::Error>(Response::new(Full::new(bytes::Bytes::from("queue capacity"))))

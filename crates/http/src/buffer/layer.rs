@@ -8,10 +8,11 @@ use super::{BufferBody, DEFAULT_BUFFER_LIMIT};
 /// can classify them whole: see [`BufferBody`].
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// use tower::ServiceBuilder;
-/// use tower_backoff_http::{HttpPolicy};
-/// use tower_backoff_http::parts::BufferBodyLayer;
-/// use tower_backoff_core::BackoffLayer;
+/// use tower_backoff::http::{HttpPolicy};
+/// use tower_backoff::http::parts::BufferBodyLayer;
+/// use tower_backoff::BackoffLayer;
 ///
 /// # let client = tower::service_fn(|_: http::Request<String>| async {
 /// #     Ok::<_, std::io::Error>(http::Response::new(String::new()))

@@ -26,7 +26,7 @@ pub use layer::BufferBodyLayer;
 #[cfg(feature = "reqwest")]
 pub use reqwest::BufferReqwestFuture;
 
-/// Default most bytes of a response body [`BufferBody`] reads ahead: 64 KiB,
+/// Default most bytes of a response body [`BufferBody`](crate::parts::BufferBody) reads ahead: 64 KiB,
 /// as [`DEFAULT_REPLAY_LIMIT`](super::DEFAULT_REPLAY_LIMIT) for requests.
 /// Error pages and the JSON of most APIs fit; downloads do not, and pass
 /// through.
@@ -84,6 +84,7 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 /// trickles it.
 ///
 /// ```
+/// # mod tower_backoff { pub use tower_backoff_core::*; pub mod http { pub use tower_backoff_http::*; } }
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), tower::BoxError> {
 /// use std::sync::atomic::{AtomicU32, Ordering};
@@ -91,9 +92,9 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 /// use http::{Request, Response};
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
-/// use tower_backoff_http::{HttpPolicy, HttpRetryLayer, RetryInfo};
-/// use tower_backoff_http::parts::BufferBodyLayer;
-/// use tower_backoff_core::{BackoffLayer, Cause};
+/// use tower_backoff::http::{HttpPolicy, HttpRetryLayer, RetryInfo};
+/// use tower_backoff::http::parts::BufferBodyLayer;
+/// use tower_backoff::{BackoffLayer, Cause};
 ///
 /// // Stands in for an HTTP client: a full queue once, then the answer.
 /// let calls = AtomicU32::new(0);
