@@ -67,6 +67,7 @@
 #![forbid(unsafe_code)]
 
 mod body;
+mod config;
 pub mod criticality;
 pub mod events;
 mod future;

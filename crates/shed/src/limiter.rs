@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use tower_backoff_core::error::{check_duration, ConfigError};
 
+use crate::config::Config;
 use crate::criticality::Priority;
 use crate::events::{LimitArgs, ShedEvent, ShedObserver};
 use crate::rejection::{Reason, Rejection};
@@ -86,20 +87,6 @@ struct Shared {
     spread: AtomicU64,
     window: Mutex<Window>,
     observers: Vec<Arc<dyn ShedObserver>>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) min_limit: usize,
-    pub(crate) max_limit: usize,
-    pub(crate) window: Duration,
-    pub(crate) min_samples: u32,
-    pub(crate) tolerance: f64,
-    pub(crate) smoothing: f64,
-    shares: [f64; 4],
-    max_drain: Duration,
-    retry_after: Duration,
-    max_retry_after: Duration,
 }
 
 /// Builds a [`Limiter`]; every setting is checked at

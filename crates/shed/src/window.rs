@@ -29,7 +29,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::limiter::Config;
+use crate::config::Config;
 
 /// Samples of the baseline's running mean: a new mean moves it by
 /// `n / (n + BASELINE_WEIGHT)` of the way.
