@@ -21,7 +21,7 @@
 //! `GRPC_INTEROP_PYTHON`, which makes a missing grpcio fail the suite;
 //! anywhere else a missing `python3` or grpcio skips it, saying so loudly.
 //! The table of docs/RESULTS.md is what
-//! `cargo test --all-features --test repo grpc_interop:: -- --nocapture` prints.
+//! `cargo test --all-features --test grpc_interop -- --nocapture` prints.
 #![cfg(feature = "grpc")]
 
 use std::collections::BTreeMap;

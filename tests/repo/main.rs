@@ -1,13 +1,10 @@
 //! Tests that need the repository, not only the published package: the storm
-//! simulator (`crates/sim`, not published), `docs/MATRIX.md` and the gRPC
-//! interop suite's Python half (`.ci/grpc-interop`). Excluded from
+//! simulator (`crates/sim`, not published) and `docs/MATRIX.md`. Excluded from
 //! the package (`include` in Cargo.toml); run one file with
 //! `cargo test --all-features --test repo <file>::`.
 
 mod binaries;
 
-#[path = "../grpc_interop.rs"]
-mod grpc_interop;
 #[path = "../grpc_storm.rs"]
 mod grpc_storm;
 #[path = "../matrix.rs"]
