@@ -185,7 +185,7 @@ where
             }
             None => &self.layer,
         };
-        let request = RecordedRequest::record(request, self.replay_limit)?;
+        let request = RecordedRequest::record(request, self.replay_limit);
         let limits = extensions.get::<RetryLimits>().copied();
         let ended = Mutex::new(None);
         let result = {

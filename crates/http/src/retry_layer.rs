@@ -698,10 +698,7 @@ where
             .hosts
             .as_ref()
             .map(|hosts| self.for_host(hosts, &request));
-        let recorded = match super::recorded::RecordedRequest::record(request, self.replay_limit) {
-            Ok(recorded) => recorded,
-            Err(error) => return HttpResponseFuture::failed(Error::Inner(S::Error::from(error))),
-        };
+        let recorded = super::recorded::RecordedRequest::record(request, self.replay_limit);
         match host {
             Some(host) => HttpResponseFuture::readying(host, recorded, None, self.record_info),
             None => HttpResponseFuture::new(self.inner.call(recorded), self.record_info),
