@@ -43,6 +43,7 @@ struct Tracking;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
 unsafe impl GlobalAlloc for Tracking {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -61,6 +62,7 @@ unsafe impl GlobalAlloc for Tracking {
 }
 
 fn grew(bytes: usize) {
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
     PEAK.fetch_max(live, Ordering::Relaxed);
 }
@@ -162,17 +164,29 @@ enum Stack {
     HyperLayer(HttpRetry<HyperClient>),
 }
 
-const STACKS: [&str; 5] = [
+const STACKS: [&str; 7] = [
     "reqwest",
-    "reqwest + HttpRetryLayer",
+    "reqwest + HttpRetryLayer::new()",
+    "reqwest + HttpRetryLayer, read-ahead to 1 MiB",
     "reqwest + reqwest-retry",
     "hyper-util",
-    "hyper-util + HttpRetryLayer",
+    "hyper-util + HttpRetryLayer::new()",
+    "hyper-util + HttpRetryLayer, read-ahead to 1 MiB",
 ];
+
+/// Where the hyper-util stacks start in [`STACKS`]: each stack's ratios
+/// are to the bare client of its kind.
+const HYPER: usize = 4;
+
+/// The layer with response bodies read ahead whenever their
+/// `content-length` is within 1 MiB.
+fn reading_ahead() -> HttpRetryLayer {
+    HttpRetryLayer::new().buffer_limit(0)
+}
 
 /// The stacks of the table, in [`STACKS`]' order, over one reqwest client
 /// and one hyper-util client, each with TCP_NODELAY.
-fn stacks(layer: &HttpRetryLayer) -> Vec<Stack> {
+fn stacks() -> Vec<Stack> {
     let reqwest = reqwest::Client::builder()
         .no_proxy()
         .tcp_nodelay(true)
@@ -186,23 +200,25 @@ fn stacks(layer: &HttpRetryLayer) -> Vec<Stack> {
     );
     vec![
         Stack::Reqwest(reqwest.clone()),
-        Stack::ReqwestLayer(layer.layer(reqwest.clone())),
+        Stack::ReqwestLayer(HttpRetryLayer::new().layer(reqwest.clone())),
+        Stack::ReqwestLayer(reading_ahead().layer(reqwest.clone())),
         Stack::ReqwestRetry(
             reqwest_middleware::ClientBuilder::new(reqwest)
                 .with(retry)
                 .build(),
         ),
         Stack::Hyper(hyper.clone()),
-        Stack::HyperLayer(layer.layer(hyper)),
+        Stack::HyperLayer(HttpRetryLayer::new().layer(hyper.clone())),
+        Stack::HyperLayer(reading_ahead().layer(hyper)),
     ]
 }
 
-fn stack(name: &str, layer: &HttpRetryLayer) -> Stack {
+fn stack(name: &str) -> Stack {
     let index = STACKS
         .iter()
         .position(|stack| *stack == name)
         .unwrap_or_else(|| panic!("no stack {name:?}; one of {STACKS:?}"));
-    stacks(layer).swap_remove(index)
+    stacks().swap_remove(index)
 }
 
 impl Stack {
@@ -331,11 +347,10 @@ fn small(rounds: usize, requests: usize, in_flights: &[usize]) {
     let server = Server::start();
     let url: reqwest::Url = format!("http://{}/small", server.addr).parse().expect("a URL");
     let runtime = client_runtime();
-    let layer = HttpRetryLayer::new();
     println!("| in flight | stack | requests/s | p50 µs | p99 µs | requests/s vs bare | p50 vs bare | p99 vs bare |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for &in_flight in in_flights {
-        let stacks = stacks(&layer);
+        let stacks = stacks();
         // Every stack's connections opened and its code paged in.
         for stack in &stacks {
             runtime.block_on(round(stack, &url, in_flight, requests / 10 + in_flight));
@@ -350,7 +365,7 @@ fn small(rounds: usize, requests: usize, in_flights: &[usize]) {
         }
         for (s, name) in STACKS.iter().enumerate() {
             // hyper-util's stacks against bare hyper-util, reqwest's against reqwest.
-            let bare = if s >= 3 { 3 } else { 0 };
+            let bare = if s >= HYPER { HYPER } else { 0 };
             let ratio = |value: &dyn Fn(&Round) -> f64| {
                 median(
                     (0..rounds)
@@ -456,8 +471,13 @@ fn large(requests: usize) {
 fn client(addr: &str, name: &str, requests: usize, in_flight: usize) {
     let url: reqwest::Url = format!("http://{addr}/small").parse().expect("a URL");
     let runtime = client_runtime();
-    let stack = stack(name, &HttpRetryLayer::new());
+    let stack = stack(name);
+    // Warmed up first, so that what is counted is the steady state.
+    runtime.block_on(round(&stack, &url, in_flight, in_flight * 10));
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
     runtime.block_on(round(&stack, &url, in_flight, requests));
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    eprintln!("allocations/request: {:.1}", allocations as f64 / requests as f64);
 }
 
 /// The client's runtime: one thread, as the server's, so that on two cores
@@ -480,6 +500,16 @@ fn main() {
     let number = |flag: &str, default: usize| {
         value(flag).map_or(default, |v| v.parse().expect("a number"))
     };
+    if args.iter().any(|arg| arg == "--sizes") {
+        type Layered = HttpRetry<reqwest::Client>;
+        type F = <Layered as Service<reqwest::Request>>::Future;
+        eprintln!("layer future {} B, reqwest Pending {} B, reqwest::Request {} B, reqwest::Response {} B",
+            std::mem::size_of::<F>(),
+            std::mem::size_of::<<reqwest::Client as Service<reqwest::Request>>::Future>(),
+            std::mem::size_of::<reqwest::Request>(),
+            std::mem::size_of::<reqwest::Response>());
+        return;
+    }
     if args.iter().any(|arg| arg == "--serve") {
         // The parent holds our stdin: when it goes, so do we.
         std::thread::spawn(|| {

@@ -200,8 +200,13 @@ impl BufferedBytes {
     /// Records `body`'s bytes when it was read whole.
     fn record<B>(extensions: &mut Extensions, body: &BufferedBody<B>) {
         if let Some(bytes) = body.bytes() {
-            extensions.insert(Self(bytes.clone()));
+            Self::record_bytes(extensions, bytes.clone());
         }
+    }
+
+    /// Records the bytes of a body read whole.
+    fn record_bytes(extensions: &mut Extensions, bytes: Bytes) {
+        extensions.insert(Self(bytes));
     }
 
     /// Whether the response with these extensions was read whole, and so
