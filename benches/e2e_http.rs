@@ -11,7 +11,7 @@
 //!   to the caller's first body byte and to its last, and the peak heap bytes
 //!   the client holds per request while the caller streams the body.
 //! - `--client ADDR --stack NAME --requests N [--in-flight K]`: one stack
-//!   only, for `benches/callgrind_http_e2e.sh`; `--serve`: the server alone.
+//!   only, for `benches/callgrind_http.sh`; `--serve`: the server alone.
 //!
 //! Run by `benches/e2e_http.sh`; not a criterion bench.
 
@@ -181,7 +181,7 @@ const HYPER: usize = 4;
 /// The layer with response bodies read ahead whenever their
 /// `content-length` is within 1 MiB.
 fn reading_ahead() -> HttpRetryLayer {
-    HttpRetryLayer::new().buffer_limit(0)
+    HttpRetryLayer::new().buffer_limit(1024 * 1024)
 }
 
 /// The stacks of the table, in [`STACKS`]' order, over one reqwest client
@@ -290,7 +290,11 @@ where
     B: http_body::Body,
     B::Error: std::fmt::Debug,
 {
-    body.collect().await.expect("the whole body").to_bytes().len()
+    body.collect()
+        .await
+        .expect("the whole body")
+        .to_bytes()
+        .len()
 }
 
 // ---------------------------------------------------------------- rounds
@@ -345,7 +349,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// Small bodies: the table of ratios to the bare client of each round.
 fn small(rounds: usize, requests: usize, in_flights: &[usize]) {
     let server = Server::start();
-    let url: reqwest::Url = format!("http://{}/small", server.addr).parse().expect("a URL");
+    let url: reqwest::Url = format!("http://{}/small", server.addr)
+        .parse()
+        .expect("a URL");
     let runtime = client_runtime();
     println!("| in flight | stack | requests/s | p50 µs | p99 µs | requests/s vs bare | p50 vs bare | p99 vs bare |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
@@ -373,7 +379,8 @@ fn small(rounds: usize, requests: usize, in_flights: &[usize]) {
                         .collect(),
                 )
             };
-            let abs = |value: &dyn Fn(&Round) -> f64| median(results[s].iter().map(value).collect());
+            let abs =
+                |value: &dyn Fn(&Round) -> f64| median(results[s].iter().map(value).collect());
             let rps = |round: &Round| round.per_second;
             let p50 = |round: &Round| round.p50.as_secs_f64() * 1e6;
             let p99 = |round: &Round| round.p99.as_secs_f64() * 1e6;
@@ -409,23 +416,15 @@ fn large(requests: usize) {
     let columns = [
         ("reqwest", Stack::Reqwest(reqwest.clone())),
         (
-            "HttpRetryLayer, read-ahead to 1 MiB",
-            Stack::ReqwestLayer(
-                HttpRetryLayer::new()
-                    .buffer_limit(1024 * 1024)
-                    .layer(reqwest.clone()),
-            ),
-        ),
-        (
             "HttpRetryLayer::new()",
             Stack::ReqwestLayer(HttpRetryLayer::new().layer(reqwest.clone())),
         ),
         (
-            "HttpRetryLayer, read-ahead off",
-            Stack::ReqwestLayer(HttpRetryLayer::new().buffer_limit(0).layer(reqwest)),
+            "HttpRetryLayer, read-ahead to 1 MiB",
+            Stack::ReqwestLayer(reading_ahead().layer(reqwest)),
         ),
     ];
-    println!("| body | stack | first byte µs | last byte µs | peak heap per request |");
+    println!("| body | stack | first byte µs | last byte µs | heap held per request |");
     println!("|---:|---|---:|---:|---:|");
     for size in [16 << 10, 64 << 10, 256 << 10, 1 << 20] {
         let url: reqwest::Url = format!("http://{}/bytes/{size}", server.addr)
@@ -464,7 +463,11 @@ fn large(requests: usize) {
         }
     }
     println!();
-    println!("(medians of {requests} requests per cell, one in flight, stacks rotated)");
+    println!(
+        "(medians of {requests} requests per cell, one in flight, stacks rotated; heap held: \
+         the most the client held above what it held before the request, while the caller \
+         read the body chunk by chunk)"
+    );
 }
 
 /// One stack alone, for a profiler: `requests` GETs from `in_flight` tasks.
@@ -477,7 +480,10 @@ fn client(addr: &str, name: &str, requests: usize, in_flight: usize) {
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     runtime.block_on(round(&stack, &url, in_flight, requests));
     let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
-    eprintln!("allocations/request: {:.1}", allocations as f64 / requests as f64);
+    eprintln!(
+        "allocations/request: {:.1}",
+        allocations as f64 / requests as f64
+    );
 }
 
 /// The client's runtime: one thread, as the server's, so that on two cores
@@ -497,19 +503,8 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
-    let number = |flag: &str, default: usize| {
-        value(flag).map_or(default, |v| v.parse().expect("a number"))
-    };
-    if args.iter().any(|arg| arg == "--sizes") {
-        type Layered = HttpRetry<reqwest::Client>;
-        type F = <Layered as Service<reqwest::Request>>::Future;
-        eprintln!("layer future {} B, reqwest Pending {} B, reqwest::Request {} B, reqwest::Response {} B",
-            std::mem::size_of::<F>(),
-            std::mem::size_of::<<reqwest::Client as Service<reqwest::Request>>::Future>(),
-            std::mem::size_of::<reqwest::Request>(),
-            std::mem::size_of::<reqwest::Response>());
-        return;
-    }
+    let number =
+        |flag: &str, default: usize| value(flag).map_or(default, |v| v.parse().expect("a number"));
     if args.iter().any(|arg| arg == "--serve") {
         // The parent holds our stdin: when it goes, so do we.
         std::thread::spawn(|| {

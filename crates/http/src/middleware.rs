@@ -134,11 +134,12 @@ impl<P, T> From<BackoffLayer<P, T>> for BackoffMiddleware<P, T> {
 /// breaker, if kept per host, kept in the layer's own table of hosts.
 impl From<HttpRetryLayer> for BackoffMiddleware<HttpPolicy, Guarded> {
     fn from(layer: HttpRetryLayer) -> Self {
+        let buffer_limit = layer.read_ahead_limit();
         Self {
             layer: layer.layer,
             hosts: layer.hosts,
             replay_limit: layer.replay_limit,
-            buffer_limit: layer.buffer_limit,
+            buffer_limit,
             record_info: layer.record_info,
         }
     }

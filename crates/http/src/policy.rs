@@ -354,6 +354,12 @@ impl HttpPolicy {
         self
     }
 
+    /// Whether it reads response bodies ([`retry_on_body`](Self::retry_on_body)),
+    /// and so needs them read ahead.
+    pub(crate) fn classifies_bodies(&self) -> bool {
+        self.on_body.is_some()
+    }
+
     /// What a response means, its buffered body included (see
     /// [`retry_on_body`](Self::retry_on_body)). `extensions` are the
     /// response's, where `BufferBody` leaves the bytes.
