@@ -469,8 +469,13 @@ impl HttpPolicy {
 
     /// What a response with this status and these headers means.
     pub fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
-        let advice = self.server_advice(headers);
         let listed = self.statuses.contains(status);
+        // Advice can only retry an error status, or spare a listed one: for
+        // any other answer (a 200) no header is worth looking up.
+        if !listed && !status.is_client_error() && !status.is_server_error() {
+            return Decision::Success;
+        }
+        let advice = self.server_advice(headers);
         let retryable = match advice {
             Some(advice) => advice && (status.is_client_error() || status.is_server_error()),
             None => listed,
