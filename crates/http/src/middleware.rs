@@ -43,7 +43,11 @@ use tower_backoff_core::BackoffLayer;
 /// recorded (up to [`DEFAULT_REPLAY_LIMIT`] for a stream; a body already in
 /// memory whatever its size), so a streaming upload is retried while it
 /// fits, and a response whose `content-length` is within the buffer limit
-/// is read whole before it is judged, so a body cut short is retried.
+/// is read whole before it is judged, so a body cut short is retried. The
+/// limit is the layer's when made from an `HttpRetryLayer` (which reads
+/// nothing ahead unless asked, see
+/// [`HttpRetryBuilder::buffer_limit`](super::HttpRetryBuilder::buffer_limit)),
+/// and [`DEFAULT_RESPONSE_BUFFER_LIMIT`] with [`new`](Self::new).
 /// A [`RetryLimits`] given to the request with reqwest-middleware's
 /// `with_extension` overrides the layer's limits for that request. The
 /// middlewares added after this one run once per attempt; those added before
