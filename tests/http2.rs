@@ -41,7 +41,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::{BoxError, Layer, Service, ServiceExt};
-use tower_backoff::http::{HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo};
+use tower_backoff::http::{
+    HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo, DEFAULT_RESPONSE_BUFFER_LIMIT,
+};
 use tower_backoff::{Constant, Hedging, Jitter, Stats};
 
 /// The sleep between attempts: short, constant, no jitter.
@@ -303,13 +305,15 @@ fn once(first: Answer) -> impl Fn(usize) -> Answer + Send + Sync + 'static {
 // --- the layer ----------------------------------------------------------------------
 
 /// The whole layer (replay, read-ahead, RetryInfo) with short constant
-/// delays, 3 attempts and no budget.
+/// delays, 3 attempts and no budget; read-ahead asked for, as it is off by
+/// default.
 fn layer(policy: HttpPolicy) -> HttpRetryLayer {
     HttpRetryLayer::builder()
         .policy(policy)
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .no_budget()
+        .buffer_limit(DEFAULT_RESPONSE_BUFFER_LIMIT)
         .build()
         .unwrap()
 }

@@ -36,7 +36,8 @@ use tokio::net::TcpListener;
 use tower::{BoxError, Layer, ServiceExt};
 use tower_backoff::events::{EndArgs, Ending, Event};
 use tower_backoff::http::{
-    HttpRetry, HttpRetryBuilder, HttpRetryLayer, RetryInfo, IDEMPOTENCY_KEY,
+    HttpRetry, HttpRetryBuilder, HttpRetryLayer, RetryInfo, DEFAULT_RESPONSE_BUFFER_LIMIT,
+    IDEMPOTENCY_KEY,
 };
 use tower_backoff::{Constant, Jitter};
 
@@ -606,6 +607,10 @@ fn settings() -> HttpRetryBuilder {
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .attempt_timeout(ATTEMPT_TIMEOUT)
+        // Routes lie about their bodies and hang in them: read ahead (off
+        // by default), a body is part of the attempt, which the attempt
+        // timeout ends.
+        .buffer_limit(DEFAULT_RESPONSE_BUFFER_LIMIT)
 }
 
 /// A hyper-util client speaking `protocol` behind the layer `builder`

@@ -28,7 +28,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backoff::http::{HttpRetryLayer, RetryInfo};
+use tower_backoff::http::{
+    HttpPolicy, HttpRetryBuilder, HttpRetryLayer, RetryInfo, DEFAULT_RESPONSE_BUFFER_LIMIT,
+};
+use tower_backoff::Cause;
 use tower_backoff::{Constant, Jitter};
 
 /// The sleep between attempts: constant, no jitter, so that on the paused
@@ -43,15 +46,22 @@ const MAX_ATTEMPTS: u32 = 3;
 const PATIENCE: Duration = Duration::from_secs(5);
 
 /// The layer under test, from its builder only: a short constant schedule,
-/// no jitter, [`MAX_ATTEMPTS`], and no budget.
+/// no jitter, [`MAX_ATTEMPTS`], no budget, and response bodies read ahead
+/// (off by default).
 fn retry_layer() -> HttpRetryLayer {
+    settings()
+        .buffer_limit(DEFAULT_RESPONSE_BUFFER_LIMIT)
+        .build()
+        .unwrap()
+}
+
+/// [`retry_layer`]'s settings, the read-ahead left at its default.
+fn settings() -> HttpRetryBuilder {
     HttpRetryLayer::builder()
         .schedule(Constant::new(STEP))
         .jitter(Jitter::None)
         .max_attempts(MAX_ATTEMPTS)
         .no_budget()
-        .build()
-        .unwrap()
 }
 
 // --- the server ---------------------------------------------------------------
@@ -256,6 +266,52 @@ async fn hyper_util_get_whose_body_is_cut_short_once_reaches_the_caller_whole_af
     assert_eq!(hyper_info(&response).attempts, 2);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, pattern(1000));
+    assert_eq!(server.requests(), 2);
+}
+
+// --- 1b. by default nothing is read ahead: a body cut short fails the caller's read ---
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_reqwest_body_cut_short_is_returned_at_its_headers_and_fails_the_callers_read()
+{
+    let server = Server::start(always_cut_short).await;
+    let svc = ServiceBuilder::new()
+        .layer(settings().build().unwrap())
+        .service(reqwest_client());
+    let response = svc.oneshot(reqwest_get(&server)).await.unwrap();
+    assert_eq!(reqwest_info(&response).attempts, 1);
+    let error = response
+        .bytes()
+        .await
+        .expect_err("a body cut short is never whole");
+    assert!(error.is_body() || error.is_decode(), "{error:?}");
+    assert_eq!(server.requests(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_hyper_util_body_cut_short_is_returned_at_its_headers_and_fails_the_callers_read(
+) {
+    let server = Server::start(always_cut_short).await;
+    let svc = ServiceBuilder::new()
+        .layer(settings().build().unwrap())
+        .service(hyper_client());
+    let response = svc.oneshot(hyper_get(&server)).await.unwrap();
+    assert_eq!(hyper_info(&response).attempts, 1);
+    assert!(response.into_body().collect().await.is_err());
+    assert_eq!(server.requests(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_that_classifies_bodies_reads_them_ahead_by_default_and_retries_one_cut_short() {
+    let server = Server::start(cut_short_once).await;
+    let policy =
+        HttpPolicy::new().retry_on_body(|_, _, body| body.is_empty().then_some(Cause::Transient));
+    let svc = ServiceBuilder::new()
+        .layer(settings().policy(policy).build().unwrap())
+        .service(reqwest_client());
+    let response = svc.oneshot(reqwest_get(&server)).await.unwrap();
+    assert_eq!(reqwest_info(&response).attempts, 2);
+    assert_eq!(response.bytes().await.unwrap(), pattern(1000));
     assert_eq!(server.requests(), 2);
 }
 

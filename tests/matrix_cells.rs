@@ -804,7 +804,13 @@ mod http_bodies {
     use tower::{Layer, ServiceBuilder, ServiceExt};
     use tower_backoff::breaker::CircuitBreaker;
     use tower_backoff::budget::{Budget, TokenBucket};
-    use tower_backoff::http::{HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo};
+    use tower_backoff::http::{
+        HttpPolicy, HttpRetryLayer, ReplayBody, RetryInfo, DEFAULT_RESPONSE_BUFFER_LIMIT,
+    };
+
+    /// These cells are each a seam with the read-ahead, which is off by
+    /// default: every layer here asks for it.
+    const READ_AHEAD: usize = DEFAULT_RESPONSE_BUFFER_LIMIT;
     use tower_backoff::{BackoffLayer, Cause, Constant, Hedging, Jitter};
 
     use super::http_server::{http_layer, http_layer_with, status, with_body, Reply, Server};
@@ -877,6 +883,7 @@ mod http_bodies {
                 HttpRetryLayer::builder()
                     .max_attempts(1)
                     .circuit_breaker(super::breaker(2))
+                    .buffer_limit(READ_AHEAD)
                     .build()
                     .unwrap(),
             )
@@ -913,6 +920,7 @@ mod http_bodies {
                 HttpRetryLayer::builder()
                     .max_attempts(1)
                     .circuit_breaker_for_all_hosts(breaker.clone())
+                    .buffer_limit(READ_AHEAD)
                     .build()
                     .unwrap(),
             )
@@ -983,8 +991,9 @@ mod http_bodies {
             .budget(budget.clone())
             .build()
             .unwrap();
-        let svc =
-            HttpRetryLayer::from(layer).layer(Client::builder(TokioExecutor::new()).build_http());
+        let svc = HttpRetryLayer::from(layer)
+            .buffer_limit(READ_AHEAD)
+            .layer(Client::builder(TokioExecutor::new()).build_http());
         let response = svc.oneshot(get(&server)).await.unwrap();
         assert_eq!(attempts(&response), 2);
         let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -1036,8 +1045,9 @@ mod http_bodies {
             .max_elapsed(Duration::from_secs(1))
             .build()
             .unwrap();
-        let svc =
-            HttpRetryLayer::from(layer).layer(Client::builder(TokioExecutor::new()).build_http());
+        let svc = HttpRetryLayer::from(layer)
+            .buffer_limit(READ_AHEAD)
+            .layer(Client::builder(TokioExecutor::new()).build_http());
         let start = Instant::now();
         let error = svc.oneshot(get(&server)).await.unwrap_err();
         assert!(error.is::<tower_backoff::error::TimedOut>(), "{error}");
@@ -1126,6 +1136,7 @@ mod http_bodies {
                 HttpRetryLayer::builder()
                     // One warm-up request at 100 % grants one hedge.
                     .hedge(Hedging::after(Duration::from_millis(100)).max_extra_load(1.0))
+                    .buffer_limit(READ_AHEAD)
                     .build()
                     .unwrap(),
             )
@@ -1158,6 +1169,7 @@ mod http_bodies {
                     .jitter(Jitter::None)
                     .no_budget()
                     .pacing(pacing.clone())
+                    .buffer_limit(READ_AHEAD)
                     .build()
                     .unwrap(),
             )
@@ -1205,6 +1217,7 @@ mod http_bodies {
                     .max_attempts(1)
                     .no_budget()
                     .pacing(pacing.clone())
+                    .buffer_limit(READ_AHEAD)
                     .build()
                     .unwrap(),
             )

@@ -88,14 +88,22 @@ fn items(krate: &str) -> Vec<String> {
 }
 
 /// One name per item a user can name: an item re-exported at the top and
-/// in its module (`Hedging`, `hedge::Hedging`) counts once.
+/// in its module (`Hedging`, `hedge::Hedging`) counts once, and so does an
+/// item of a sibling crate the facade renders inline (`http::HttpPolicy` in
+/// `tower_backoff`'s list is `tower_backoff_http::HttpPolicy`).
 fn public_names() -> BTreeSet<String> {
     CRATES
         .iter()
         .flat_map(|krate| {
             items(krate).into_iter().map(move |path| {
                 let name = path.rsplit("::").next().unwrap_or(&path).to_owned();
-                format!("{krate}::{name}")
+                let module = path.split("::").next().unwrap_or_default();
+                match module {
+                    "http" | "grpc" | "poll" | "shed" if *krate == "tower_backoff" => {
+                        format!("tower_backoff_{module}::{name}")
+                    }
+                    _ => format!("{krate}::{name}"),
+                }
             })
         })
         .collect()

@@ -89,6 +89,7 @@ impl<B: fmt::Debug> fmt::Debug for GrpcBody<B> {
 
 pin_project! {
     /// A response future whose response gets a [`GrpcBody`].
+    #[doc(hidden)]
     pub struct Committed<F> {
         #[pin]
         inner: F,

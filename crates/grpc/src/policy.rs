@@ -20,6 +20,7 @@ use tower_backoff_http::{AsStdError, CloneBody};
 
 /// The metadata key a retry carries: how many attempts went before it (gRFC
 /// A6). Absent on the first attempt, `1` on the second, and so on.
+#[doc(hidden)]
 pub const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static("grpc-previous-rpc-attempts");
 
 /// The status a gRPC server answers with; in the headers of a trailers-only
@@ -29,6 +30,7 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// Longest server pushback [`GrpcPolicy`] waits for by default: one minute.
 /// A server asking for more is, in effect, saying "not now": the call ends
 /// with its status rather than hold the caller that long.
+#[doc(hidden)]
 pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 
 /// Retries gRPC calls (`http::Request<B>` / `http::Response<B>`, as tonic's

@@ -5,6 +5,7 @@ use std::time::Duration;
 use ::http::header::{HeaderMap, HeaderName};
 
 /// The metadata key a server sets to push back on retries (gRFC A6).
+#[doc(hidden)]
 pub const RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// What a response's `grpc-retry-pushback-ms` asks of the client.

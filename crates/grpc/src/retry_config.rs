@@ -12,9 +12,11 @@ use tower_backoff_core::{BackoffBuilder, BackoffLayer};
 /// The most attempts a service config may ask for; more count as this many
 /// (gRFC A6's client-side limit, so a config delivered by DNS cannot
 /// multiply load).
+#[doc(hidden)]
 pub const MAX_ATTEMPTS_LIMIT: u32 = 5;
 
 /// A6's jitter: each delay is multiplied by a random factor in `[0.8, 1.2]`.
+#[doc(hidden)]
 pub const RETRY_CONFIG_JITTER: Jitter = Jitter::Proportional(0.2);
 
 /// A gRPC `retryPolicy`: how many attempts, which codes, and the backoff

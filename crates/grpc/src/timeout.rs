@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 /// The metadata key that carries a call's deadline, as time left (gRPC over
 /// HTTP/2): what tonic's `Request::set_timeout` sends.
+#[doc(hidden)]
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// The most digits a `grpc-timeout` value may have.

@@ -11,21 +11,26 @@ use super::retry_after::{parse_retry_after, trim, MAX_LEN};
 
 /// `retry-after-ms`: milliseconds, sent by Azure OpenAI and honoured by the
 /// OpenAI and Anthropic client libraries.
+#[doc(hidden)]
 pub const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 /// `RateLimit-Reset`: seconds until the quota resets (IETF draft
 /// "RateLimit header fields for HTTP", versions up to 06).
+#[doc(hidden)]
 pub const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 /// `X-RateLimit-Reset`: the de-facto header before the draft; GitHub and
 /// others send a Unix timestamp in it, others seconds.
+#[doc(hidden)]
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// A value at least this large is no delay in seconds (that would be 31
 /// years) but a Unix timestamp in seconds: 10⁹ is September 2001.
 /// `RateLimit-Remaining`: the quota left in the current window. A
 /// `RateLimit-Reset` counts as a delay only when this is absent or `0`.
+#[doc(hidden)]
 pub const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 /// `X-RateLimit-Remaining`, paired with `X-RateLimit-Reset` as
 /// [`RATELIMIT_REMAINING`] is with `RateLimit-Reset`.
+#[doc(hidden)]
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 
 /// Whether a `*-Remaining` value says quota is left: a positive count. An
@@ -163,6 +168,7 @@ impl fmt::Debug for DelayHeaders {
 /// assert_eq!(parse_retry_after_ms(&HeaderValue::from_static("1500")), Some(Duration::from_millis(1500)));
 /// assert_eq!(parse_retry_after_ms(&HeaderValue::from_static("-1")), None);
 /// ```
+#[doc(hidden)]
 pub fn parse_retry_after_ms(value: &HeaderValue) -> Option<Duration> {
     let millis = number(value)?;
     // Divided as a `Duration`, exactly: `0.5 / 1000.0` is not a float.
@@ -189,6 +195,7 @@ pub fn parse_retry_after_ms(value: &HeaderValue) -> Option<Duration> {
 /// assert_eq!(parse_rate_limit_reset(&value("1700000060"), now), Some(Duration::from_secs(60)));
 /// assert_eq!(parse_rate_limit_reset(&value("1699999999"), now), None); // past
 /// ```
+#[doc(hidden)]
 pub fn parse_rate_limit_reset(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
     let n = number(value)?;
     let delay = if n >= TIMESTAMP_MILLIS {

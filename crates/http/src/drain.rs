@@ -14,10 +14,12 @@ use http_body::Body;
 /// Default most bytes read from a retried-away response body to save its
 /// connection: 4 KiB, as go-retryablehttp does. Error pages from proxies and
 /// rate limiters are smaller.
+#[doc(hidden)]
 pub const DEFAULT_DRAIN_LIMIT: usize = 4 * 1024;
 
 /// Default longest time spent draining one body: a server that trickles a body
 /// costs the connection, not a task that lives forever.
+#[doc(hidden)]
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Reads `body` to its end in the background when that is cheap, else drops it.

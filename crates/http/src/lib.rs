@@ -5,9 +5,10 @@
 //! (feature `reqwest`), hyper-util's client or any
 //! `Service<http::Request<B>>`: [`HttpRetryLayer::builder()`] gives the
 //! [`HttpPolicy`], the default budget, replay of streaming reqwest bodies up
-//! to 64 KiB, and responses of known length up to 1 MiB read whole before
-//! they are judged, so a body cut short is retried rather than returned as a
-//! success. It reads a caller's [`RetryLimits`](tower_backoff_core::RetryLimits)
+//! to 64 KiB, and responses returned at their headers; with a
+//! [buffer limit](HttpRetryBuilder::buffer_limit), responses of known length
+//! within it are read whole before they are judged, so a body cut short is
+//! retried rather than failing the caller's read. It reads a caller's [`RetryLimits`](tower_backoff_core::RetryLimits)
 //! from each request's extensions and records a [`RetryInfo`] in each
 //! response's. With the `reqwest-middleware` feature, `BackoffMiddleware`
 //! does the same for `reqwest_middleware` clients, made from the same

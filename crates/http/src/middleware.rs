@@ -43,7 +43,11 @@ use tower_backoff_core::BackoffLayer;
 /// recorded (up to [`DEFAULT_REPLAY_LIMIT`] for a stream; a body already in
 /// memory whatever its size), so a streaming upload is retried while it
 /// fits, and a response whose `content-length` is within the buffer limit
-/// is read whole before it is judged, so a body cut short is retried.
+/// is read whole before it is judged, so a body cut short is retried. The
+/// limit is the layer's when made from an `HttpRetryLayer` (which reads
+/// nothing ahead unless asked, see
+/// [`HttpRetryBuilder::buffer_limit`](super::HttpRetryBuilder::buffer_limit)),
+/// and [`DEFAULT_RESPONSE_BUFFER_LIMIT`] with [`new`](Self::new).
 /// A [`RetryLimits`] given to the request with reqwest-middleware's
 /// `with_extension` overrides the layer's limits for that request. The
 /// middlewares added after this one run once per attempt; those added before
@@ -135,11 +139,12 @@ impl<P, T> From<BackoffLayer<P, T>> for BackoffMiddleware<P, T> {
 /// breaker, if kept per host, kept in the layer's own table of hosts.
 impl From<HttpRetryLayer> for BackoffMiddleware<HttpPolicy, Guarded> {
     fn from(layer: HttpRetryLayer) -> Self {
+        let buffer_limit = layer.read_ahead_limit();
         Self {
             layer: layer.layer,
             hosts: layer.hosts,
             replay_limit: layer.replay_limit,
-            buffer_limit: layer.buffer_limit,
+            buffer_limit,
             record_info: layer.record_info,
         }
     }
@@ -186,7 +191,7 @@ where
             }
             None => &self.layer,
         };
-        let request = RecordedRequest::record(request, self.replay_limit)?;
+        let request = RecordedRequest::record(request, self.replay_limit);
         let limits = extensions.get::<RetryLimits>().copied();
         let ended = Mutex::new(None);
         let result = {

@@ -16,6 +16,7 @@ use tower_service::Service;
 
 /// Hosts a [`PerHostLayer`] keeps by default before it evicts the one idle
 /// longest.
+#[doc(hidden)]
 pub const DEFAULT_MAX_HOSTS: usize = 256;
 
 /// Shards of the host table: requests to different hosts rarely share a lock.

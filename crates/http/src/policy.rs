@@ -21,15 +21,18 @@ use tower_backoff_core::Rng;
 /// The header that makes a non-idempotent request safe to retry, from the IETF
 /// draft "The Idempotency-Key HTTP Header Field" (used by Stripe, PayPal, ...),
 /// unless its value is empty or only whitespace.
+#[doc(hidden)]
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// `x-should-retry`: `true` or `false` from the server, overriding the status
 /// (sent by the OpenAI and Anthropic APIs, honoured by their clients).
+#[doc(hidden)]
 pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 /// `x-retry-attempt`: the attempt number (`2` on the first retry) the policy
 /// sends on every retry and hedge by default, so that a server (tower-backoff's
 /// `shed` layer, a proxy) can shed retries before first attempts.
+#[doc(hidden)]
 pub const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static("x-retry-attempt");
 
 /// The longest server-given delay the policy waits by default: one minute.
@@ -39,12 +42,15 @@ pub const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static("x-retry-attempt
 /// connection) for longer than most callers would wait, and a server that
 /// asks for it is down rather than busy: the policy returns its response at
 /// once instead, never retrying before the time it asked for.
+#[doc(hidden)]
 pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(60);
 
 /// Upward jitter on server delays by default: up to 10 % of the delay...
+#[doc(hidden)]
 pub const DEFAULT_SERVER_JITTER_PERCENT: u8 = 10;
 /// ...and at most one second, which is already a millisecond apart for each
 /// of a thousand clients told the same time.
+#[doc(hidden)]
 pub const DEFAULT_SERVER_JITTER_MAX: Duration = Duration::from_secs(1);
 
 /// Retries HTTP requests that are safe to repeat, when the outcome says trying
@@ -359,6 +365,12 @@ impl HttpPolicy {
         self
     }
 
+    /// Whether it reads response bodies ([`retry_on_body`](Self::retry_on_body)),
+    /// and so needs them read ahead.
+    pub(crate) fn classifies_bodies(&self) -> bool {
+        self.on_body.is_some()
+    }
+
     /// What a response means, its buffered body included (see
     /// [`retry_on_body`](Self::retry_on_body)). `extensions` are the
     /// response's, where `BufferBody` leaves the bytes.
@@ -470,8 +482,13 @@ impl HttpPolicy {
 
     /// What a response with this status and these headers means.
     pub fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
-        let advice = self.server_advice(headers);
         let listed = self.statuses.contains(status);
+        // Advice can only retry an error status, or spare a listed one: for
+        // any other answer (a 200) no header is worth looking up.
+        if !listed && !status.is_client_error() && !status.is_server_error() {
+            return Decision::Success;
+        }
+        let advice = self.server_advice(headers);
         let retryable = match advice {
             Some(advice) => advice && (status.is_client_error() || status.is_server_error()),
             None => listed,

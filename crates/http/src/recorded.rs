@@ -3,38 +3,76 @@
 //!
 //! A type of its own, not an `http::Request`, so that the layer's inner
 //! service can take it beside the `http::Request`s of hyper-util's client
-//! without the two meanings of one request type clashing.
+//! without the two meanings of one request type clashing. It stays a
+//! `reqwest::Request`: turning one into an `http::Request` and back costs
+//! a URL printed and parsed again on every attempt, which on loopback is a
+//! good part of the whole request.
 
 use std::task::{Context, Poll};
 
-use ::http::Request;
+use bytes::Bytes;
 use tower_backoff_core::policy::{Decision, Policy, PrepareRetry};
 use tower_service::Service;
 
+use super::body::{unless_spent, CloneBody};
 use super::buffer::{BufferBody, BufferReqwestFuture};
 use super::error::AsStdError;
 use super::policy::HttpPolicy;
 use super::replay::ReplayBody;
-use super::reqwest_replay::{attempt_body, record, ReqwestFuture};
+use super::reqwest_replay::take_in_memory;
 
-/// A `reqwest::Request` turned into an `http::Request` whose body records
-/// what it sends (up to the replay limit), as [`HttpRetry`](super::HttpRetry)
-/// retries it; turned back into a `reqwest::Request` for each attempt.
+/// A `reqwest::Request` whose body records what it sends (up to the replay
+/// limit), as [`HttpRetry`](super::HttpRetry) retries it; each attempt gets
+/// the request with a copy of the body.
 #[derive(Debug)]
-pub struct RecordedRequest(Request<ReplayBody<reqwest::Body>>);
+pub struct RecordedRequest {
+    /// The request, its body taken out into `body`.
+    head: reqwest::Request,
+    body: Recorded,
+}
+
+#[derive(Debug)]
+enum Recorded {
+    /// No body at all (a GET): nothing to record.
+    Empty,
+    /// A body reqwest held in memory, sent as these bytes each time, so that
+    /// reqwest can follow a 307 or 308 redirect with it as without the layer.
+    Bytes(Bytes),
+    /// A stream, recorded as it is sent, up to the limit.
+    Stream(ReplayBody<reqwest::Body>),
+}
 
 impl RecordedRequest {
     /// Records `request`'s body up to `limit` bytes (a body already in
-    /// memory whatever its size), or hands back reqwest's error when the
-    /// request cannot be an `http::Request`.
-    pub fn record(request: reqwest::Request, limit: usize) -> Result<Self, reqwest::Error> {
-        let request = Request::<reqwest::Body>::try_from(request)?;
-        Ok(Self(request.map(|body| record(body, limit))))
+    /// memory whatever its size). A request without a body records nothing.
+    pub fn record(mut request: reqwest::Request, limit: usize) -> Self {
+        let body = match request.body_mut().take() {
+            None => Recorded::Empty,
+            Some(mut body) => match take_in_memory(&mut body) {
+                Some(bytes) => Recorded::Bytes(bytes),
+                None => Recorded::Stream(ReplayBody::with_limit(body, limit)),
+            },
+        };
+        Self {
+            head: request,
+            body,
+        }
     }
 
-    /// The recorded request.
-    pub fn get_ref(&self) -> &Request<ReplayBody<reqwest::Body>> {
-        &self.0
+    /// The request without its body: method, URL, headers, extensions.
+    pub fn get_ref(&self) -> &reqwest::Request {
+        &self.head
+    }
+
+    /// The request one attempt sends: the head, and its body's copy.
+    fn into_attempt(self) -> reqwest::Request {
+        let mut request = self.head;
+        *request.body_mut() = match self.body {
+            Recorded::Empty => None,
+            Recorded::Bytes(bytes) => Some(reqwest::Body::from(bytes)),
+            Recorded::Stream(body) => Some(reqwest::Body::wrap(body)),
+        };
+        request
     }
 }
 
@@ -45,21 +83,18 @@ where
 {
     type Response = reqwest::Response;
     type Error = S::Error;
-    type Future = ReqwestFuture<BufferReqwestFuture<S::Future>, S::Error>;
+    type Future = BufferReqwestFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         Service::<reqwest::Request>::poll_ready(self, cx)
     }
 
     fn call(&mut self, request: RecordedRequest) -> Self::Future {
-        match reqwest::Request::try_from(request.0.map(attempt_body)) {
-            Ok(request) => ReqwestFuture::called(Service::<reqwest::Request>::call(self, request)),
-            Err(error) => ReqwestFuture::failed(error.into()),
-        }
+        Service::<reqwest::Request>::call(self, request.into_attempt())
     }
 }
 
-/// As for the `http::Request` inside.
+/// As for an `http::Request` with the same method, headers and body.
 impl<E> Policy<RecordedRequest, reqwest::Response, E> for HttpPolicy
 where
     E: AsStdError,
@@ -69,24 +104,44 @@ where
         request: &RecordedRequest,
         result: &Result<reqwest::Response, E>,
     ) -> Decision {
-        Policy::<Request<ReplayBody<reqwest::Body>>, _, _>::classify(self, &request.0, result)
+        let decision = Policy::<reqwest::Request, _, _>::classify(self, &request.head, result);
+        match &request.body {
+            Recorded::Stream(body) => unless_spent(decision, body),
+            Recorded::Empty | Recorded::Bytes(_) => decision,
+        }
     }
 
     fn clone_request(&self, request: &RecordedRequest) -> Option<RecordedRequest> {
-        self.copy_request(&request.0).map(RecordedRequest)
+        if !self.may_retry(request.head.method(), request.head.headers()) {
+            return None;
+        }
+        let body = match &request.body {
+            Recorded::Empty => Recorded::Empty,
+            Recorded::Bytes(bytes) => Recorded::Bytes(bytes.clone()),
+            Recorded::Stream(body) => Recorded::Stream(body.clone_body()?),
+        };
+        Some(RecordedRequest {
+            // Without its body, the request always clones.
+            head: request.head.try_clone()?,
+            body,
+        })
     }
 
     fn prepare_retry(&self, retry: PrepareRetry<'_, RecordedRequest, reqwest::Response, E>) {
         let (request, replaced, args) = retry.into_parts();
-        let inner = PrepareRetry::new(&mut request.0, replaced, args);
-        Policy::<Request<ReplayBody<reqwest::Body>>, _, _>::prepare_retry(self, inner);
+        let inner = PrepareRetry::new(&mut request.head, replaced, args);
+        Policy::<reqwest::Request, _, _>::prepare_retry(self, inner);
     }
 
     fn prepare_hedge(&self, copy: &mut RecordedRequest, attempt: u32) -> bool {
-        Policy::<Request<ReplayBody<reqwest::Body>>, reqwest::Response, E>::prepare_hedge(
+        let hedged = Policy::<reqwest::Request, reqwest::Response, E>::prepare_hedge(
             self,
-            &mut copy.0,
+            &mut copy.head,
             attempt,
-        )
+        );
+        if let (true, Recorded::Stream(body)) = (hedged, &mut copy.body) {
+            body.mark_concurrent();
+        }
+        hedged
     }
 }

@@ -16,6 +16,7 @@ use super::body::CloneBody;
 /// Default number of body bytes a [`ReplayBody`] records: 64 KiB, as in
 /// linkerd. Larger bodies are uploads; re-sending one costs more than the
 /// failure it would paper over.
+#[doc(hidden)]
 pub const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
 
 type BoxError = Box<dyn Error + Send + Sync>;

@@ -80,7 +80,7 @@ pub(crate) fn record(mut body: reqwest::Body, limit: usize) -> ReplayBody<reqwes
 
 /// The bytes of a body reqwest holds in memory, taken out without a copy:
 /// such a body yields them whole to its first poll, at once.
-fn take_in_memory(body: &mut reqwest::Body) -> Option<Bytes> {
+pub(crate) fn take_in_memory(body: &mut reqwest::Body) -> Option<Bytes> {
     body.as_bytes()?;
     let mut cx = Context::from_waker(Waker::noop());
     match Pin::new(body).poll_frame(&mut cx) {

@@ -2,9 +2,10 @@
 //! the whole job. Around a [`BackoffRetry`] with the [`HttpPolicy`], it
 //! - records a reqwest request's streaming body so it can be sent again (up
 //!   to the replay limit; past it the request goes out once);
-//! - reads a response body of known length within the buffer limit whole
-//!   before judging it, so a body cut short is a retryable error, never a
-//!   success; other bodies stream through untouched;
+//! - when asked (or when its policy classifies bodies), reads a response
+//!   body of known length within the buffer limit whole before judging it,
+//!   so a body cut short is a retryable error; by default bodies stream
+//!   through untouched, and one cut short fails the caller's read;
 //! - reads a caller's per-request [`RetryLimits`] from the request's
 //!   extensions, and tells the caller what the retries cost in a
 //!   [`RetryInfo`] in the response's extensions;
@@ -42,9 +43,13 @@ use super::per_host::{HostLayers, MakeHostLayer, RequestAuthority, DEFAULT_MAX_H
 use super::policy::HttpPolicy;
 use super::replay::DEFAULT_REPLAY_LIMIT;
 
-/// Default most bytes of a response body [`HttpRetryLayer`] reads whole
-/// before judging it: 1 MiB, and only for a body whose `content-length`
-/// says it fits.
+/// Most bytes of a response body [`HttpRetryLayer`] reads whole before
+/// judging it when its policy classifies bodies
+/// ([`HttpPolicy::retry_on_body`]) and no
+/// [buffer limit](HttpRetryBuilder::buffer_limit) was set: 1 MiB, and only
+/// for a body whose `content-length` says it fits. Without a body
+/// classifier, the layer reads nothing ahead unless a limit is set.
+#[doc(hidden)]
 pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 
 /// Retries HTTP requests with the [`HttpPolicy`] and the default budget, in
@@ -60,15 +65,23 @@ pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 1024 * 1024;
 ///   so reqwest follows a 307 or 308 redirect with it, as without the
 ///   layer. Over hyper-util, a request body is copied when its type is
 ///   `Clone` (`Full<Bytes>`, `String`) or a [`ReplayBody`](super::ReplayBody).
-/// - **Response bodies.** A response whose `content-length` is within the
-///   [buffer limit](HttpRetryBuilder::buffer_limit) (1 MiB by default) is read
-///   whole before it is judged: a body cut short or failing mid-read is a
-///   retryable error (the real error is returned when retries run out),
-///   never a success, and [`HttpPolicy::retry_on_body`] can read it. A
-///   response without a length (chunked, an event stream) or a longer one
-///   streams through untouched, as it arrives. The response body becomes a
-///   [`BufferedBody`](super::BufferedBody) over hyper-util (reqwest keeps its
-///   own types), and the error a `tower::BoxError`.
+/// - **Response bodies.** By default the response is returned as soon as
+///   its headers arrive and its body streams through untouched: a body cut
+///   short fails the caller's read of it (hyper and reqwest check the
+///   `content-length`), so it is never taken for a whole one, but it is not
+///   retried. With a [buffer limit](HttpRetryBuilder::buffer_limit) (or a
+///   policy with [`HttpPolicy::retry_on_body`], which reads up to
+///   [`DEFAULT_RESPONSE_BUFFER_LIMIT`] unless told otherwise), a response
+///   whose `content-length` is within the limit is read whole before it is
+///   judged: a body cut short or failing mid-read is a retryable error (the
+///   real error is returned when retries run out), and the body classifier
+///   can read it. That costs the caller its first byte until the last one
+///   has arrived, the body's bytes held per request in flight, and over
+///   reqwest a copy of the response's head (`docs/RESULTS.md` measures
+///   both sides per size); a body without a length (chunked, an
+///   event stream) or a longer one always streams through. The response
+///   body becomes a [`BufferedBody`](super::BufferedBody) over hyper-util
+///   (reqwest keeps its own types), and the error a `tower::BoxError`.
 /// - **Per request**, a [`RetryLimits`] in an `http::Request`'s extensions
 ///   overrides the layer's limits; every response returned carries a
 ///   [`RetryInfo`].
@@ -104,7 +117,9 @@ pub struct HttpRetryLayer {
     pub(crate) hosts: Option<Arc<HostLayers<BackoffLayer<HttpPolicy, Guarded>>>>,
     pub(crate) record_info: bool,
     pub(crate) replay_limit: usize,
-    pub(crate) buffer_limit: usize,
+    /// `None` until set: read ahead only for a policy that classifies
+    /// bodies (see [`read_ahead_limit`](Self::read_ahead_limit)).
+    pub(crate) buffer_limit: Option<usize>,
 }
 
 const DEFAULTS: &str = "the default settings are valid";
@@ -124,7 +139,7 @@ impl HttpRetryLayer {
             breaker_for_all_hosts: false,
             record_info: true,
             replay_limit: DEFAULT_REPLAY_LIMIT,
-            buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
+            buffer_limit: None,
         }
     }
 }
@@ -145,8 +160,22 @@ impl HttpRetryLayer {
             layer,
             record_info: true,
             replay_limit: DEFAULT_REPLAY_LIMIT,
-            buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
+            buffer_limit: None,
         }
+    }
+
+    /// How far response bodies are read ahead: the
+    /// [buffer limit](HttpRetryBuilder::buffer_limit) if one was set, else
+    /// [`DEFAULT_RESPONSE_BUFFER_LIMIT`] for a policy that classifies bodies
+    /// ([`HttpPolicy::retry_on_body`]), which needs them whole, and 0 (none)
+    /// for any other.
+    pub(crate) fn read_ahead_limit(&self) -> usize {
+        self.buffer_limit
+            .unwrap_or(if self.layer.policy().classifies_bodies() {
+                DEFAULT_RESPONSE_BUFFER_LIMIT
+            } else {
+                0
+            })
     }
 
     /// Whether each host gets a circuit breaker of its own: a layer with a
@@ -178,9 +207,9 @@ impl HttpRetryLayer {
     }
 
     /// Reads whole a response body of known length up to `bytes` (see
-    /// [`HttpRetryBuilder::buffer_limit`]).
+    /// [`HttpRetryBuilder::buffer_limit`]); 0 reads nothing ahead.
     pub fn buffer_limit(mut self, bytes: usize) -> Self {
-        self.buffer_limit = bytes;
+        self.buffer_limit = Some(bytes);
         self
     }
 
@@ -292,7 +321,7 @@ impl fmt::Debug for HttpRetryLayer {
             .field("breaker_per_host", &self.breaker_per_host())
             .field("record_info", &self.record_info)
             .field("replay_limit", &self.replay_limit)
-            .field("buffer_limit", &self.buffer_limit)
+            .field("buffer_limit", &self.read_ahead_limit())
             .finish()
     }
 }
@@ -301,7 +330,7 @@ impl<S: CloneForRetries> Layer<S> for HttpRetryLayer {
     type Service = HttpRetry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let buffered = BufferBody::with_limit(inner, self.buffer_limit).known_length_only();
+        let buffered = BufferBody::with_limit(inner, self.read_ahead_limit()).known_length_only();
         HttpRetry {
             inner: self.layer.layer(buffered),
             hosts: self.hosts.clone(),
@@ -319,7 +348,7 @@ pub struct HttpRetryBuilder {
     breaker_for_all_hosts: bool,
     record_info: bool,
     replay_limit: usize,
-    buffer_limit: usize,
+    buffer_limit: Option<usize>,
 }
 
 impl HttpRetryBuilder {
@@ -337,10 +366,18 @@ impl HttpRetryBuilder {
     }
 
     /// Reads whole, before judging it, a response body whose
-    /// `content-length` is at most `bytes` (default
-    /// [`DEFAULT_RESPONSE_BUFFER_LIMIT`], 1 MiB); others stream through.
+    /// `content-length` is at most `bytes`, so that a body cut short is
+    /// retried; others stream through. 0 reads nothing ahead. Unset, the
+    /// layer reads nothing ahead, unless its policy classifies bodies
+    /// ([`HttpPolicy::retry_on_body`]): then up to
+    /// [`DEFAULT_RESPONSE_BUFFER_LIMIT`] (1 MiB).
+    ///
+    /// Reading ahead holds the caller's first byte until the last one has
+    /// arrived, and the body in memory per request in flight; what it buys
+    /// is a retry of a body cut short, which otherwise fails the caller's
+    /// read (`docs/RESULTS.md`, issue 54, has both measured per size).
     pub fn buffer_limit(mut self, bytes: usize) -> Self {
-        self.buffer_limit = bytes;
+        self.buffer_limit = Some(bytes);
         self
     }
 
@@ -703,10 +740,7 @@ where
             .hosts
             .as_ref()
             .map(|hosts| self.for_host(hosts, &request));
-        let recorded = match super::recorded::RecordedRequest::record(request, self.replay_limit) {
-            Ok(recorded) => recorded,
-            Err(error) => return HttpResponseFuture::failed(Error::Inner(S::Error::from(error))),
-        };
+        let recorded = super::recorded::RecordedRequest::record(request, self.replay_limit);
         match host {
             Some(host) => HttpResponseFuture::readying(host, recorded, None, self.record_info),
             None => HttpResponseFuture::new(self.inner.call(recorded), self.record_info),

@@ -15,10 +15,13 @@ use super::registry::Shared;
 use super::Poller;
 
 /// Default time between polls of a healthy provider.
+#[doc(hidden)]
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 /// Default consecutive failures after which a provider is evicted.
+#[doc(hidden)]
 pub const DEFAULT_MAX_FAILURES: u32 = 3;
 /// Default time a single poll may take.
+#[doc(hidden)]
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_EVENTS_CAPACITY: usize = 1024;
 

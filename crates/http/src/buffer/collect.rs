@@ -28,6 +28,11 @@ impl ReadAhead {
         if !self.known_length_only {
             return Some(self.limit);
         }
+        // Off: nothing to look up. (An empty body, all a zero limit would
+        // read, cannot be cut short.)
+        if self.limit == 0 {
+            return None;
+        }
         let length = headers
             .get(::http::header::CONTENT_LENGTH)?
             .to_str()
@@ -41,6 +46,9 @@ impl ReadAhead {
 
 pub(super) struct Collect<B> {
     body: B,
+    // Most bodies within the limit arrive as one chunk: it is kept apart,
+    // so that reading one allocates nothing.
+    first: Option<Bytes>,
     chunks: VecDeque<Bytes>,
     read: u64,
     limit: u64,
@@ -62,6 +70,7 @@ where
     pub(super) fn new(body: B, limit: usize) -> Self {
         Self {
             body,
+            first: None,
             chunks: VecDeque::new(),
             read: 0,
             limit: u64::try_from(limit).unwrap_or(u64::MAX),
@@ -92,7 +101,11 @@ where
                     if len == 0 {
                         continue;
                     }
-                    self.chunks.push_back(data.copy_to_bytes(len));
+                    let data = data.copy_to_bytes(len);
+                    match self.first {
+                        None => self.first = Some(data),
+                        Some(_) => self.chunks.push_back(data),
+                    }
                     self.read = self.read.saturating_add(len as u64);
                     if self.read > self.limit {
                         return Poll::Ready(Ok(Collected::OverLimit));
@@ -113,11 +126,46 @@ where
     }
 
     pub(super) fn into_body(self, collected: Collected) -> BufferedBody<B> {
-        match collected {
-            Collected::Whole => BufferedBody::whole(concat(self.chunks), self.trailers),
-            Collected::OverLimit => BufferedBody::streaming(self.chunks, self.body),
+        match self.finish(collected) {
+            Read::Whole { data, trailers } => BufferedBody::whole(data, trailers),
+            Read::OverLimit { prefix, rest } => BufferedBody::streaming(prefix, rest),
         }
     }
+
+    /// What was read, once [`poll_collect`](Self::poll_collect) said how
+    /// reading ended.
+    pub(super) fn finish(mut self, collected: Collected) -> Read<B> {
+        if let (Collected::Whole, true) = (&collected, self.chunks.is_empty()) {
+            return Read::Whole {
+                data: self.first.unwrap_or_default(),
+                trailers: self.trailers,
+            };
+        }
+        if let Some(first) = self.first.take() {
+            self.chunks.push_front(first);
+        }
+        match collected {
+            Collected::Whole => Read::Whole {
+                data: concat(self.chunks),
+                trailers: self.trailers,
+            },
+            Collected::OverLimit => Read::OverLimit {
+                prefix: self.chunks,
+                rest: self.body,
+            },
+        }
+    }
+}
+
+/// A body read ahead, as [`Collect::finish`] hands it over.
+pub(super) enum Read<B> {
+    /// To its end within the limit: all of it.
+    Whole {
+        data: Bytes,
+        trailers: Option<HeaderMap>,
+    },
+    /// Past the limit: the chunks read, and the rest of the body unread.
+    OverLimit { prefix: VecDeque<Bytes>, rest: B },
 }
 
 /// The chunks as one contiguous `Bytes`, copied only when there are several.

@@ -31,7 +31,9 @@ pin_project! {
         /// Waiting for the inner service's response.
         Called { #[pin] future: F, read_ahead: ReadAhead },
         /// Reading the body; `None` once the response has been returned.
-        Reading { reading: Option<(Parts, Collect<B>)> },
+        /// Boxed: only a response read ahead pays for the room, and a
+        /// future this size is moved about by every request's caller.
+        Reading { reading: Option<Box<(Parts, Collect<B>)>> },
     }
 }
 
@@ -64,17 +66,17 @@ where
                     };
                     let collect = Collect::new(body, limit);
                     state.set(State::Reading {
-                        reading: Some((parts, collect)),
+                        reading: Some(Box::new((parts, collect))),
                     });
                 }
                 StateProj::Reading { reading } => {
-                    let Some((_, collect)) = reading.as_mut() else {
+                    let Some((_, collect)) = reading.as_deref_mut() else {
                         panic!("BufferBodyFuture polled after completion");
                     };
                     // A body that fails within the limit is the attempt's
                     // outcome: the error, as the body gave it.
                     let collected = ready!(collect.poll_collect(cx)).map_err(Into::into)?;
-                    let (mut parts, collect) = reading.take().expect("read just above");
+                    let (mut parts, collect) = *reading.take().expect("read just above");
                     let body = collect.into_body(collected);
                     BufferedBytes::record(&mut parts.extensions, &body);
                     return Poll::Ready(Ok(Response::from_parts(parts, body)));

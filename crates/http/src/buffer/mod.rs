@@ -30,6 +30,7 @@ pub use reqwest::BufferReqwestFuture;
 /// as [`DEFAULT_REPLAY_LIMIT`](super::DEFAULT_REPLAY_LIMIT) for requests.
 /// Error pages and the JSON of most APIs fit; downloads do not, and pass
 /// through.
+#[doc(hidden)]
 pub const DEFAULT_BUFFER_LIMIT: usize = 64 * 1024;
 
 /// Reads each response body of the inner service ahead, up to a limit,
@@ -201,8 +202,13 @@ impl BufferedBytes {
     /// Records `body`'s bytes when it was read whole.
     fn record<B>(extensions: &mut Extensions, body: &BufferedBody<B>) {
         if let Some(bytes) = body.bytes() {
-            extensions.insert(Self(bytes.clone()));
+            Self::record_bytes(extensions, bytes.clone());
         }
+    }
+
+    /// Records the bytes of a body read whole.
+    fn record_bytes(extensions: &mut Extensions, bytes: Bytes) {
+        extensions.insert(Self(bytes));
     }
 
     /// Whether the response with these extensions was read whole, and so

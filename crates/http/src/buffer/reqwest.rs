@@ -11,7 +11,7 @@ use reqwest::{ResponseBuilderExt, Url};
 use tower_service::Service;
 
 use super::body::BufferedBody;
-use super::collect::{Collect, ReadAhead};
+use super::collect::{Collect, Read, ReadAhead};
 use super::{BufferBody, BufferedBytes};
 
 impl<S> Service<reqwest::Request> for BufferBody<S>
@@ -56,7 +56,9 @@ pin_project! {
         /// Waiting for the inner service's response.
         Called { #[pin] future: F, read_ahead: ReadAhead },
         /// Reading the body; `None` once the response has been returned.
-        Reading { reading: Option<Reading> },
+        /// Boxed: only a response read ahead pays for the room, and a
+        /// future this size is moved about by every request's caller.
+        Reading { reading: Option<Box<Reading>> },
     }
 }
 
@@ -80,31 +82,54 @@ where
                     let (parts, body) = ::http::Response::from(response).into_parts();
                     let collect = Collect::new(body, limit);
                     state.set(State::Reading {
-                        reading: Some((parts, url, collect)),
+                        reading: Some(Box::new((parts, url, collect))),
                     });
                 }
                 StateProj::Reading { reading } => {
-                    let Some((_, _, collect)) = reading.as_mut() else {
+                    let Some((_, _, collect)) = reading.as_deref_mut() else {
                         panic!("BufferReqwestFuture polled after completion");
                     };
                     let collected = ready!(collect.poll_collect(cx))?;
-                    let (parts, url, collect) = reading.take().expect("read just above");
-                    let body = collect.into_body(collected);
-                    return Poll::Ready(Ok(rebuild(parts, url, body)));
+                    let (parts, url, collect) = *reading.take().expect("read just above");
+                    return Poll::Ready(Ok(rebuild(parts, url, collect.finish(collected))));
                 }
             }
         }
     }
 }
 
-/// The `reqwest::Response` again, with its URL and the buffered body.
-fn rebuild(mut parts: Parts, url: Url, body: BufferedBody<reqwest::Body>) -> reqwest::Response {
-    BufferedBytes::record(&mut parts.extensions, &body);
+/// The `reqwest::Response` again, with its URL and the body read ahead. A
+/// body read whole without trailers goes back as reqwest's own body of
+/// bytes, which it serves without a box of ours around it.
+fn rebuild(parts: Parts, url: Url, read: Read<reqwest::Body>) -> reqwest::Response {
+    let (body, whole) = match read {
+        Read::Whole {
+            data,
+            trailers: None,
+        } => (reqwest::Body::from(data.clone()), Some(data)),
+        Read::Whole { data, trailers } => (
+            reqwest::Body::wrap(BufferedBody::<reqwest::Body>::whole(data.clone(), trailers)),
+            Some(data),
+        ),
+        Read::OverLimit { prefix, rest } => (
+            reqwest::Body::wrap(BufferedBody::streaming(prefix, rest)),
+            None,
+        ),
+    };
     // reqwest reads a response's URL back from an extension only its own
-    // response builder can write.
-    if let Ok(marked) = ::http::Response::builder().url(url).body(()) {
-        parts.extensions.extend(marked.into_parts().0.extensions);
+    // response builder can write: the head starts from that builder's, so
+    // the URL's map is the one the other extensions join.
+    let (mut head, ()) = ::http::Response::builder()
+        .url(url)
+        .body(())
+        .unwrap_or_default()
+        .into_parts();
+    head.status = parts.status;
+    head.version = parts.version;
+    head.headers = parts.headers;
+    head.extensions.extend(parts.extensions);
+    if let Some(data) = whole {
+        BufferedBytes::record_bytes(&mut head.extensions, data);
     }
-    let body = reqwest::Body::wrap(body);
-    reqwest::Response::from(::http::Response::from_parts(parts, body))
+    reqwest::Response::from(::http::Response::from_parts(head, body))
 }
