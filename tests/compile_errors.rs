@@ -139,9 +139,18 @@ tokio = {{ version = "1.50", features = ["macros", "rt-multi-thread"] }}
 /// its own build uses: the repository's `crates/`, or, for the packaged
 /// crate `.ci/package.sh` tests, the tarballs unpacked beside it (where the
 /// manifest names them by version only, and crates.io may not have them).
+/// Both are members of the workspace the test runs in, which is all
+/// `--no-deps` reads: resolving every dependency would download the ones of
+/// other platforms, which `--offline` refuses.
 fn siblings_patch(root: &Path) -> String {
     let output = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--no-deps",
+        ])
         .current_dir(root)
         .output()
         .expect("cargo metadata runs");
