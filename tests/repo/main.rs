@@ -1,10 +1,13 @@
 //! Tests that need the repository, not only the published package: the storm
-//! simulator (`crates/sim`, not published) and `docs/MATRIX.md`. Excluded from
+//! simulator (`crates/sim`, not published), `docs/MATRIX.md`, and the doc
+//! comments of `crates/*` that `doc_imports` reads. Excluded from
 //! the package (`include` in Cargo.toml); run one file with
 //! `cargo test --all-features --test repo <file>::`.
 
 mod binaries;
 
+#[path = "../doc_imports.rs"]
+mod doc_imports;
 #[path = "../grpc_storm.rs"]
 mod grpc_storm;
 #[path = "../matrix.rs"]

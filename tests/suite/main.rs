@@ -45,8 +45,6 @@ mod defaults_front_ends;
 mod delays;
 #[path = "../dependencies.rs"]
 mod dependencies;
-#[path = "../doc_imports.rs"]
-mod doc_imports;
 #[path = "../examples.rs"]
 mod examples;
 #[cfg(feature = "poll")]
