@@ -3,6 +3,8 @@
 //! `retry-after-ms`, must differ from one rejection to the next.
 #![cfg(feature = "shed")]
 
+use crate::http_server;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::Instant;
@@ -12,9 +14,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use hyper_util::rt::TokioExecutor;
 use tower::{service_fn, Layer};
 use tower_backoff::shed::{Limiter, Priority, ShedLayer};
 
@@ -38,19 +38,7 @@ async fn over_hyper_rejections_carry_several_whole_seconds_that_agree_with_the_m
         .layer(service_fn(|_req: Request<Incoming>| async {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
         }));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let service = TowerToHyperService::new(service.clone());
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let addr = http_server::serve_tower(service).await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut seconds = BTreeMap::new();
     let rejections = 200;

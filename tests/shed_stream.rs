@@ -3,6 +3,8 @@
 //! server-sent events and downloads are limited like any request.
 #![cfg(feature = "shed")]
 
+use crate::http_server;
+
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -13,9 +15,7 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_backoff::shed::{Limiter, ShedLayer};
@@ -58,19 +58,7 @@ async fn over_hyper_a_streaming_body_holds_its_place_until_it_ends() {
             Ok::<_, Infallible>(Response::new(streaming(chunks)))
         }
     }));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let service = TowerToHyperService::new(service.clone());
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let addr = http_server::serve_tower(service).await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let get = || {
         Request::get(format!("http://{addr}/"))

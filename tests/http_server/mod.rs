@@ -14,6 +14,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower_backoff::http::{HttpPolicy, HttpRetryLayer};
@@ -257,4 +258,31 @@ pub fn layer_with<S: Schedule + Send + Sync + 'static>(
     }
     .build()
     .unwrap()
+}
+
+/// Serves a tower `service` (a server stack, say behind `ShedLayer`) over
+/// HTTP/1 on 127.0.0.1, port 0, each connection on a task of its own.
+pub async fn serve_tower<S, B>(service: S) -> SocketAddr
+where
+    S: tower::Service<http::Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
 }

@@ -60,7 +60,7 @@ impl<B> ShedBody<B> {
     }
 }
 
-impl<B: Default> Default for ShedBody<B> {
+impl<B> Default for ShedBody<B> {
     fn default() -> Self {
         Self::empty()
     }
